@@ -1,0 +1,45 @@
+// Package backend defines the narrow interface through which the user-space
+// stack reaches a packet queue, so that stack/ knows nothing of AF_XDP rings
+// or verbs queue pairs.
+//
+// A Backend lends frames: Receive hands out frames that stay valid until
+// Release gives them back, and Alloc hands out transmit frames that belong
+// to the backend again once passed to Transmit. A Backend is not safe for
+// concurrent use: its owner (one stack queue) serialises calls. Nothing in
+// this package may allocate per packet.
+package backend
+
+import "errors"
+
+// ErrNotSupported is returned when the kernel or device lacks a feature a
+// backend needs.
+var ErrNotSupported = errors.New("not supported")
+
+// Buf is one frame lent by a backend. Data starts at the Ethernet header.
+// For transmit, Alloc sets Data to the frame's full capacity and the caller
+// reslices it to the frame's length before Transmit.
+type Buf struct {
+	Data []byte
+	// ID is the backend's handle of the frame; callers pass it back untouched.
+	ID uint64
+}
+
+// Backend is one receive/transmit queue of one interface.
+type Backend interface {
+	// Receive fills bufs with up to len(bufs) received frames and returns
+	// how many; it never blocks.
+	Receive(bufs []Buf) int
+	// Release returns received frames to the backend.
+	Release(bufs []Buf)
+	// Alloc fills bufs with up to len(bufs) free transmit frames.
+	Alloc(bufs []Buf) int
+	// Transmit queues the frames for sending and owns them afterwards; it
+	// returns how many were queued (the rest still belong to the caller).
+	Transmit(bufs []Buf) (int, error)
+	// FD is a file descriptor that polls readable when Receive has work, for
+	// callers that block in poll(2) together with other descriptors.
+	FD() int
+	// String names the queue in errors and logs ("veth0/q0").
+	String() string
+	Close() error
+}

@@ -1,0 +1,240 @@
+//go:build ignore
+
+// steer.c: the XDP program that steers the engine's flows to AF_XDP sockets.
+//
+// It takes from the kernel only what a rule asks for: a packet whose IPv4
+// UDP/TCP tuple matches a rule is redirected to the AF_XDP socket of the
+// queue it arrived on; everything else (ARP, ICMP, IPv6, fragments, other
+// ports, malformed headers) gets XDP_PASS. Lookups go from the most to the
+// least specific rule: 5-tuple, multicast group:port, local addr:port,
+// local port on any address.
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define MAX_RULES 4096
+#define MAX_QUEUES 64
+
+// flow_key is the key of every rule map; fields a rule kind does not use
+// are zero. Addresses and ports are in network byte order.
+struct flow_key {
+	__u32 local_addr;
+	__u32 remote_addr;
+	__u16 local_port;
+	__u16 remote_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct rule_value {
+	__u32 rule_id; // index into rule_stats
+	__u32 flags;
+};
+
+struct rule_counters {
+	__u64 matched_packets;
+	__u64 matched_bytes;
+	__u64 redirect_failures; // no AF_XDP socket on the arrival queue
+};
+
+struct prog_counters {
+	__u64 passed;
+	__u64 redirected;
+	__u64 non_ip;
+	__u64 fragments;
+	__u64 parse_errors;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_QUEUES);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks_map SEC(".maps");
+
+#define RULE_MAP(name)                                                          \
+	struct {                                                                \
+		__uint(type, BPF_MAP_TYPE_HASH);                                \
+		__uint(max_entries, MAX_RULES);                                 \
+		__type(key, struct flow_key);                                   \
+		__type(value, struct rule_value);                               \
+	} name SEC(".maps")
+
+RULE_MAP(rules_5tuple);
+RULE_MAP(rules_mcast);
+RULE_MAP(rules_3tuple);
+RULE_MAP(rules_port);
+
+// active_ports[port] is non-zero while any rule names that local port
+// (host byte order). One array lookup lets unsteered traffic skip the four
+// hash lookups, which keeps the cost on passed traffic near an empty program.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u32);
+} active_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_RULES);
+	__type(key, __u32);
+	__type(value, struct rule_counters);
+} rule_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct prog_counters);
+} prog_stats SEC(".maps");
+
+// owner holds the pid of the engine that attached the program, so that the
+// next engine can tell a live owner from one killed without cleaning up.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} owner SEC(".maps");
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+struct l4_ports {
+	__be16 source;
+	__be16 dest;
+};
+
+enum verdict_kind { V_PASS, V_NON_IP, V_FRAGMENT, V_PARSE_ERROR };
+
+static __always_inline int pass(struct prog_counters *ps, enum verdict_kind kind)
+{
+	if (ps) {
+		ps->passed++;
+		switch (kind) {
+		case V_NON_IP:
+			ps->non_ip++;
+			break;
+		case V_FRAGMENT:
+			ps->fragments++;
+			break;
+		case V_PARSE_ERROR:
+			ps->parse_errors++;
+			break;
+		default:
+			break;
+		}
+	}
+	return XDP_PASS;
+}
+
+static __always_inline struct rule_value *lookup(struct flow_key *k, __be32 saddr, __be16 sport)
+{
+	struct rule_value *v;
+
+	k->remote_addr = saddr;
+	k->remote_port = sport;
+	v = bpf_map_lookup_elem(&rules_5tuple, k);
+	if (v)
+		return v;
+	k->remote_addr = 0;
+	k->remote_port = 0;
+	if ((bpf_ntohl(k->local_addr) & 0xf0000000) == 0xe0000000)
+		return bpf_map_lookup_elem(&rules_mcast, k);
+	v = bpf_map_lookup_elem(&rules_3tuple, k);
+	if (v)
+		return v;
+	k->local_addr = 0;
+	return bpf_map_lookup_elem(&rules_port, k);
+}
+
+SEC("xdp")
+int vmaxdp_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 zero = 0;
+	struct prog_counters *ps = bpf_map_lookup_elem(&prog_stats, &zero);
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	struct l4_ports *l4;
+	__u16 proto;
+	void *cur;
+
+	if ((void *)(eth + 1) > data_end)
+		return pass(ps, V_PARSE_ERROR);
+	proto = eth->h_proto;
+	cur = eth + 1;
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		struct vlan_hdr *vh = cur;
+
+		if ((void *)(vh + 1) > data_end)
+			return pass(ps, V_PARSE_ERROR);
+		proto = vh->proto;
+		cur = vh + 1;
+	}
+	if (proto != bpf_htons(ETH_P_IP))
+		return pass(ps, V_NON_IP);
+
+	ip = cur;
+	if ((void *)(ip + 1) > data_end)
+		return pass(ps, V_PARSE_ERROR);
+	if (ip->ihl < 5 || ip->version != 4)
+		return pass(ps, V_PARSE_ERROR);
+	if (ip->frag_off & bpf_htons(0x3fff)) // MF set or offset != 0
+		return pass(ps, V_FRAGMENT);
+	if (ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_TCP)
+		return pass(ps, V_PASS);
+
+	l4 = (void *)ip + ip->ihl * 4;
+	if ((void *)(l4 + 1) > data_end)
+		return pass(ps, V_PARSE_ERROR);
+
+	__u32 port = bpf_ntohs(l4->dest);
+	__u32 *active = bpf_map_lookup_elem(&active_ports, &port);
+	if (!active || !*active)
+		return pass(ps, V_PASS);
+
+	struct flow_key k = {
+		.local_addr = ip->daddr,
+		.local_port = l4->dest,
+		.proto = ip->protocol,
+	};
+	struct rule_value *rv = lookup(&k, ip->saddr, l4->source);
+	if (!rv)
+		return pass(ps, V_PASS);
+
+	__u32 id = rv->rule_id;
+	struct rule_counters *rs = bpf_map_lookup_elem(&rule_stats, &id);
+	if (rs) {
+		rs->matched_packets++;
+		rs->matched_bytes += data_end - data;
+	}
+
+	// An engine that lost its socket on this queue must not black-hole the
+	// flow: the kernel socket it keeps bound to the same port receives it.
+	__u32 q = ctx->rx_queue_index;
+	if (!bpf_map_lookup_elem(&xsks_map, &q)) {
+		if (rs)
+			rs->redirect_failures++;
+		return pass(ps, V_PASS);
+	}
+	if (ps)
+		ps->redirected++;
+	return bpf_redirect_map(&xsks_map, q, XDP_PASS);
+}
+
+// vmaxdp_pass is the baseline the steering program's cost is measured against.
+SEC("xdp")
+int vmaxdp_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

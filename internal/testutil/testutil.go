@@ -1,0 +1,74 @@
+// Package testutil holds the helpers privileged tests share: skipping with
+// a reason when not root or when a kernel feature is missing, and a test bed
+// per test that is removed even when the test fails.
+package testutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// RequireRoot skips the test when the process is not root.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root (network namespaces, XDP, AF_XDP): run `sudo make test`")
+	}
+}
+
+// SkipIfNotSupported skips on a missing kernel feature and fails on any
+// other error, so that a broken feature is never mistaken for an absent one.
+func SkipIfNotSupported(tb testing.TB, err error) {
+	tb.Helper()
+	if errors.Is(err, backend.ErrNotSupported) {
+		tb.Skipf("kernel feature missing: %v", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+var beds atomic.Int32
+
+// Bed brings up a fresh test bed removed by tb.Cleanup.
+func Bed(tb testing.TB, opts *testbed.Options) *testbed.Bed {
+	tb.Helper()
+	RequireRoot(tb)
+	b, err := testbed.Up(testbed.TestName(int(beds.Add(1))), opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := b.Down(); err != nil {
+			tb.Errorf("remove test bed: %v", err)
+		}
+	})
+	return b
+}
+
+// Main runs the tests after removing beds left by killed runs, and fails
+// the run when the tests themselves leave a bed behind.
+func Main(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		return m.Run()
+	}
+	testbed.RemoveStale()
+	code := m.Run()
+	own := strings.TrimSuffix(testbed.TestName(0), "0")
+	left, _ := testbed.List()
+	for _, n := range left {
+		if strings.HasPrefix(n, own) {
+			fmt.Fprintf(os.Stderr, "test bed %s left behind by a test; removing it\n", n)
+			testbed.Down(n)
+			code = 1
+		}
+	}
+	return code
+}

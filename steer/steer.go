@@ -1,0 +1,461 @@
+// Package steer attaches the XDP steering program (bpf/steer.c) to an
+// interface and manages its rules, its XSKMAP and its counters.
+//
+// One Program owns one interface. Its program, link and maps are pinned
+// under PinDir/<netns inode>_<ifindex>/ so that other tools (vmaxdp stats,
+// nettrace) read the counters by path, and the pid of the owning engine is
+// kept in the pinned "owner" map: a later Attach that finds the pins of a
+// dead owner removes them (which detaches the program) before it starts;
+// one that finds a live owner, or any XDP program that is not ours, refuses
+// with an error naming it. This package never replaces a program silently.
+//
+// Rule changes and counter reads are safe for concurrent use.
+package steer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	vbpf "github.com/vmaxdp/vmaxdp/bpf"
+)
+
+// DefaultPinDir is where programs and maps are pinned.
+const DefaultPinDir = "/sys/fs/bpf/vmaxdp"
+
+// MaxRules is the capacity of each rule map (MAX_RULES in steer.c).
+const MaxRules = 4096
+
+var (
+	// ErrForeignProgram: another XDP program is attached to the interface.
+	ErrForeignProgram = errors.New("foreign XDP program attached")
+	// ErrBusy: a live vmaxdp engine owns the interface.
+	ErrBusy = errors.New("interface in use by another vmaxdp engine")
+	// ErrNoRuleSpace: all rule slots are taken.
+	ErrNoRuleSpace = errors.New("no rule slot left")
+)
+
+// Mode is the XDP attach mode actually obtained.
+type Mode int
+
+const (
+	ModeNative Mode = iota + 1
+	ModeGeneric
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeNative:
+		return "native"
+	case ModeGeneric:
+		return "generic"
+	}
+	return "none"
+}
+
+// Options configure Attach. The zero value means defaults.
+type Options struct {
+	// PinDir is the bpffs directory for pins (default DefaultPinDir).
+	PinDir string
+	// Generic forces generic (skb) XDP; by default native is tried first
+	// and generic used, with a log line, when the driver refuses.
+	Generic bool
+	// Baseline attaches vmaxdp_pass, the empty XDP_PASS program, instead of
+	// the steering program; it exists to measure the steering cost.
+	Baseline bool
+}
+
+// RuleKind says which fields of a Rule are matched.
+type RuleKind int
+
+const (
+	// Rule5Tuple matches protocol, local and remote address and port.
+	Rule5Tuple RuleKind = iota
+	// RuleMcast matches protocol, multicast group and port.
+	RuleMcast
+	// Rule3Tuple matches protocol, local address and port.
+	Rule3Tuple
+	// RulePort matches protocol and local port on any address.
+	RulePort
+)
+
+func (k RuleKind) String() string {
+	return [...]string{"5tuple", "mcast", "3tuple", "port"}[k]
+}
+
+// Rule selects packets to steer. Local is the destination of received
+// packets (for RuleMcast, the group).
+type Rule struct {
+	Kind   RuleKind
+	Proto  uint8 // unix.IPPROTO_UDP or unix.IPPROTO_TCP
+	Local  netip.AddrPort
+	Remote netip.AddrPort
+}
+
+func (r Rule) String() string {
+	p := "udp"
+	if r.Proto == unix.IPPROTO_TCP {
+		p = "tcp"
+	}
+	switch r.Kind {
+	case Rule5Tuple:
+		return fmt.Sprintf("%s %s %s<-%s", r.Kind, p, r.Local, r.Remote)
+	case RulePort:
+		return fmt.Sprintf("%s %s *:%d", r.Kind, p, r.Local.Port())
+	}
+	return fmt.Sprintf("%s %s %s", r.Kind, p, r.Local)
+}
+
+// RuleID identifies an installed rule and its counters.
+type RuleID uint32
+
+// RuleCounters are a rule's counters summed over CPUs (struct rule_counters).
+type RuleCounters struct {
+	MatchedPackets   uint64 `json:"matched_packets"`
+	MatchedBytes     uint64 `json:"matched_bytes"`
+	RedirectFailures uint64 `json:"redirect_failures"`
+}
+
+// ProgCounters are the program's counters summed over CPUs (struct prog_counters).
+type ProgCounters struct {
+	Passed      uint64 `json:"passed"`
+	Redirected  uint64 `json:"redirected"`
+	NonIP       uint64 `json:"non_ip"`
+	Fragments   uint64 `json:"fragments"`
+	ParseErrors uint64 `json:"parse_errors"`
+}
+
+// Program is the steering program attached to one interface.
+type Program struct {
+	ifname  string
+	ifindex int
+	dir     string
+	mode    Mode
+	objs    vbpf.SteerObjects
+	link    link.Link
+
+	mu    sync.Mutex
+	rules map[RuleID]Rule
+	free  []RuleID
+	ports map[uint16]uint32 // local port -> rules naming it
+}
+
+// Attach loads the steering program and attaches it to ifname in the
+// calling thread's network namespace.
+func Attach(ifname string, opts *Options) (_ *Program, err error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.PinDir == "" {
+		o.PinDir = DefaultPinDir
+	}
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("steer %s: %w", ifname, err)
+	}
+	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}}
+	if err := ensureBPFFS(filepath.Dir(o.PinDir)); err != nil {
+		return nil, fmt.Errorf("steer %s: %w", ifname, err)
+	}
+	ino, err := netnsInode()
+	if err != nil {
+		return nil, fmt.Errorf("steer %s: %w", ifname, err)
+	}
+	p.dir = filepath.Join(o.PinDir, fmt.Sprintf("%d_%d", ino, p.ifindex))
+	if err := p.claim(l); err != nil {
+		return nil, fmt.Errorf("steer %s: %w", ifname, err)
+	}
+	defer func() {
+		if err != nil {
+			p.Close()
+			err = fmt.Errorf("steer %s: %w", ifname, err)
+		}
+	}()
+	if err := vbpf.LoadSteerObjects(&p.objs, nil); err != nil {
+		return p, fmt.Errorf("load: %w", err)
+	}
+	if err := p.objs.Owner.Put(uint32(0), uint32(os.Getpid())); err != nil {
+		return p, fmt.Errorf("set owner: %w", err)
+	}
+	prog := p.objs.VmaxdpSteer
+	if o.Baseline {
+		prog = p.objs.VmaxdpPass
+	}
+	if !o.Generic {
+		p.link, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: p.ifindex, Flags: link.XDPDriverMode})
+		p.mode = ModeNative
+	}
+	if o.Generic || err != nil {
+		if err != nil {
+			slog.Warn("steer: native XDP refused, using generic XDP (slower)", "interface", ifname, "err", err)
+		}
+		p.link, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: p.ifindex, Flags: link.XDPGenericMode})
+		p.mode = ModeGeneric
+	}
+	if err != nil {
+		return p, fmt.Errorf("attach XDP: %w", err)
+	}
+	for i := MaxRules - 1; i >= 0; i-- {
+		p.free = append(p.free, RuleID(i))
+	}
+	return p, p.pin()
+}
+
+// claim makes sure nothing else owns the interface, removing the pins of a
+// dead engine.
+func (p *Program) claim(l netlink.Link) error {
+	if _, err := os.Stat(p.dir); err == nil {
+		pid := pinnedOwner(p.dir)
+		if pid != 0 && pid != os.Getpid() && processAlive(pid) {
+			return fmt.Errorf("%w: pid %d (pins in %s)", ErrBusy, pid, p.dir)
+		}
+		// Removing the pins drops the last reference to the link, which
+		// detaches the program.
+		if err := os.RemoveAll(p.dir); err != nil {
+			return fmt.Errorf("remove stale pins %s of dead pid %d: %w", p.dir, pid, err)
+		}
+		slog.Info("steer: removed state of a vmaxdp engine that died without cleaning up", "interface", p.ifname, "pid", pid, "dir", p.dir)
+		if l, err := netlink.LinkByIndex(p.ifindex); err == nil {
+			return foreign(l)
+		}
+	}
+	return foreign(l)
+}
+
+func foreign(l netlink.Link) error {
+	x := l.Attrs().Xdp
+	if x == nil || !x.Attached || x.ProgId == 0 {
+		return nil
+	}
+	name := "?"
+	if prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId)); err == nil {
+		if info, err := prog.Info(); err == nil {
+			name = info.Name
+		}
+		prog.Close()
+	}
+	return fmt.Errorf("%w: program id %d (name %q) is attached to %s; vmaxdp will not replace it (detach it with `ip link set dev %s xdp off`)",
+		ErrForeignProgram, x.ProgId, name, l.Attrs().Name, l.Attrs().Name)
+}
+
+func (p *Program) pin() error {
+	if err := os.MkdirAll(p.dir, 0o700); err != nil {
+		return fmt.Errorf("pin dir: %w", err)
+	}
+	if err := p.link.Pin(filepath.Join(p.dir, "link")); err != nil {
+		return fmt.Errorf("pin link: %w", err)
+	}
+	for name, m := range map[string]*ebpf.Map{
+		"owner": p.objs.Owner, "prog_stats": p.objs.ProgStats, "rule_stats": p.objs.RuleStats,
+		"rules_5tuple": p.objs.Rules5tuple, "rules_mcast": p.objs.RulesMcast, "rules_3tuple": p.objs.Rules3tuple,
+		"rules_port": p.objs.RulesPort, "xsks_map": p.objs.XsksMap, "active_ports": p.objs.ActivePorts,
+	} {
+		if err := m.Pin(filepath.Join(p.dir, name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Mode is the XDP mode obtained.
+func (p *Program) Mode() Mode { return p.mode }
+
+// PinDir is where the program's link and maps are pinned.
+func (p *Program) PinDir() string { return p.dir }
+
+// Interface names the interface the program is attached to.
+func (p *Program) Interface() string { return p.ifname }
+
+// RegisterQueue puts an AF_XDP socket in the XSKMAP slot of its queue.
+func (p *Program) RegisterQueue(queue, fd int) error {
+	if err := p.objs.XsksMap.Put(uint32(queue), uint32(fd)); err != nil {
+		return fmt.Errorf("steer %s: register AF_XDP fd %d for queue %d: %w", p.ifname, fd, queue, err)
+	}
+	return nil
+}
+
+// UnregisterQueue empties the XSKMAP slot of a queue.
+func (p *Program) UnregisterQueue(queue int) error {
+	if err := p.objs.XsksMap.Delete(uint32(queue)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("steer %s: unregister queue %d: %w", p.ifname, queue, err)
+	}
+	return nil
+}
+
+func (p *Program) ruleMap(k RuleKind) *ebpf.Map {
+	return [...]*ebpf.Map{p.objs.Rules5tuple, p.objs.RulesMcast, p.objs.Rules3tuple, p.objs.RulesPort}[k]
+}
+
+func ruleKey(r Rule) (vbpf.SteerFlowKey, error) {
+	var k vbpf.SteerFlowKey
+	if r.Proto != unix.IPPROTO_UDP && r.Proto != unix.IPPROTO_TCP {
+		return k, fmt.Errorf("rule %s: protocol %d: want UDP or TCP", r, r.Proto)
+	}
+	k.Proto = r.Proto
+	k.LocalPort = htons(r.Local.Port())
+	if r.Local.Port() == 0 {
+		return k, fmt.Errorf("rule %s: local port 0", r)
+	}
+	switch r.Kind {
+	case Rule5Tuple:
+		if !r.Remote.Addr().Is4() || !r.Local.Addr().Is4() {
+			return k, fmt.Errorf("rule %s: 5-tuple needs IPv4 local and remote addresses", r)
+		}
+		k.RemoteAddr = addr32(r.Remote.Addr())
+		k.RemotePort = htons(r.Remote.Port())
+		k.LocalAddr = addr32(r.Local.Addr())
+	case RuleMcast:
+		if !r.Local.Addr().Is4() || !r.Local.Addr().IsMulticast() {
+			return k, fmt.Errorf("rule %s: not an IPv4 multicast group", r)
+		}
+		k.LocalAddr = addr32(r.Local.Addr())
+	case Rule3Tuple:
+		if !r.Local.Addr().Is4() || r.Local.Addr().IsMulticast() || r.Local.Addr().IsUnspecified() {
+			return k, fmt.Errorf("rule %s: needs an IPv4 unicast local address", r)
+		}
+		k.LocalAddr = addr32(r.Local.Addr())
+	case RulePort:
+	default:
+		return k, fmt.Errorf("rule kind %d: unknown", r.Kind)
+	}
+	return k, nil
+}
+
+// AddRule installs a rule; its counters start at zero.
+func (p *Program) AddRule(r Rule) (RuleID, error) {
+	k, err := ruleKey(r)
+	if err != nil {
+		return 0, fmt.Errorf("steer %s: %w", p.ifname, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) == 0 {
+		return 0, fmt.Errorf("steer %s: rule %s: %w (%d rules)", p.ifname, r, ErrNoRuleSpace, MaxRules)
+	}
+	id := p.free[len(p.free)-1]
+	zero := make([]vbpf.SteerRuleCounters, ebpf.MustPossibleCPU())
+	if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
+		return 0, fmt.Errorf("steer %s: rule %s: reset counters: %w", p.ifname, r, err)
+	}
+	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id)}, ebpf.UpdateNoExist); err != nil {
+		return 0, fmt.Errorf("steer %s: rule %s: %w", p.ifname, r, err)
+	}
+	port := r.Local.Port()
+	if p.ports[port] == 0 {
+		if err := p.objs.ActivePorts.Put(uint32(port), uint32(1)); err != nil {
+			p.ruleMap(r.Kind).Delete(k)
+			return 0, fmt.Errorf("steer %s: rule %s: activate port: %w", p.ifname, r, err)
+		}
+	}
+	p.ports[port]++
+	p.free = p.free[:len(p.free)-1]
+	p.rules[id] = r
+	return id, nil
+}
+
+// RemoveRule uninstalls a rule.
+func (p *Program) RemoveRule(id RuleID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.rules[id]
+	if !ok {
+		return fmt.Errorf("steer %s: rule id %d: not installed", p.ifname, id)
+	}
+	k, _ := ruleKey(r)
+	if err := p.ruleMap(r.Kind).Delete(k); err != nil {
+		return fmt.Errorf("steer %s: remove rule %s: %w", p.ifname, r, err)
+	}
+	port := r.Local.Port()
+	p.ports[port]--
+	if p.ports[port] == 0 {
+		delete(p.ports, port)
+		if err := p.objs.ActivePorts.Put(uint32(port), uint32(0)); err != nil {
+			return fmt.Errorf("steer %s: deactivate port %d: %w", p.ifname, port, err)
+		}
+	}
+	delete(p.rules, id)
+	p.free = append(p.free, id)
+	return nil
+}
+
+// Rules returns the installed rules by id.
+func (p *Program) Rules() map[RuleID]Rule {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[RuleID]Rule, len(p.rules))
+	for k, v := range p.rules {
+		out[k] = v
+	}
+	return out
+}
+
+// RuleCounters reads a rule's counters.
+func (p *Program) RuleCounters(id RuleID) (RuleCounters, error) {
+	var per []vbpf.SteerRuleCounters
+	if err := p.objs.RuleStats.Lookup(uint32(id), &per); err != nil {
+		return RuleCounters{}, fmt.Errorf("steer %s: rule %d counters: %w", p.ifname, id, err)
+	}
+	var c RuleCounters
+	for _, v := range per {
+		c.MatchedPackets += v.MatchedPackets
+		c.MatchedBytes += v.MatchedBytes
+		c.RedirectFailures += v.RedirectFailures
+	}
+	return c, nil
+}
+
+// Counters reads the program's counters.
+func (p *Program) Counters() (ProgCounters, error) {
+	return ReadProgCounters(p.objs.ProgStats)
+}
+
+// ReadProgCounters sums a prog_stats map, live or opened from its pin.
+func ReadProgCounters(m *ebpf.Map) (ProgCounters, error) {
+	var per []vbpf.SteerProgCounters
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return ProgCounters{}, fmt.Errorf("prog_stats: %w", err)
+	}
+	var c ProgCounters
+	for _, v := range per {
+		c.Passed += v.Passed
+		c.Redirected += v.Redirected
+		c.NonIP += v.NonIp
+		c.Fragments += v.Fragments
+		c.ParseErrors += v.ParseErrors
+	}
+	return c, nil
+}
+
+// Close detaches the program and removes its pins.
+func (p *Program) Close() error {
+	var errs []error
+	if p.link != nil {
+		if err := p.link.Unpin(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := p.link.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		p.link = nil
+		if err := os.RemoveAll(p.dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := p.objs.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("steer %s: close: %w", p.ifname, err)
+	}
+	return nil
+}

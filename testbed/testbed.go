@@ -1,0 +1,329 @@
+// Package testbed builds the veth test bed that tests, benchmarks and
+// `make demo` run on: two network namespaces, A and B, joined by one veth
+// pair, with addresses from the benchmarking range 198.18.0.0/15.
+//
+// A bed is named; its namespaces are "vmx-NAME-a" and "vmx-NAME-b" and its
+// links "vmxa" (in A) and "vmxb" (in B). Up removes any bed of the same name
+// first, so a bed left by a killed run never blocks the next one, and
+// RemoveStale removes beds whose name carries the pid of a process that is
+// gone (the names tests use). A bed must never route anywhere but between
+// its two ends: nothing here touches the host namespace's links or routes.
+package testbed
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+const nsDir = "/var/run/netns"
+
+// Side selects one end of the bed.
+type Side int
+
+const (
+	A Side = iota
+	B
+)
+
+func (s Side) String() string { return [...]string{"a", "b"}[s] }
+
+// Options configure a bed. The zero value means defaults.
+type Options struct {
+	// Queues is the number of RX and TX queues of each veth end (default 1).
+	Queues int
+	// MTU of both ends (default 1500).
+	MTU int
+}
+
+// Bed is a running test bed.
+type Bed struct {
+	Name   string
+	Queues int
+	MTU    int
+	ns     [2]netns.NsHandle
+}
+
+// Prefix is the bed's subnet; side A is .1 and side B is .2.
+var Prefix = netip.MustParsePrefix("198.18.0.0/24")
+
+// Addr is the IPv4 address of a side.
+func (b *Bed) Addr(s Side) netip.Addr {
+	return [...]netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")}[s]
+}
+
+// Link is the name of a side's veth end, inside that side's namespace.
+func (b *Bed) Link(s Side) string { return "vmx" + s.String() }
+
+// NSName is the name of a side's namespace (for `ip netns exec`).
+func (b *Bed) NSName(s Side) string { return nsName(b.Name, s) }
+
+// NS is a side's namespace handle.
+func (b *Bed) NS(s Side) netns.NsHandle { return b.ns[s] }
+
+func nsName(bed string, s Side) string { return "vmx-" + bed + "-" + s.String() }
+
+// TestName returns a bed name unique to this process and n, recognised by
+// RemoveStale once the process is gone.
+func TestName(n int) string { return fmt.Sprintf("t%d-%d", os.Getpid(), n) }
+
+// Up creates the bed called name, replacing a bed of that name left behind.
+func Up(name string, opts *Options) (_ *Bed, err error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Queues == 0 {
+		o.Queues = 1
+	}
+	if o.MTU == 0 {
+		o.MTU = 1500
+	}
+	if o.Queues < 1 || o.Queues > 64 {
+		return nil, fmt.Errorf("testbed %s: %d queues: must be 1 to 64", name, o.Queues)
+	}
+	if o.MTU < 576 || o.MTU > 9000 {
+		return nil, fmt.Errorf("testbed %s: MTU %d: must be 576 to 9000", name, o.MTU)
+	}
+	if name == "" || strings.ContainsAny(name, "/ ") || len(nsName(name, A)) > 64 {
+		return nil, fmt.Errorf("testbed %q: bad name", name)
+	}
+	if err := Down(name); err != nil {
+		return nil, err
+	}
+	b := &Bed{Name: name, Queues: o.Queues, MTU: o.MTU, ns: [2]netns.NsHandle{-1, -1}}
+	defer func() {
+		if err != nil {
+			b.Down()
+			err = fmt.Errorf("testbed %s: %w", name, err)
+		}
+	}()
+	for _, s := range []Side{A, B} {
+		if b.ns[s], err = newNamedNS(b.NSName(s)); err != nil {
+			return b, fmt.Errorf("create namespace %s: %w", b.NSName(s), err)
+		}
+	}
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{
+			Name: b.Link(A), MTU: o.MTU, NumTxQueues: o.Queues, NumRxQueues: o.Queues,
+			Namespace: netlink.NsFd(b.ns[A]),
+		},
+		PeerName: b.Link(B), PeerMTU: uint32(o.MTU), PeerNamespace: netlink.NsFd(b.ns[B]),
+		PeerNumTxQueues: uint32(o.Queues), PeerNumRxQueues: uint32(o.Queues),
+	}
+	// The pair is created from the host namespace straight into A and B,
+	// so no name is ever taken in the host namespace.
+	if err := netlink.LinkAdd(veth); err != nil {
+		return b, fmt.Errorf("add veth pair: %w", err)
+	}
+	for _, s := range []Side{A, B} {
+		if err := b.configure(s); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+func (b *Bed) configure(s Side) error {
+	h, err := netlink.NewHandleAt(b.ns[s])
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", b.NSName(s), err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(b.Link(s))
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", b.Link(s), b.NSName(s), err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: b.Addr(s).AsSlice(), Mask: net.CIDRMask(Prefix.Bits(), 32)}}
+	if err := h.AddrAdd(l, addr); err != nil {
+		return fmt.Errorf("address %s on %s: %w", addr, b.Link(s), err)
+	}
+	for _, name := range []string{b.Link(s), "lo"} {
+		ll, err := h.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", name, b.NSName(s), err)
+		}
+		if err := h.LinkSetUp(ll); err != nil {
+			return fmt.Errorf("set %s up in %s: %w", name, b.NSName(s), err)
+		}
+	}
+	// Multicast groups are routed to the veth, so group traffic stays on the bed.
+	mc := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(224, 0, 0, 0), Mask: net.CIDRMask(4, 32)}}
+	if err := h.RouteAdd(mc); err != nil {
+		return fmt.Errorf("multicast route on %s: %w", b.Link(s), err)
+	}
+	// No IPv6 on the bed: router solicitations and DAD would be noise in
+	// counters and traces.
+	return b.Do(s, func() error {
+		for _, k := range []string{"all", "default", b.Link(s)} {
+			p := "/proc/sys/net/ipv6/conf/" + k + "/disable_ipv6"
+			if err := os.WriteFile(p, []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("%s in %s: %w", p, b.NSName(s), err)
+			}
+		}
+		return nil
+	})
+}
+
+// Do runs fn on an OS thread switched into side s's namespace. Sockets and
+// netlink handles that fn opens stay in that namespace after it returns.
+func (b *Bed) Do(s Side, fn func() error) error {
+	return Do(b.ns[s], fn)
+}
+
+// Do runs fn on an OS thread switched into the namespace ns.
+func Do(ns netns.NsHandle, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("current namespace: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return fmt.Errorf("enter namespace: %w", err)
+	}
+	ferr := fn()
+	if err := netns.Set(orig); err != nil {
+		// The thread is in the wrong namespace: keep it locked so that the
+		// runtime discards it instead of reusing it.
+		runtime.LockOSThread()
+		return errors.Join(ferr, fmt.Errorf("leave namespace: %w", err))
+	}
+	return ferr
+}
+
+// Down removes the bed. Removing a namespace removes its veth end, and the
+// peer with it.
+func (b *Bed) Down() error {
+	for i, h := range b.ns {
+		if h >= 0 {
+			h.Close()
+			b.ns[i] = -1
+		}
+	}
+	return Down(b.Name)
+}
+
+// Down removes the bed called name, if there is one.
+func Down(name string) error {
+	var errs []error
+	for _, s := range []Side{A, B} {
+		n := nsName(name, s)
+		if _, err := os.Stat(filepath.Join(nsDir, n)); err != nil {
+			continue
+		}
+		if err := netns.DeleteNamed(n); err != nil {
+			errs = append(errs, fmt.Errorf("remove namespace %s: %w", n, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// List returns the names of the beds present.
+func List() ([]string, error) {
+	ents, err := os.ReadDir(nsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range ents {
+		n, ok := strings.CutPrefix(e.Name(), "vmx-")
+		if !ok || len(n) < 3 || n[len(n)-2] != '-' {
+			continue
+		}
+		n = n[:len(n)-2]
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// RemoveStale removes beds named by TestName whose process is gone.
+func RemoveStale() ([]string, error) {
+	names, err := List()
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, n := range names {
+		pidStr, _, ok := strings.Cut(strings.TrimPrefix(n, "t"), "-")
+		pid, perr := strconv.Atoi(pidStr)
+		if !strings.HasPrefix(n, "t") || !ok || perr != nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue
+		}
+		if err := Down(n); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, n)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Open returns a bed that already exists.
+func Open(name string) (*Bed, error) {
+	b := &Bed{Name: name, ns: [2]netns.NsHandle{-1, -1}}
+	for _, s := range []Side{A, B} {
+		h, err := netns.GetFromName(b.NSName(s))
+		if err != nil {
+			b.Down()
+			return nil, fmt.Errorf("testbed %s: namespace %s: %w", name, b.NSName(s), err)
+		}
+		b.ns[s] = h
+	}
+	h, err := netlink.NewHandleAt(b.ns[A])
+	if err == nil {
+		defer h.Close()
+		if l, err := h.LinkByName(b.Link(A)); err == nil {
+			b.MTU = l.Attrs().MTU
+			b.Queues = l.Attrs().NumRxQueues
+		}
+	}
+	return b, nil
+}
+
+// Close releases the bed's handles without removing it.
+func (b *Bed) Close() {
+	for i, h := range b.ns {
+		if h >= 0 {
+			h.Close()
+			b.ns[i] = -1
+		}
+	}
+}
+
+func newNamedNS(name string) (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return -1, err
+	}
+	defer orig.Close()
+	h, nerr := netns.NewNamed(name)
+	if err := netns.Set(orig); err != nil {
+		runtime.LockOSThread()
+		return -1, errors.Join(nerr, err)
+	}
+	return h, nerr
+}

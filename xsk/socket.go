@@ -1,0 +1,382 @@
+package xsk
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+	"golang.org/x/sys/unix"
+)
+
+// ErrQueueBusy is returned when another AF_XDP socket is bound to the queue.
+var ErrQueueBusy = errors.New("queue busy")
+
+// ErrNotSupported is backend.ErrNotSupported: the kernel lacks AF_XDP.
+var ErrNotSupported = backend.ErrNotSupported
+
+// BindMode selects copy or zero-copy.
+type BindMode int
+
+const (
+	// BindAuto lets the kernel pick zero-copy when the driver supports it.
+	BindAuto BindMode = iota
+	BindCopy
+	BindZeroCopy
+)
+
+// Options configure a Socket. The zero value means defaults.
+type Options struct {
+	// FrameSize is the UMEM frame size: 2048 (default) or 4096.
+	FrameSize uint32
+	// NumFrames is the UMEM size in frames, a power of two (default 4096).
+	NumFrames uint32
+	// Mode chooses copy or zero-copy (default BindAuto).
+	Mode BindMode
+	// NoHugePages skips the attempt to back the UMEM with huge pages.
+	NoHugePages bool
+}
+
+func (o *Options) withDefaults() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.FrameSize == 0 {
+		r.FrameSize = 2048
+	}
+	if r.NumFrames == 0 {
+		r.NumFrames = 4096
+	}
+	if r.FrameSize != 2048 && r.FrameSize != 4096 {
+		return r, fmt.Errorf("frame size %d: must be 2048 or 4096", r.FrameSize)
+	}
+	if r.NumFrames < 64 || r.NumFrames&(r.NumFrames-1) != 0 {
+		return r, fmt.Errorf("frame count %d: must be a power of two, at least 64", r.NumFrames)
+	}
+	return r, nil
+}
+
+// Counters are the socket's own counters; XDP_STATISTICS is in Statistics.
+type Counters struct {
+	RxPackets   atomic.Uint64
+	TxPackets   atomic.Uint64
+	RxWakeups   atomic.Uint64 // recvfrom kicks for the fill ring
+	TxWakeups   atomic.Uint64 // sendto kicks for the TX ring
+	TxKickErrs  atomic.Uint64 // kicks answered with an error other than EAGAIN/EBUSY/ENOBUFS
+	MaxRxBatch  atomic.Uint64 // largest batch drained from the RX ring
+	TxNoBufs    atomic.Uint64 // Alloc calls that found the transmit pool empty
+	FillNoSpace atomic.Uint64 // frames Release could not put on the fill ring
+}
+
+// Statistics is the kernel's XDP_STATISTICS for the socket.
+type Statistics = unix.XDPStatistics
+
+// RingOccupancy is a snapshot of how many entries each ring holds.
+type RingOccupancy struct {
+	Rx, Tx, Fill, Completion uint32
+}
+
+// Socket is one AF_XDP socket bound to one queue of one interface.
+type Socket struct {
+	fd       int
+	ifname   string
+	ifindex  int
+	queue    int
+	zeroCopy bool
+	huge     bool
+
+	umem      []byte
+	frameSize uint32
+	frameMask uint64
+
+	fill, comp, rx, tx   ring
+	fillAddrs, compAddrs []uint64
+	rxDescs, txDescs     []unix.XDPDesc
+	txFree               []uint64 // stack of free transmit frame addresses
+	txOutstanding        uint32   // frames on the TX or completion ring
+	Counters             Counters
+}
+
+var hugeOnce sync.Once
+
+// Open creates an AF_XDP socket bound to queue of the interface ifname in
+// the calling thread's network namespace.
+func Open(ifname string, queue int, opts *Options) (_ *Socket, err error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("xsk %s/q%d: %w", ifname, queue, err)
+	}
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("xsk %s/q%d: %w", ifname, queue, err)
+	}
+	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.EAFNOSUPPORT) {
+			err = fmt.Errorf("%w: AF_XDP (%w)", ErrNotSupported, err)
+		}
+		return nil, fmt.Errorf("xsk %s/q%d: socket: %w", ifname, queue, err)
+	}
+	s := &Socket{fd: fd, ifname: ifname, ifindex: ifi.Index, queue: queue, frameSize: o.FrameSize, frameMask: ^uint64(o.FrameSize - 1)}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if err := s.setup(o); err != nil {
+		return nil, fmt.Errorf("xsk %s: %w", s, err)
+	}
+	return s, nil
+}
+
+func (s *Socket) setup(o Options) error {
+	size := int(o.FrameSize) * int(o.NumFrames)
+	var err error
+	if !o.NoHugePages {
+		s.umem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE|unix.MAP_HUGETLB)
+		s.huge = err == nil
+	}
+	if !s.huge {
+		if !o.NoHugePages {
+			hugeOnce.Do(func() {
+				slog.Info("xsk: UMEM on regular pages: no huge pages to be had (reserve some with vm.nr_hugepages)", "err", err)
+			})
+		}
+		s.umem, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+		if err != nil {
+			return fmt.Errorf("mmap UMEM of %d bytes: %w", size, err)
+		}
+	}
+	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&s.umem[0]))), Len: uint64(size), Size: o.FrameSize}
+	if err := setsockoptRaw(s.fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+		return fmt.Errorf("register UMEM: %w", err)
+	}
+	// Each ring holds all frames of its half, so Release and Transmit
+	// never find their ring full.
+	half := o.NumFrames / 2
+	for _, r := range []struct{ opt, n int }{
+		{unix.XDP_UMEM_FILL_RING, int(half)}, {unix.XDP_UMEM_COMPLETION_RING, int(half)},
+		{unix.XDP_RX_RING, int(half)}, {unix.XDP_TX_RING, int(half)},
+	} {
+		if err := setsockoptInt(s.fd, r.opt, r.n); err != nil {
+			return fmt.Errorf("size ring %d: %w", r.opt, err)
+		}
+	}
+	var off unix.XDPMmapOffsets
+	if err := getsockoptRaw(s.fd, unix.XDP_MMAP_OFFSETS, unsafe.Pointer(&off), unsafe.Sizeof(off)); err != nil {
+		return fmt.Errorf("get mmap offsets: %w", err)
+	}
+	if s.fill, err = mapRing(s.fd, off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, half, 8); err != nil {
+		return fmt.Errorf("map fill ring: %w", err)
+	}
+	if s.comp, err = mapRing(s.fd, off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, half, 8); err != nil {
+		return fmt.Errorf("map completion ring: %w", err)
+	}
+	if s.rx, err = mapRing(s.fd, off.Rx, unix.XDP_PGOFF_RX_RING, half, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
+		return fmt.Errorf("map RX ring: %w", err)
+	}
+	if s.tx, err = mapRing(s.fd, off.Tx, unix.XDP_PGOFF_TX_RING, half, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
+		return fmt.Errorf("map TX ring: %w", err)
+	}
+	s.fillAddrs, s.compAddrs = addrRing(&s.fill, off.Fr), addrRing(&s.comp, off.Cr)
+	s.rxDescs, s.txDescs = descRing(&s.rx, off.Rx), descRing(&s.tx, off.Tx)
+	// Producer rings start with all slots free.
+	s.fill.cachedCons, s.tx.cachedCons = half, half
+
+	// Prime the fill ring before bind: the first packet must find a buffer.
+	n := s.fill.reserve(half)
+	for i := uint32(0); i < n; i++ {
+		s.fillAddrs[(s.fill.cachedProd+i)&s.fill.mask] = uint64(i) * uint64(o.FrameSize)
+	}
+	s.fill.submit(n)
+	s.txFree = make([]uint64, 0, o.NumFrames-half)
+	for i := half; i < o.NumFrames; i++ {
+		s.txFree = append(s.txFree, uint64(i)*uint64(o.FrameSize))
+	}
+
+	sa := &unix.SockaddrXDP{Flags: unix.XDP_USE_NEED_WAKEUP, Ifindex: uint32(s.ifindex), QueueID: uint32(s.queue)}
+	switch o.Mode {
+	case BindCopy:
+		sa.Flags |= unix.XDP_COPY
+	case BindZeroCopy:
+		sa.Flags |= unix.XDP_ZEROCOPY
+	}
+	if err := unix.Bind(s.fd, sa); err != nil {
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("bind: %w: %s", ErrQueueBusy, busyOwner(s.ifindex, s.queue))
+		}
+		if errors.Is(err, unix.EOPNOTSUPP) && o.Mode == BindZeroCopy {
+			return fmt.Errorf("bind zero-copy: %w: driver has no zero-copy AF_XDP (%w)", ErrNotSupported, err)
+		}
+		return fmt.Errorf("bind: %w", err)
+	}
+	var opts uint32
+	if err := getsockoptRaw(s.fd, unix.XDP_OPTIONS, unsafe.Pointer(&opts), 4); err == nil {
+		s.zeroCopy = opts&unix.XDP_OPTIONS_ZEROCOPY != 0
+	}
+	return nil
+}
+
+// String names the queue: "veth0/q0".
+func (s *Socket) String() string { return fmt.Sprintf("%s/q%d", s.ifname, s.queue) }
+
+// FD is the socket's descriptor: register it in an XSKMAP, or poll it.
+func (s *Socket) FD() int { return s.fd }
+
+// Ifindex and Queue identify what the socket is bound to.
+func (s *Socket) Ifindex() int { return s.ifindex }
+func (s *Socket) Queue() int   { return s.queue }
+
+// ZeroCopy reports whether the kernel granted zero-copy mode.
+func (s *Socket) ZeroCopy() bool { return s.zeroCopy }
+
+// HugePages reports whether the UMEM is backed by huge pages.
+func (s *Socket) HugePages() bool { return s.huge }
+
+// Receive implements backend.Backend.
+func (s *Socket) Receive(bufs []backend.Buf) int {
+	n := s.rx.peek(uint32(len(bufs)))
+	if n == 0 {
+		if s.fill.needWakeup() {
+			s.Counters.RxWakeups.Add(1)
+			kickRx(s.fd)
+		}
+		return 0
+	}
+	cons := s.rx.cachedCons
+	for i := uint32(0); i < n; i++ {
+		d := &s.rxDescs[(cons+i)&s.rx.mask]
+		bufs[i] = backend.Buf{Data: s.umem[d.Addr : d.Addr+uint64(d.Len) : d.Addr+uint64(d.Len)], ID: d.Addr}
+	}
+	s.rx.release(n)
+	s.Counters.RxPackets.Add(uint64(n))
+	if uint64(n) > s.Counters.MaxRxBatch.Load() {
+		s.Counters.MaxRxBatch.Store(uint64(n))
+	}
+	return int(n)
+}
+
+// Release implements backend.Backend: frames go back on the fill ring.
+func (s *Socket) Release(bufs []backend.Buf) {
+	n := s.fill.reserve(uint32(len(bufs)))
+	prod := s.fill.cachedProd
+	for i := uint32(0); i < n; i++ {
+		s.fillAddrs[(prod+i)&s.fill.mask] = bufs[i].ID & s.frameMask
+	}
+	s.fill.submit(n)
+	if int(n) < len(bufs) {
+		// Cannot happen while the fill ring holds every RX frame; count it
+		// rather than lose track silently.
+		s.Counters.FillNoSpace.Add(uint64(len(bufs) - int(n)))
+	}
+	if s.fill.needWakeup() {
+		s.Counters.RxWakeups.Add(1)
+		kickRx(s.fd)
+	}
+}
+
+// reap moves frames the kernel has sent back to the transmit pool.
+func (s *Socket) reap() {
+	n := s.comp.peek(s.comp.size)
+	if n == 0 {
+		return
+	}
+	cons := s.comp.cachedCons
+	for i := uint32(0); i < n; i++ {
+		s.txFree = append(s.txFree, s.compAddrs[(cons+i)&s.comp.mask]&s.frameMask)
+	}
+	s.comp.release(n)
+	s.txOutstanding -= n
+}
+
+// Alloc implements backend.Backend.
+func (s *Socket) Alloc(bufs []backend.Buf) int {
+	if len(s.txFree) < len(bufs) {
+		s.reap()
+		if len(s.txFree) == 0 && s.txOutstanding > 0 {
+			// Copy mode sends only inside sendto: kick, then look again.
+			s.kick()
+			s.reap()
+		}
+	}
+	n := min(len(bufs), len(s.txFree))
+	if n == 0 {
+		s.Counters.TxNoBufs.Add(1)
+		return 0
+	}
+	for i := 0; i < n; i++ {
+		a := s.txFree[len(s.txFree)-1-i]
+		bufs[i] = backend.Buf{Data: s.umem[a : a+uint64(s.frameSize) : a+uint64(s.frameSize)], ID: a}
+	}
+	s.txFree = s.txFree[:len(s.txFree)-n]
+	return n
+}
+
+// Transmit implements backend.Backend.
+func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
+	n := s.tx.reserve(uint32(len(bufs)))
+	prod := s.tx.cachedProd
+	for i := uint32(0); i < n; i++ {
+		s.txDescs[(prod+i)&s.tx.mask] = unix.XDPDesc{Addr: bufs[i].ID, Len: uint32(len(bufs[i].Data))}
+	}
+	s.tx.submit(n)
+	s.txOutstanding += n
+	s.Counters.TxPackets.Add(uint64(n))
+	if err := s.kick(); err != nil {
+		return int(n), fmt.Errorf("xsk %s: transmit: %w", s, err)
+	}
+	return int(n), nil
+}
+
+func (s *Socket) kick() error {
+	if !s.tx.needWakeup() {
+		return nil
+	}
+	s.Counters.TxWakeups.Add(1)
+	switch e := kickTx(s.fd); e {
+	case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS:
+		// Transient: the descriptors stay queued for the next kick.
+		return nil
+	default:
+		s.Counters.TxKickErrs.Add(1)
+		return e
+	}
+}
+
+// Statistics reads the kernel's XDP_STATISTICS for the socket.
+func (s *Socket) Statistics() (Statistics, error) {
+	var st Statistics
+	if err := getsockoptRaw(s.fd, unix.XDP_STATISTICS, unsafe.Pointer(&st), unsafe.Sizeof(st)); err != nil {
+		return st, fmt.Errorf("xsk %s: XDP_STATISTICS: %w", s, err)
+	}
+	return st, nil
+}
+
+// Occupancy reads how full each ring is.
+func (s *Socket) Occupancy() RingOccupancy {
+	return RingOccupancy{Rx: s.rx.occupancy(), Tx: s.tx.occupancy(), Fill: s.fill.occupancy(), Completion: s.comp.occupancy()}
+}
+
+// Close unmaps the rings and UMEM and closes the socket.
+func (s *Socket) Close() error {
+	for _, r := range []*ring{&s.fill, &s.comp, &s.rx, &s.tx} {
+		r.unmap()
+	}
+	var err error
+	if s.fd >= 0 {
+		err = unix.Close(s.fd)
+		s.fd = -1
+	}
+	if s.umem != nil {
+		unix.Munmap(s.umem)
+		s.umem = nil
+	}
+	return err
+}
+
+var _ backend.Backend = (*Socket)(nil)
