@@ -8,3 +8,5 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.49.0
 )
+
+require github.com/google/gopacket v1.1.19

@@ -164,6 +164,9 @@ func (b *Bed) configure(s Side) error {
 	// No IPv6 on the bed: router solicitations and DAD would be noise in
 	// counters and traces.
 	return b.Do(s, func() error {
+		if err := disableTxChecksum(b.Link(s)); err != nil {
+			return err
+		}
 		for _, k := range []string{"all", "default", b.Link(s)} {
 			p := "/proc/sys/net/ipv6/conf/" + k + "/disable_ipv6"
 			if err := os.WriteFile(p, []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -1,0 +1,38 @@
+package header
+
+import "net/netip"
+
+// UDPHeadersLen is the length of the Ethernet, IPv4 and UDP headers that
+// BuildUDP writes: the payload starts at this offset of the frame.
+const UDPHeadersLen = EthernetLen + IPv4MinLen + UDPLen
+
+// UDPFields are what BuildUDP writes.
+type UDPFields struct {
+	DstMAC, SrcMAC MAC
+	Src, Dst       netip.AddrPort
+	ID             uint16
+	TTL            uint8
+}
+
+// BuildUDP writes the headers of a datagram whose payloadLen bytes are
+// already at frame[UDPHeadersLen:], computes both checksums, and returns
+// the frame's length. frame must hold UDPHeadersLen+payloadLen bytes.
+func BuildUDP(frame []byte, f *UDPFields, payloadLen int) int {
+	eth := Ethernet(frame)
+	eth.SetDst(f.DstMAC)
+	eth.SetSrc(f.SrcMAC)
+	eth.SetType(EtherTypeIPv4)
+	ulen := UDPLen + payloadLen
+	IPv4(frame[EthernetLen:]).Encode(IPv4Fields{
+		TotalLen: uint16(IPv4MinLen + ulen), ID: f.ID, TTL: f.TTL, Protocol: ProtocolUDP,
+		Src: f.Src.Addr(), Dst: f.Dst.Addr(),
+	})
+	seg := frame[EthernetLen+IPv4MinLen : UDPHeadersLen+payloadLen]
+	u := UDP(seg)
+	u.SetSrcPort(f.Src.Port())
+	u.SetDstPort(f.Dst.Port())
+	u.SetLength(uint16(ulen))
+	u.SetChecksum(0)
+	u.SetChecksum(UDPChecksum(seg, f.Src.Addr(), f.Dst.Addr()))
+	return UDPHeadersLen + payloadLen
+}

@@ -1,0 +1,141 @@
+package header_test
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/vmaxdp/vmaxdp/stack/header"
+)
+
+var fields = header.UDPFields{
+	DstMAC: header.MAC{2, 0, 0, 0, 0, 2}, SrcMAC: header.MAC{2, 0, 0, 0, 0, 1},
+	Src: netip.MustParseAddrPort("198.18.0.1:4000"), Dst: netip.MustParseAddrPort("198.18.0.2:5000"),
+	ID: 7, TTL: 64,
+}
+
+func build(payload []byte) []byte {
+	f := make([]byte, header.UDPHeadersLen+len(payload))
+	copy(f[header.UDPHeadersLen:], payload)
+	return f[:header.BuildUDP(f, &fields, len(payload))]
+}
+
+// gopacket, an independent implementation, must agree with what we build.
+func TestBuildMatchesGopacket(t *testing.T) {
+	for _, n := range []int{0, 1, 12, 64, 1472} {
+		payload := bytes.Repeat([]byte{0xab, 0xcd, 0x01}, n)[:n]
+		frame := build(payload)
+		pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+		if el := pkt.ErrorLayer(); el != nil {
+			t.Fatalf("n=%d: gopacket: %v", n, el.Error())
+		}
+		ip := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		udp := pkt.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if ip.SrcIP.String() != "198.18.0.1" || ip.DstIP.String() != "198.18.0.2" || udp.SrcPort != 4000 || udp.DstPort != 5000 {
+			t.Fatalf("n=%d: addresses %v:%d -> %v:%d", n, ip.SrcIP, udp.SrcPort, ip.DstIP, udp.DstPort)
+		}
+		if !bytes.Equal(udp.Payload, payload) {
+			t.Fatalf("n=%d: payload differs", n)
+		}
+		// Recompute both checksums with gopacket and compare.
+		ipc, udpc := ip.Checksum, udp.Checksum
+		udp.SetNetworkLayerForChecksum(ip)
+		buf := gopacket.NewSerializeBuffer()
+		if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true, FixLengths: true},
+			pkt.Layer(layers.LayerTypeEthernet).(*layers.Ethernet), ip, udp, gopacket.Payload(payload)); err != nil {
+			t.Fatal(err)
+		}
+		if ip.Checksum != ipc || udp.Checksum != udpc {
+			t.Fatalf("n=%d: checksums ip %#x/%#x udp %#x/%#x (ours/gopacket)", n, ipc, ip.Checksum, udpc, udp.Checksum)
+		}
+		var p header.Packet
+		if r := header.Parse(frame, &p); r != header.Ok || !bytes.Equal(p.Payload, payload) {
+			t.Fatalf("n=%d: Parse = %v", n, r)
+		}
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	good := build([]byte("hello"))
+	cases := []struct {
+		name string
+		mod  func(f []byte) []byte
+		want header.Result
+	}{
+		{"truncated ethernet", func(f []byte) []byte { return f[:10] }, header.Truncated},
+		{"arp", func(f []byte) []byte { f[12], f[13] = 0x08, 0x06; return f }, header.NotIPv4},
+		{"truncated ip", func(f []byte) []byte { return f[:30] }, header.Truncated},
+		{"ihl 4", func(f []byte) []byte { f[14] = 0x44; return f }, header.BadIHL},
+		{"ihl past end", func(f []byte) []byte { f[14] = 0x4f; return f }, header.BadIHL},
+		{"total length past frame", func(f []byte) []byte { f[16], f[17] = 0x05, 0xdc; return f }, header.BadLength},
+		{"ip checksum", func(f []byte) []byte { f[24] ^= 0xff; return f }, header.BadIPChecksum},
+		{"fragment", func(f []byte) []byte { setIP(f, 20, 0x20, 0x00); return f }, header.Fragment},
+		{"tcp", func(f []byte) []byte { setIP(f, 23, 6); return f }, header.NotUDP},
+		{"udp length", func(f []byte) []byte { f[38], f[39] = 0, 4; return f }, header.BadUDPLength},
+		{"udp checksum", func(f []byte) []byte { f[len(f)-1] ^= 1; return f }, header.BadUDPChecksum},
+	}
+	for _, c := range cases {
+		f := c.mod(bytes.Clone(good))
+		var p header.Packet
+		if r := header.Parse(f, &p); r != c.want {
+			t.Errorf("%s: Parse = %v, want %v", c.name, r, c.want)
+		}
+	}
+	// A zero UDP checksum means "none" and is accepted.
+	f := bytes.Clone(good)
+	f[40], f[41] = 0, 0
+	var p header.Packet
+	if r := header.Parse(f, &p); r != header.Ok {
+		t.Errorf("zero UDP checksum: Parse = %v", r)
+	}
+}
+
+// setIP changes IPv4 header bytes from offset off and fixes the checksum.
+func setIP(f []byte, off int, b ...byte) {
+	copy(f[off:], b)
+	f[24], f[25] = 0, 0
+	c := ^header.Fold(header.Sum(f[14:34], 0))
+	f[24], f[25] = byte(c>>8), byte(c)
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(build([]byte("seed")))
+	f.Add(build(nil))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		var p header.Packet
+		if header.Parse(frame, &p) != header.Ok {
+			return
+		}
+		// Whatever Parse accepts, gopacket decodes to the same datagram.
+		pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.NoCopy)
+		udp, _ := pkt.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if udp == nil || uint16(udp.DstPort) != p.UDP.DstPort() {
+			t.Fatalf("Parse accepted a frame gopacket reads differently: %v", pkt)
+		}
+	})
+}
+
+func BenchmarkParse(b *testing.B) {
+	frame := build(make([]byte, 64))
+	var p header.Packet
+	b.ReportAllocs()
+	b.SetBytes(int64(len(frame)))
+	for b.Loop() {
+		if header.Parse(frame, &p) != header.Ok {
+			b.Fatal("parse")
+		}
+	}
+}
+
+func BenchmarkBuild(b *testing.B) {
+	frame := make([]byte, 2048)
+	b.ReportAllocs()
+	b.SetBytes(header.UDPHeadersLen + 64)
+	for b.Loop() {
+		header.BuildUDP(frame, &fields, 64)
+	}
+}

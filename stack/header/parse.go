@@ -1,0 +1,103 @@
+package header
+
+// Result says what Parse found wrong with a frame, or Ok.
+type Result uint8
+
+const (
+	Ok Result = iota
+	NotIPv4
+	Truncated
+	BadIHL
+	BadLength
+	BadIPChecksum
+	Fragment
+	NotUDP
+	BadUDPLength
+	BadUDPChecksum
+	NumResults
+)
+
+var resultNames = [NumResults]string{"ok", "not_ipv4", "truncated", "bad_ihl", "bad_length", "bad_ip_checksum", "fragment", "not_udp", "bad_udp_length", "bad_udp_checksum"}
+
+func (r Result) String() string {
+	if r < NumResults {
+		return resultNames[r]
+	}
+	return "unknown"
+}
+
+// Packet holds the views of a parsed Ethernet/IPv4/UDP frame.
+type Packet struct {
+	Eth     Ethernet
+	IP      IPv4
+	UDP     UDP
+	Payload []byte
+}
+
+// Parse validates an Ethernet (optionally one VLAN tag) / IPv4 / UDP frame
+// and fills p with views into it. It checks what the kernel checks before
+// delivering a datagram: header lengths, total length against the frame,
+// the IPv4 header checksum, no fragment, the UDP length, and the UDP
+// checksum when the sender set one. Bytes after the IPv4 total length
+// (Ethernet padding) are not part of the packet.
+func Parse(frame []byte, p *Packet) Result {
+	if len(frame) < EthernetLen {
+		return Truncated
+	}
+	p.Eth = Ethernet(frame[:EthernetLen])
+	off := EthernetLen
+	et := p.Eth.Type()
+	if et == EtherTypeVLAN || et == EtherTypeQinQ {
+		if len(frame) < EthernetLen+VLANLen {
+			return Truncated
+		}
+		et = uint16(frame[16])<<8 | uint16(frame[17])
+		off += VLANLen
+	}
+	if et != EtherTypeIPv4 {
+		return NotIPv4
+	}
+	rest := frame[off:]
+	if len(rest) < IPv4MinLen {
+		return Truncated
+	}
+	ip := IPv4(rest)
+	if ip.Version() != 4 {
+		return NotIPv4
+	}
+	hl := ip.HeaderLen()
+	if hl < IPv4MinLen || hl > len(rest) {
+		return BadIHL
+	}
+	tl := ip.TotalLen()
+	if tl < hl || tl > len(rest) {
+		return BadLength
+	}
+	if Fold(Sum(rest[:hl], 0)) != 0xffff {
+		return BadIPChecksum
+	}
+	p.IP = IPv4(rest[:tl])
+	if p.IP.IsFragment() {
+		return Fragment
+	}
+	if p.IP.Protocol() != ProtocolUDP {
+		return NotUDP
+	}
+	seg := rest[hl:tl]
+	if len(seg) < UDPLen {
+		return BadUDPLength
+	}
+	p.UDP = UDP(seg)
+	ul := p.UDP.Length()
+	if ul < UDPLen || ul > len(seg) {
+		return BadUDPLength
+	}
+	seg = seg[:ul]
+	if p.UDP.Checksum() != udpChecksumNone &&
+		Fold(Sum(seg, PseudoSum(p.IP.Src(), p.IP.Dst(), ProtocolUDP, ul))) != 0xffff {
+		return BadUDPChecksum
+	}
+	p.UDP = UDP(seg[:UDPLen])
+	p.Payload = seg[UDPLen:]
+	return Ok
+}

@@ -1,0 +1,145 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/stack/header"
+)
+
+// nextHop is how to reach one destination.
+type nextHop struct {
+	viaKernel bool // not behind our interface, or not resolvable: the kernel sends it
+	mac       header.MAC
+	src       netip.Addr
+	expires   int64 // unix nanoseconds
+}
+
+// How long a resolved next hop is trusted before the kernel's tables are
+// read again, and how long a failed resolution sends through the kernel
+// before it is tried again.
+const (
+	nextHopTTL      = 30 * time.Second
+	unresolvableTTL = time.Second
+)
+
+// nextHops caches the kernel's routing and neighbour decisions. Readers
+// load an immutable map without a lock; a miss rebuilds it under mu.
+type nextHops struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[netip.Addr]nextHop]
+}
+
+func (st *Stack) nextHop(dst netip.Addr) (nextHop, error) {
+	if m := st.hops.m.Load(); m != nil {
+		if h, ok := (*m)[dst]; ok && time.Now().UnixNano() < h.expires {
+			return h, nil
+		}
+	}
+	return st.resolve(dst)
+}
+
+// resolve asks the kernel: the route to dst, then the neighbour entry of the
+// next hop, triggering ARP (NTF_USE) and waiting up to ResolveTimeout when
+// the kernel has none. A destination the kernel cannot resolve is sent
+// through the kernel socket for a while, so the kernel keeps trying and
+// reports errors the usual way.
+func (st *Stack) resolve(dst netip.Addr) (nextHop, error) {
+	st.hops.mu.Lock()
+	defer st.hops.mu.Unlock()
+	h, err := st.lookupHop(dst)
+	if err != nil {
+		return h, err
+	}
+	old := st.hops.m.Load()
+	m := make(map[netip.Addr]nextHop, 1)
+	if old != nil {
+		now := time.Now().UnixNano()
+		for k, v := range *old {
+			if now < v.expires {
+				m[k] = v
+			}
+		}
+	}
+	m[dst] = h
+	st.hops.m.Store(&m)
+	return h, nil
+}
+
+func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
+	now := time.Now()
+	h := nextHop{expires: now.Add(nextHopTTL).UnixNano()}
+	if dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.addr
+		return h, nil
+	}
+	var routes []netlink.Route
+	var err error
+	if dst.IsMulticast() {
+		// The kernel's multicast route lookup wants an output interface.
+		routes, err = st.nl.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{Oif: st.ifname})
+	} else {
+		routes, err = st.nl.RouteGet(dst.AsSlice())
+	}
+	if err != nil || len(routes) == 0 {
+		return h, fmt.Errorf("route to %s: %w", dst, errors.Join(err, unix.ENETUNREACH))
+	}
+	r := routes[0]
+	if r.LinkIndex != st.ifindex || r.Type == unix.RTN_LOCAL {
+		h.viaKernel = true
+		return h, nil
+	}
+	h.src = st.addr
+	if s, ok := netip.AddrFromSlice(r.Src.To4()); ok && r.Src != nil {
+		h.src = s
+	}
+	if dst.IsMulticast() {
+		h.mac = header.MulticastMAC(dst)
+		return h, nil
+	}
+	hop := dst
+	if g, ok := netip.AddrFromSlice(r.Gw.To4()); ok && r.Gw != nil {
+		hop = g
+	}
+	deadline := now.Add(st.opts.ResolveTimeout)
+	for triggered := false; ; {
+		if mac, ok := st.neighbour(hop); ok {
+			h.mac = mac
+			return h, nil
+		}
+		if !triggered {
+			// NTF_USE makes the kernel send its ARP request, as its own
+			// first packet to that neighbour would.
+			st.nl.NeighSet(&netlink.Neigh{LinkIndex: st.ifindex, Family: unix.AF_INET, IP: hop.AsSlice(), Flags: netlink.NTF_USE})
+			triggered = true
+		}
+		if time.Now().After(deadline) {
+			st.Counters.NeighUnresolved.Add(1)
+			return nextHop{viaKernel: true, expires: time.Now().Add(unresolvableTTL).UnixNano()}, nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (st *Stack) neighbour(hop netip.Addr) (header.MAC, bool) {
+	neighs, err := st.nl.NeighList(st.ifindex, unix.AF_INET)
+	if err != nil {
+		return header.MAC{}, false
+	}
+	ip := net.IP(hop.AsSlice())
+	for _, n := range neighs {
+		if n.IP.Equal(ip) && len(n.HardwareAddr) == 6 &&
+			n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE|netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
+			return header.MAC(n.HardwareAddr), true
+		}
+	}
+	return header.MAC{}, false
+}

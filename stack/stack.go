@@ -1,0 +1,340 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+// rxBatch is how many frames one poll drains from a queue's RX ring.
+const rxBatch = 64
+
+// maxQueues bounds the queues of one stack (the size of the XSKMAP).
+const maxQueues = 64
+
+// Options configure a Stack. The zero value means defaults.
+type Options struct {
+	// Queues lists the interface queues to serve (default: all RX queues).
+	Queues []int
+	// XSK configures the AF_XDP sockets.
+	XSK *xsk.Options
+	// Steer configures the steering program.
+	Steer *steer.Options
+	// RxPoll is how many times a blocking receive polls before it sleeps
+	// (VMAXDP_RX_POLL): 0 sleeps at once, -1 never sleeps. Default 100000.
+	RxPoll int
+	// RxPollOSRatio: while polling, the kernel socket is checked once every
+	// RxPollOSRatio polls (VMAXDP_RX_UDP_POLL_OS_RATIO, default 100; 0: only
+	// before sleeping).
+	RxPollOSRatio int
+	// RxBytesLimit caps the payload bytes queued on one socket
+	// (VMAXDP_RX_BYTES_MIN; default 1 MiB). A datagram beyond it is dropped
+	// and counted in RxQueueDrops.
+	RxBytesLimit int
+	// ResolveTimeout bounds the wait for ARP on a new neighbour (default 1 s).
+	ResolveTimeout time.Duration
+	// NewBackend opens the backend of a queue (default: an AF_XDP socket).
+	NewBackend func(ifname string, queue int) (backend.Backend, error)
+}
+
+// Counters are the stack's counters of frames that reached no socket.
+type Counters struct {
+	RxFrames atomic.Uint64
+	// RxDropped counts frames dropped by the parser, by header.Result.
+	RxDropped [header.NumResults]atomic.Uint64
+	// RxNoSocket counts valid datagrams that no socket is bound to (a rule
+	// outlived its socket for a moment).
+	RxNoSocket      atomic.Uint64
+	NeighUnresolved atomic.Uint64
+}
+
+// queue is one backend queue.
+type queue struct {
+	idx int
+	be  backend.Backend
+	rx  [rxBatch]backend.Buf // guarded by Stack.rxMu
+	rel []backend.Buf        // frames to release, guarded by Stack.rxMu
+
+	txMu sync.Mutex
+	tx   [rxBatch]backend.Buf // guarded by txMu
+}
+
+// sockKey is how received datagrams find their socket; unused fields zero.
+type sockKey struct {
+	laddr [4]byte
+	raddr [4]byte
+	lport uint16
+	rport uint16
+}
+
+// Stack serves the UDP sockets of one interface.
+type Stack struct {
+	opts    Options
+	ifname  string
+	ifindex int
+	mac     header.MAC
+	mtu     int
+	addr    netip.Addr // the interface's first IPv4 address
+	ns      netns.NsHandle
+	nl      *netlink.Handle
+	prog    *steer.Program
+	queues  []*queue
+	ipID    atomic.Uint32
+	hops    nextHops
+
+	rxMu sync.Mutex
+
+	mu     sync.Mutex // serialises socket table changes
+	socks  atomic.Pointer[map[sockKey]*UDPConn]
+	conns  map[*UDPConn]struct{}
+	closed bool
+
+	Counters Counters
+}
+
+// ErrClosed is returned on a closed stack; sockets return net.ErrClosed.
+var ErrClosed = errors.New("stack closed")
+
+// Open attaches a stack to ifname in the calling thread's network
+// namespace (lock the OS thread when it differs from the process's).
+func Open(ifname string, opts *Options) (_ *Stack, err error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.RxPoll == 0 && (opts == nil || opts.RxPoll == 0) {
+		o.RxPoll = 100000
+	}
+	if o.RxPollOSRatio == 0 {
+		o.RxPollOSRatio = 100
+	}
+	if o.RxBytesLimit == 0 {
+		o.RxBytesLimit = 1 << 20
+	}
+	if o.ResolveTimeout == 0 {
+		o.ResolveTimeout = time.Second
+	}
+	if o.NewBackend == nil {
+		xo := o.XSK
+		o.NewBackend = func(ifname string, q int) (backend.Backend, error) { return xsk.Open(ifname, q, xo) }
+	}
+	st := &Stack{opts: o, ifname: ifname, ns: -1, conns: map[*UDPConn]struct{}{}}
+	defer func() {
+		if err != nil {
+			st.Close()
+			err = fmt.Errorf("stack %s: %w", ifname, err)
+		}
+	}()
+	if st.ns, err = netns.Get(); err != nil {
+		return st, fmt.Errorf("network namespace: %w", err)
+	}
+	if st.nl, err = netlink.NewHandle(); err != nil {
+		return st, fmt.Errorf("netlink: %w", err)
+	}
+	l, err := st.nl.LinkByName(ifname)
+	if err != nil {
+		return st, err
+	}
+	a := l.Attrs()
+	st.ifindex, st.mtu = a.Index, a.MTU
+	if len(a.HardwareAddr) != 6 {
+		return st, fmt.Errorf("not an Ethernet interface (hardware address %v)", a.HardwareAddr)
+	}
+	st.mac = header.MAC(a.HardwareAddr)
+	addrs, err := st.nl.AddrList(l, netlink.FAMILY_V4)
+	if err != nil || len(addrs) == 0 {
+		return st, fmt.Errorf("no IPv4 address: %w", errors.Join(err, errors.New("add one")))
+	}
+	st.addr, _ = netip.AddrFromSlice(addrs[0].IP.To4())
+	if len(o.Queues) == 0 {
+		for q := 0; q < max(1, a.NumRxQueues); q++ {
+			o.Queues = append(o.Queues, q)
+		}
+		st.opts.Queues = o.Queues
+	}
+	if len(o.Queues) > maxQueues {
+		return st, fmt.Errorf("%d queues: at most %d", len(o.Queues), maxQueues)
+	}
+	if st.prog, err = steer.Attach(ifname, o.Steer); err != nil {
+		return st, err
+	}
+	for i, qi := range o.Queues {
+		be, err := o.NewBackend(ifname, qi)
+		if err != nil {
+			return st, err
+		}
+		st.queues = append(st.queues, &queue{idx: i, be: be, rel: make([]backend.Buf, 0, 2*rxBatch)})
+		if err := st.prog.RegisterQueue(qi, be.FD()); err != nil {
+			return st, err
+		}
+	}
+	empty := map[sockKey]*UDPConn{}
+	st.socks.Store(&empty)
+	return st, nil
+}
+
+// Interface names the stack's interface.
+func (st *Stack) Interface() string { return st.ifname }
+
+// Addr is the interface's IPv4 address.
+func (st *Stack) Addr() netip.Addr { return st.addr }
+
+// Program is the steering program, for its counters.
+func (st *Stack) Program() *steer.Program { return st.prog }
+
+// Backends lists the queues' backends, for their counters.
+func (st *Stack) Backends() []backend.Backend {
+	out := make([]backend.Backend, len(st.queues))
+	for i, q := range st.queues {
+		out[i] = q.be
+	}
+	return out
+}
+
+// pollLocked drains every queue's RX ring into socket queues and returns
+// how many frames it saw. Caller holds rxMu.
+func (st *Stack) pollLocked() int {
+	total := 0
+	for _, q := range st.queues {
+		st.flushLocked(q)
+		n := q.be.Receive(q.rx[:])
+		if n == 0 {
+			continue
+		}
+		total += n
+		st.Counters.RxFrames.Add(uint64(n))
+		socks := *st.socks.Load()
+		for i := 0; i < n; i++ {
+			st.demuxLocked(q, socks, q.rx[i])
+		}
+		st.flushLocked(q)
+	}
+	return total
+}
+
+func (st *Stack) flushLocked(q *queue) {
+	if len(q.rel) > 0 {
+		q.be.Release(q.rel)
+		q.rel = q.rel[:0]
+	}
+}
+
+// releaseLocked returns a frame to its queue, in batches.
+func (st *Stack) releaseLocked(q *queue, b backend.Buf) {
+	q.rel = append(q.rel, b)
+	if len(q.rel) >= rxBatch {
+		st.flushLocked(q)
+	}
+}
+
+func (st *Stack) demuxLocked(q *queue, socks map[sockKey]*UDPConn, b backend.Buf) {
+	var p header.Packet
+	if r := header.Parse(b.Data, &p); r != header.Ok {
+		st.Counters.RxDropped[r].Add(1)
+		st.releaseLocked(q, b)
+		return
+	}
+	k := sockKey{laddr: [4]byte(p.IP[16:20]), raddr: [4]byte(p.IP[12:16]), lport: p.UDP.DstPort(), rport: p.UDP.SrcPort()}
+	c := socks[k]
+	if c == nil {
+		k.raddr, k.rport = [4]byte{}, 0
+		if c = socks[k]; c == nil {
+			k.laddr = [4]byte{}
+			c = socks[k]
+		}
+	}
+	if c == nil {
+		st.Counters.RxNoSocket.Add(1)
+		st.releaseLocked(q, b)
+		return
+	}
+	c.enqueueLocked(q, b, &p)
+}
+
+func (st *Stack) addSocket(c *UDPConn, keys ...sockKey) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return ErrClosed
+	}
+	old := *st.socks.Load()
+	for _, k := range keys {
+		if o := old[k]; o != nil && o != c {
+			return fmt.Errorf("%s: %w", c.local, unix.EADDRINUSE)
+		}
+	}
+	m := make(map[sockKey]*UDPConn, len(old)+len(keys))
+	for k, v := range old {
+		m[k] = v
+	}
+	for _, k := range keys {
+		m[k] = c
+	}
+	st.socks.Store(&m)
+	st.conns[c] = struct{}{}
+	return nil
+}
+
+func (st *Stack) removeSocket(c *UDPConn, keys ...sockKey) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	old := *st.socks.Load()
+	m := make(map[sockKey]*UDPConn, len(old))
+	for k, v := range old {
+		m[k] = v
+	}
+	for _, k := range keys {
+		if m[k] == c {
+			delete(m, k)
+		}
+	}
+	st.socks.Store(&m)
+}
+
+// Close closes every socket, detaches the steering program and closes the
+// queues.
+func (st *Stack) Close() error {
+	st.mu.Lock()
+	st.closed = true
+	conns := make([]*UDPConn, 0, len(st.conns))
+	for c := range st.conns {
+		conns = append(conns, c)
+	}
+	st.mu.Unlock()
+	var errs []error
+	for _, c := range conns {
+		c.Close()
+	}
+	if st.prog != nil {
+		for _, q := range st.opts.Queues[:len(st.queues)] {
+			st.prog.UnregisterQueue(q)
+		}
+		errs = append(errs, st.prog.Close())
+		st.prog = nil
+	}
+	for _, q := range st.queues {
+		errs = append(errs, q.be.Close())
+	}
+	st.queues = nil
+	if st.nl != nil {
+		st.nl.Close()
+		st.nl = nil
+	}
+	if st.ns >= 0 {
+		st.ns.Close()
+		st.ns = -1
+	}
+	return errors.Join(errs...)
+}

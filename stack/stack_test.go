@@ -1,0 +1,360 @@
+package stack_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
+
+// bedStack brings up a bed with a stack on side B.
+func bedStack(t testing.TB, opts *stack.Options) (*testbed.Bed, *stack.Stack) {
+	bed := testutil.Bed(t, nil)
+	if opts == nil {
+		opts = &stack.Options{}
+	}
+	if opts.XSK == nil {
+		opts.XSK = &xsk.Options{NoHugePages: true}
+	}
+	var st *stack.Stack
+	err := bed.Do(testbed.B, func() (err error) {
+		st, err = stack.Open(bed.Link(testbed.B), opts)
+		return err
+	})
+	testutil.SkipIfNotSupported(t, err)
+	t.Cleanup(func() { st.Close() })
+	return bed, st
+}
+
+// kernelConn opens a kernel UDP socket on side A.
+func kernelConn(t testing.TB, bed *testbed.Bed, laddr string) *net.UDPConn {
+	var c *net.UDPConn
+	err := bed.Do(testbed.A, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(laddr)))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadBuffer(8 << 20)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func payload(i, n int) []byte {
+	b := bytes.Repeat([]byte{byte(i)}, n)
+	binary.BigEndian.PutUint32(b, uint32(i))
+	return b
+}
+
+func TestReceiveFromKernel(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	dst := netip.AddrPortFrom(bed.Addr(testbed.B), 9000)
+	const n = 1000 // within the 2048-frame RX ring
+	sizes := []int{12, 64, 1472}
+	for i := 0; i < n; i++ {
+		if _, err := k.WriteToUDPAddrPort(payload(i, sizes[i%len(sizes)]), dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2048)
+	for i := 0; i < n; i++ {
+		m, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:m], payload(i, sizes[i%len(sizes)])) {
+			t.Fatalf("datagram %d: %d bytes, payload differs", i, m)
+		}
+		if from != netip.AddrPortFrom(bed.Addr(testbed.A), uint16(k.LocalAddr().(*net.UDPAddr).Port)) {
+			t.Fatalf("datagram %d from %s", i, from)
+		}
+	}
+	if got := c.Counters.RxOffloadPackets.Load(); got != n {
+		t.Errorf("RxOffloadPackets = %d, want %d", got, n)
+	}
+	pc, _ := st.Program().Counters()
+	if pc.Redirected != n {
+		t.Errorf("steering program redirected %d, want %d", pc.Redirected, n)
+	}
+}
+
+func TestSendToKernel(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	k := kernelConn(t, bed, "198.18.0.1:9100")
+	c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 2048)
+		k.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for i := 0; i < n; i++ {
+			m, from, err := k.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				done <- fmt.Errorf("datagram %d: %w", i, err)
+				return
+			}
+			if !bytes.Equal(buf[:m], payload(i, 100)) || from != c.LocalAddrPort() && from.Port() != c.LocalAddrPort().Port() {
+				done <- fmt.Errorf("datagram %d: %d bytes from %s", i, m, from)
+				return
+			}
+		}
+		done <- nil
+	}()
+	for i := 0; i < n; i++ {
+		if _, err := c.Write(payload(i, 100)); err != nil {
+			t.Fatal(err)
+		}
+		if i%128 == 127 {
+			time.Sleep(time.Millisecond) // let the reader keep up: this tests integrity, not rate
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Counters.TxOffloadPackets.Load(); got != n {
+		t.Errorf("TxOffloadPackets = %d, want %d (os %d)", got, n, c.Counters.TxOSPackets.Load())
+	}
+}
+
+func TestMulticast(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	group := netip.MustParseAddr("224.1.2.3")
+	c, err := st.ListenUDP(netip.AddrPortFrom(netip.IPv4Unspecified(), 9200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.JoinGroup(group); err != nil {
+		t.Fatal(err)
+	}
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	const n = 100
+	for i := 0; i < n; i++ {
+		if _, err := k.WriteToUDPAddrPort(payload(i, 64), netip.AddrPortFrom(group, 9200)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2048)
+	for i := 0; i < n; i++ {
+		m, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil || !bytes.Equal(buf[:m], payload(i, 64)) {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+	}
+	if c.Counters.RxOffloadPackets.Load() != n {
+		t.Errorf("RxOffloadPackets = %d, want %d", c.Counters.RxOffloadPackets.Load(), n)
+	}
+	if err := c.LeaveGroup(group); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Everything the engine did not ask for still reaches the kernel.
+func TestKernelTrafficUntouched(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	if _, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9300")); err != nil {
+		t.Fatal(err)
+	}
+	// ARP and ICMP: ping from A, with A's neighbour cache flushed first.
+	out, err := exec.Command("ip", "netns", "exec", bed.NSName(testbed.A), "sh", "-c",
+		"ip neigh flush dev vmxa; ping -c 3 -i 0.2 -W 2 198.18.0.2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ping through the steered interface: %v\n%s", err, out)
+	}
+	// UDP to a port no rule names reaches a kernel socket on B.
+	var kb *net.UDPConn
+	if err := bed.Do(testbed.B, func() (err error) {
+		kb, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 9301})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer kb.Close()
+	ka := kernelConn(t, bed, "198.18.0.1:0")
+	if _, err := ka.WriteToUDPAddrPort([]byte("to the kernel"), netip.MustParseAddrPort("198.18.0.2:9301")); err != nil {
+		t.Fatal(err)
+	}
+	kb.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 100)
+	if n, _, err := kb.ReadFromUDPAddrPort(buf); err != nil || string(buf[:n]) != "to the kernel" {
+		t.Fatalf("unsteered UDP: %q %v", buf[:n], err)
+	}
+	pc, err := st.Program().Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.Redirected != 0 || pc.NonIP == 0 || pc.Passed < 4 {
+		t.Errorf("steering counters %+v: want nothing redirected, ARP counted as non_ip, ICMP and UDP passed", pc)
+	}
+}
+
+// A datagram larger than the MTU arrives as fragments, which the steering
+// program leaves to the kernel; the socket reads it from its kernel socket.
+func TestFragmentsThroughKernelSocket(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9400"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	big := payload(7, 4000)
+	if _, err := k.WriteToUDPAddrPort(big, netip.MustParseAddrPort("198.18.0.2:9400")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 8192)
+	n, _, err := c.ReadFromUDPAddrPort(buf)
+	if err != nil || !bytes.Equal(buf[:n], big) {
+		t.Fatalf("fragmented datagram: %d bytes, %v", n, err)
+	}
+	if c.Counters.RxOSPackets.Load() != 1 {
+		t.Errorf("RxOSPackets = %d, want 1", c.Counters.RxOSPackets.Load())
+	}
+	pc, _ := st.Program().Counters()
+	if pc.Fragments < 3 {
+		t.Errorf("steering program counted %d fragments, want 3", pc.Fragments)
+	}
+}
+
+func TestReadDeadlineAndBlockingWakeup(t *testing.T) {
+	bed, st := bedStack(t, &stack.Options{RxPoll: 0})
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9500"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	buf := make([]byte, 64)
+	if _, _, err := c.ReadFromUDPAddrPort(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read past deadline: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		k.WriteToUDPAddrPort([]byte("wake"), netip.MustParseAddrPort("198.18.0.2:9500"))
+	}()
+	n, _, err := c.ReadFromUDPAddrPort(buf)
+	if err != nil || string(buf[:n]) != "wake" {
+		t.Fatalf("blocking read: %q %v", buf[:n], err)
+	}
+	if c.Counters.RxPollMiss.Load() == 0 {
+		t.Error("reader never slept: RxPollMiss = 0")
+	}
+}
+
+func TestZeroCopyAndFilter(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9600"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetRecvFilter(func(p []byte, _ netip.AddrPort) bool { return p[0] != 'x' })
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	for _, m := range []string{"xdrop", "keep1", "xdrop", "keep2"} {
+		k.WriteToUDPAddrPort([]byte(m), netip.MustParseAddrPort("198.18.0.2:9600"))
+	}
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	for _, want := range []string{"keep1", "keep2"} {
+		var d stack.Datagram
+		if err := c.RecvZeroCopy(&d); err != nil {
+			t.Fatal(err)
+		}
+		if string(d.Payload) != want {
+			t.Fatalf("got %q, want %q", d.Payload, want)
+		}
+		d.Release()
+	}
+	if c.Counters.RxFiltered.Load() != 2 {
+		t.Errorf("RxFiltered = %d, want 2", c.Counters.RxFiltered.Load())
+	}
+}
+
+// Malformed frames on a steered port are counted, never delivered, never a crash.
+func TestMalformedFramesCounted(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9700"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dstMAC header.MAC
+	bed.Do(testbed.B, func() error {
+		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
+		if err == nil {
+			dstMAC = header.MAC(ifi.HardwareAddr)
+		}
+		return err
+	})
+	good := func() []byte {
+		f := make([]byte, header.UDPHeadersLen+8)
+		copy(f[header.UDPHeadersLen:], "payload!")
+		return f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC,
+			Src: netip.MustParseAddrPort("198.18.0.1:5555"), Dst: netip.MustParseAddrPort("198.18.0.2:9700"), TTL: 64}, 8)]
+	}
+	badUDP := good()
+	badUDP[len(badUDP)-1] ^= 0xff
+	badIP := good()
+	badIP[14+10] ^= 0xff
+	badIHL := good()
+	badIHL[14] = 0x44
+	truncated := good()[:14+20+4]
+	frames := [][]byte{badUDP, badIP, badIHL, truncated, good()}
+	err = bed.Do(testbed.A, func() error {
+		fd, err := rawSocket(bed.Link(testbed.A))
+		if err != nil {
+			return err
+		}
+		defer fd.Close()
+		for _, f := range frames {
+			if _, err := fd.Write(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 64)
+	n, _, err := c.ReadFromUDPAddrPort(buf)
+	if err != nil || string(buf[:n]) != "payload!" {
+		t.Fatalf("the good frame: %q %v", buf[:n], err)
+	}
+	if got := st.Counters.RxDropped[header.BadUDPChecksum].Load(); got != 1 {
+		t.Errorf("bad UDP checksum dropped %d, want 1", got)
+	}
+	if got := st.Counters.RxDropped[header.BadIPChecksum].Load(); got != 1 {
+		t.Errorf("bad IP checksum dropped %d, want 1", got)
+	}
+	if got := st.Counters.RxDropped[header.BadLength].Load(); got != 1 {
+		t.Errorf("truncated frame: bad_length dropped %d, want 1", got)
+	}
+	pc, _ := st.Program().Counters()
+	if pc.ParseErrors != 1 { // the bad IHL never leaves XDP
+		t.Errorf("steering parse_errors = %d, want 1", pc.ParseErrors)
+	}
+}

@@ -1,0 +1,647 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/steer"
+)
+
+// SocketCounters are one socket's counters (vma_stats' per-socket block).
+type SocketCounters struct {
+	RxOffloadPackets atomic.Uint64
+	RxOffloadBytes   atomic.Uint64
+	RxOSPackets      atomic.Uint64
+	RxOSBytes        atomic.Uint64
+	RxQueueDrops     atomic.Uint64 // over RxBytesLimit or queue full
+	RxFiltered       atomic.Uint64 // refused by the receive filter
+	RxEagain         atomic.Uint64 // reads that timed out or found nothing
+	RxPollHit        atomic.Uint64 // reads served without sleeping
+	RxPollMiss       atomic.Uint64 // reads that had to sleep
+	RxQueueBytesMax  atomic.Uint64
+	TxOffloadPackets atomic.Uint64
+	TxOffloadBytes   atomic.Uint64
+	TxOSPackets      atomic.Uint64
+	TxOSBytes        atomic.Uint64
+	TxNoBufs         atomic.Uint64 // sends that found no transmit frame
+	TxErrors         atomic.Uint64
+}
+
+// RecvFilter decides whether a datagram is queued (true) or dropped and
+// counted in RxFiltered (false). It runs on the receive path under the
+// stack's receive lock: it must be quick, must not block and must not use
+// any socket; payload is valid only during the call.
+type RecvFilter func(payload []byte, from netip.AddrPort) bool
+
+type rxItem struct {
+	buf  backend.Buf
+	q    *queue
+	off  uint16
+	n    uint16
+	from netip.AddrPort
+}
+
+// UDPConn is a UDP socket served by the stack. It implements
+// net.PacketConn and net.Conn.
+type UDPConn struct {
+	st     *Stack
+	fd     int // the companion kernel socket
+	evfd   int // wakes a sleeping reader; -1 until a reader first sleeps
+	local  netip.AddrPort
+	remote netip.AddrPort // valid when connected
+	ttl    uint8
+
+	rules  []steer.RuleID
+	keys   []sockKey
+	groups map[netip.Addr]steer.RuleID
+
+	// Receive queue, guarded by st.rxMu.
+	rxq     []rxItem
+	rxHead  int
+	rxLen   int
+	rxBytes int
+	filter  RecvFilter
+
+	waiters       atomic.Int32
+	closed        atomic.Bool
+	readDeadline  atomic.Int64 // unix nanoseconds, 0: none
+	writeDeadline atomic.Int64
+	txq           *queue
+	hop           atomic.Pointer[nextHop] // connected sockets: cached next hop
+
+	Counters SocketCounters
+}
+
+// ListenUDP opens a socket bound to laddr (port 0: the kernel picks one).
+// An unspecified address receives on every address of the interface; a
+// multicast address receives that group once joined.
+func (st *Stack) ListenUDP(laddr netip.AddrPort) (*UDPConn, error) {
+	return st.open(laddr, netip.AddrPort{})
+}
+
+// DialUDP opens a socket connected to raddr, bound to laddr (which may be
+// the zero value).
+func (st *Stack) DialUDP(laddr, raddr netip.AddrPort) (*UDPConn, error) {
+	if !raddr.IsValid() || !raddr.Addr().Is4() || raddr.Port() == 0 {
+		return nil, fmt.Errorf("dial udp %s: %w", raddr, unix.EDESTADDRREQ)
+	}
+	return st.open(laddr, raddr)
+}
+
+func (st *Stack) open(laddr, raddr netip.AddrPort) (_ *UDPConn, err error) {
+	if !laddr.Addr().IsValid() {
+		laddr = netip.AddrPortFrom(netip.IPv4Unspecified(), laddr.Port())
+	}
+	if !laddr.Addr().Is4() {
+		return nil, fmt.Errorf("udp %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
+	}
+	c := &UDPConn{st: st, fd: -1, evfd: -1, ttl: header.DefaultTTL, txq: st.queues[0],
+		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity())}
+	defer func() {
+		if err != nil {
+			c.Close()
+			err = fmt.Errorf("udp %s: %w", laddr, err)
+		}
+	}()
+	if err := inNS(st.ns, func() error { return c.openKernel(laddr, raddr) }); err != nil {
+		return c, err
+	}
+	rule := steer.Rule{Proto: unix.IPPROTO_UDP, Local: c.local}
+	key := sockKey{laddr: c.local.Addr().As4(), lport: c.local.Port()}
+	switch {
+	case raddr.IsValid():
+		rule.Kind, rule.Remote = steer.Rule5Tuple, raddr
+		key.raddr, key.rport = raddr.Addr().As4(), raddr.Port()
+	case c.local.Addr().IsMulticast():
+		rule.Kind = steer.RuleMcast
+	case c.local.Addr().IsUnspecified():
+		rule.Kind = steer.RulePort
+	default:
+		rule.Kind = steer.Rule3Tuple
+	}
+	// The socket is in the table before its rule exists, so that no
+	// steered datagram finds no socket.
+	c.keys = append(c.keys, key)
+	if err := st.addSocket(c, key); err != nil {
+		return c, err
+	}
+	id, err := st.prog.AddRule(rule)
+	if err != nil {
+		return c, err
+	}
+	c.rules = append(c.rules, id)
+	return c, nil
+}
+
+// rxCapacity: a socket can never hold more datagrams than there are RX frames.
+func (st *Stack) rxCapacity() int {
+	n := 4096
+	if st.opts.XSK != nil && st.opts.XSK.NumFrames != 0 {
+		n = int(st.opts.XSK.NumFrames)
+	}
+	return n / 2 * len(st.queues)
+}
+
+func (c *UDPConn) openKernel(laddr, raddr netip.AddrPort) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("kernel socket: %w", err)
+	}
+	c.fd = fd
+	if laddr.Addr().IsMulticast() {
+		// Several receivers of one group share its port, as with the kernel.
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: laddr.Addr().As4(), Port: int(laddr.Port())}); err != nil {
+		return fmt.Errorf("bind kernel socket: %w", err)
+	}
+	if raddr.IsValid() {
+		if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: raddr.Addr().As4(), Port: int(raddr.Port())}); err != nil {
+			return fmt.Errorf("connect kernel socket to %s: %w", raddr, err)
+		}
+		c.remote = raddr
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return fmt.Errorf("getsockname: %w", err)
+	}
+	s4 := sa.(*unix.SockaddrInet4)
+	c.local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
+	return nil
+}
+
+// JoinGroup joins a multicast group on the stack's interface. The kernel
+// socket joins, so IGMP is the kernel's; the steering rule brings the
+// group's datagrams to this socket.
+func (c *UDPConn) JoinGroup(group netip.Addr) error {
+	if !group.Is4() || !group.IsMulticast() {
+		return fmt.Errorf("udp %s: join %s: not an IPv4 multicast group", c.local, group)
+	}
+	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
+	if err := unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
+		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
+	}
+	key := sockKey{laddr: group.As4(), lport: c.local.Port()}
+	if err := c.st.addSocket(c, key); err != nil {
+		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
+	}
+	id, err := c.st.prog.AddRule(steer.Rule{Kind: steer.RuleMcast, Proto: unix.IPPROTO_UDP, Local: netip.AddrPortFrom(group, c.local.Port())})
+	if err != nil {
+		c.st.removeSocket(c, key)
+		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
+	}
+	c.keys = append(c.keys, key)
+	c.groups[group] = id
+	return nil
+}
+
+// LeaveGroup leaves a group joined with JoinGroup.
+func (c *UDPConn) LeaveGroup(group netip.Addr) error {
+	id, ok := c.groups[group]
+	if !ok {
+		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, unix.EADDRNOTAVAIL)
+	}
+	delete(c.groups, group)
+	c.st.prog.RemoveRule(id)
+	c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
+	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
+	if err := unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq); err != nil {
+		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, err)
+	}
+	return nil
+}
+
+// SetRecvFilter installs (or, with nil, removes) the receive filter.
+func (c *UDPConn) SetRecvFilter(f RecvFilter) {
+	c.st.rxMu.Lock()
+	c.filter = f
+	c.st.rxMu.Unlock()
+}
+
+// enqueueLocked queues a received datagram. Caller holds st.rxMu.
+func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
+	from := netip.AddrPortFrom(p.IP.Src(), p.UDP.SrcPort())
+	if c.filter != nil && !c.filter(p.Payload, from) {
+		c.Counters.RxFiltered.Add(1)
+		c.st.releaseLocked(q, b)
+		return
+	}
+	n := len(p.Payload)
+	if c.rxBytes+n > c.st.opts.RxBytesLimit || c.rxLen == len(c.rxq) {
+		c.Counters.RxQueueDrops.Add(1)
+		c.st.releaseLocked(q, b)
+		return
+	}
+	off := cap(b.Data) - cap(p.Payload) // Payload is a subslice of the frame
+	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = rxItem{buf: b, q: q, off: uint16(off), n: uint16(n), from: from}
+	c.rxLen++
+	c.rxBytes += n
+	if uint64(c.rxBytes) > c.Counters.RxQueueBytesMax.Load() {
+		c.Counters.RxQueueBytesMax.Store(uint64(c.rxBytes))
+	}
+	c.Counters.RxOffloadPackets.Add(1)
+	c.Counters.RxOffloadBytes.Add(uint64(n))
+	if c.waiters.Load() > 0 {
+		c.wake()
+	}
+}
+
+func (c *UDPConn) wake() {
+	if c.evfd >= 0 {
+		var one = uint64(1)
+		unix.Write(c.evfd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	}
+}
+
+// popLocked takes the oldest queued datagram. Caller holds st.rxMu.
+func (c *UDPConn) popLocked(it *rxItem) bool {
+	if c.rxLen == 0 {
+		return false
+	}
+	*it = c.rxq[c.rxHead]
+	c.rxq[c.rxHead] = rxItem{}
+	c.rxHead = (c.rxHead + 1) % len(c.rxq)
+	c.rxLen--
+	c.rxBytes -= int(it.n)
+	return true
+}
+
+// tryOffload takes a datagram from the socket's queue, polling the queues
+// when it is empty.
+func (c *UDPConn) tryOffload(it *rxItem) bool {
+	st := c.st
+	st.rxMu.Lock()
+	ok := c.popLocked(it)
+	if !ok && st.pollLocked() > 0 {
+		ok = c.popLocked(it)
+	}
+	st.rxMu.Unlock()
+	return ok
+}
+
+// Datagram is a received datagram lent by RecvZeroCopy: Payload points into
+// the receive frame until Release, which must be called exactly once.
+type Datagram struct {
+	Payload []byte
+	From    netip.AddrPort
+	c       *UDPConn
+	it      rxItem
+}
+
+// Release returns the datagram's frame to the stack.
+func (d *Datagram) Release() {
+	if d.it.q == nil {
+		return
+	}
+	d.c.st.rxMu.Lock()
+	d.c.st.releaseLocked(d.it.q, d.it.buf)
+	d.c.st.rxMu.Unlock()
+	d.it = rxItem{}
+	d.Payload = nil
+}
+
+// ReadFromUDPAddrPort reads a datagram into b; a longer datagram is cut to
+// len(b), as with the kernel. It does not allocate.
+func (c *UDPConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
+	return c.recv(b, nil)
+}
+
+// RecvZeroCopy receives a datagram without copying it (VMA's
+// recvfrom_zcopy). A datagram that came through the kernel socket is read
+// into d's own buffer, so d must not be shared between goroutines.
+func (c *UDPConn) RecvZeroCopy(d *Datagram) error {
+	_, _, err := c.recv(nil, d)
+	return err
+}
+
+// osBuf is where zero-copy receives land when the datagram comes from the
+// kernel socket.
+const osBufLen = 65536
+
+func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
+	ratio := c.st.opts.RxPollOSRatio
+	var it rxItem
+	slept := false
+	for i := 0; ; i++ {
+		if c.closed.Load() {
+			return 0, netip.AddrPort{}, net.ErrClosed
+		}
+		if c.tryOffload(&it) {
+			c.countPoll(slept)
+			if zc != nil {
+				zc.c, zc.it, zc.From = c, it, it.from
+				zc.Payload = it.buf.Data[it.off : int(it.off)+int(it.n)]
+				return int(it.n), it.from, nil
+			}
+			n := copy(b, it.buf.Data[it.off:int(it.off)+int(it.n)])
+			c.st.rxMu.Lock()
+			c.st.releaseLocked(it.q, it.buf)
+			c.st.rxMu.Unlock()
+			return n, it.from, nil
+		}
+		if ratio > 0 && i%ratio == 0 || i >= c.st.opts.RxPoll && c.st.opts.RxPoll >= 0 {
+			if zc != nil {
+				if cap(zc.Payload) < osBufLen || zc.it.q != nil {
+					zc.Payload = make([]byte, osBufLen)
+				}
+				b = zc.Payload[:osBufLen]
+			}
+			n, from, e := kernelRecvFrom(c.fd, b)
+			if e == 0 {
+				c.countPoll(slept)
+				c.Counters.RxOSPackets.Add(1)
+				c.Counters.RxOSBytes.Add(uint64(n))
+				if zc != nil {
+					zc.c, zc.it, zc.From, zc.Payload = c, rxItem{}, from, b[:n]
+				}
+				return n, from, nil
+			}
+			if e != unix.EAGAIN {
+				return 0, netip.AddrPort{}, &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: os.NewSyscallError("recvfrom", e)}
+			}
+		}
+		if i&63 == 0 || i >= c.st.opts.RxPoll {
+			if d := c.readDeadline.Load(); d != 0 && time.Now().UnixNano() >= d {
+				c.Counters.RxEagain.Add(1)
+				return 0, netip.AddrPort{}, &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: os.ErrDeadlineExceeded}
+			}
+		}
+		if c.st.opts.RxPoll >= 0 && i >= c.st.opts.RxPoll {
+			if err := c.sleep(); err != nil {
+				return 0, netip.AddrPort{}, err
+			}
+			slept = true
+			i = -1
+		}
+	}
+}
+
+func (c *UDPConn) countPoll(slept bool) {
+	if slept {
+		c.Counters.RxPollMiss.Add(1)
+	} else {
+		c.Counters.RxPollHit.Add(1)
+	}
+}
+
+// sleep blocks until a queue, the kernel socket or a wakeup has work, or
+// the read deadline passes. The waiter is announced before the last look
+// at the queue, and the demultiplexer looks at waiters after queueing, so
+// no datagram can arrive unseen between the two.
+func (c *UDPConn) sleep() error {
+	st := c.st
+	if c.evfd < 0 {
+		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("udp %s: eventfd: %w", c.local, err)
+		}
+		st.rxMu.Lock()
+		if c.evfd < 0 {
+			c.evfd = fd
+		} else {
+			unix.Close(fd)
+		}
+		st.rxMu.Unlock()
+	}
+	c.waiters.Add(1)
+	defer c.waiters.Add(-1)
+	st.rxMu.Lock()
+	ready := c.rxLen > 0 || st.pollLocked() > 0 && c.rxLen > 0
+	st.rxMu.Unlock()
+	if ready {
+		return nil
+	}
+	var pfds [maxQueues + 2]unix.PollFd
+	n := 0
+	for _, q := range st.queues {
+		pfds[n] = unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN}
+		n++
+	}
+	pfds[n] = unix.PollFd{Fd: int32(c.fd), Events: unix.POLLIN}
+	pfds[n+1] = unix.PollFd{Fd: int32(c.evfd), Events: unix.POLLIN}
+	n += 2
+	var ts *unix.Timespec
+	var tsv unix.Timespec
+	if d := c.readDeadline.Load(); d != 0 {
+		left := max(d-time.Now().UnixNano(), 0)
+		tsv = unix.NsecToTimespec(left)
+		ts = &tsv
+	}
+	_, err := unix.Ppoll(pfds[:n], ts, nil)
+	if err != nil && err != unix.EINTR {
+		return fmt.Errorf("udp %s: ppoll: %w", c.local, err)
+	}
+	if pfds[n-1].Revents&unix.POLLIN != 0 {
+		var v [8]byte
+		unix.Read(c.evfd, v[:])
+	}
+	return nil
+}
+
+// ReadFrom implements net.PacketConn (it allocates the address; use
+// ReadFromUDPAddrPort on hot paths).
+func (c *UDPConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, from, err := c.recv(b, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	return n, net.UDPAddrFromAddrPort(from), nil
+}
+
+// Read implements net.Conn.
+func (c *UDPConn) Read(b []byte) (int, error) {
+	n, _, err := c.recv(b, nil)
+	return n, err
+}
+
+// WriteToUDPAddrPort sends b to addr. It does not allocate.
+func (c *UDPConn) WriteToUDPAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	return c.send(b, addr)
+}
+
+// WriteTo implements net.PacketConn.
+func (c *UDPConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	ua, ok := addr.(*net.UDPAddr)
+	if !ok {
+		return 0, &net.OpError{Op: "write", Net: "udp", Addr: addr, Err: unix.EINVAL}
+	}
+	return c.send(b, ua.AddrPort())
+}
+
+// Write implements net.Conn on a connected socket.
+func (c *UDPConn) Write(b []byte) (int, error) {
+	if !c.remote.IsValid() {
+		return 0, &net.OpError{Op: "write", Net: "udp", Err: unix.EDESTADDRREQ}
+	}
+	return c.send(b, c.remote)
+}
+
+func (c *UDPConn) sendErr(addr netip.AddrPort, err error) error {
+	c.Counters.TxErrors.Add(1)
+	return &net.OpError{Op: "write", Net: "udp", Source: net.UDPAddrFromAddrPort(c.local), Addr: net.UDPAddrFromAddrPort(addr), Err: err}
+}
+
+func (c *UDPConn) send(b []byte, to netip.AddrPort) (int, error) {
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if !to.Addr().Is4() {
+		return 0, c.sendErr(to, unix.EAFNOSUPPORT)
+	}
+	st := c.st
+	var hop nextHop
+	if to == c.remote {
+		if h := c.hop.Load(); h != nil && time.Now().UnixNano() < h.expires {
+			hop = *h
+		} else {
+			h, err := st.nextHop(to.Addr())
+			if err != nil {
+				return 0, c.sendErr(to, err)
+			}
+			c.hop.Store(&h)
+			hop = h
+		}
+	} else {
+		h, err := st.nextHop(to.Addr())
+		if err != nil {
+			return 0, c.sendErr(to, err)
+		}
+		hop = h
+	}
+	// Larger than one frame (the kernel fragments it) or not behind our
+	// interface: the kernel socket sends it.
+	if hop.viaKernel || len(b) > st.mtu-header.IPv4MinLen-header.UDPLen {
+		if e := kernelSendTo(c.fd, b, to); e != 0 {
+			return 0, c.sendErr(to, os.NewSyscallError("sendto", e))
+		}
+		c.Counters.TxOSPackets.Add(1)
+		c.Counters.TxOSBytes.Add(uint64(len(b)))
+		return len(b), nil
+	}
+	src := c.local.Addr()
+	if src.IsUnspecified() || src.IsMulticast() {
+		src = hop.src
+	}
+	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TTL: c.ttl}
+	q := c.txq
+	q.txMu.Lock()
+	defer q.txMu.Unlock()
+	var got int
+	for try := 0; try < 1000; try++ {
+		if got = q.be.Alloc(q.tx[:1]); got == 1 {
+			break
+		}
+	}
+	if got == 0 {
+		c.Counters.TxNoBufs.Add(1)
+		return 0, c.sendErr(to, unix.ENOBUFS)
+	}
+	frame := q.tx[0].Data
+	copy(frame[header.UDPHeadersLen:], b)
+	f.ID = uint16(st.ipID.Add(1))
+	q.tx[0].Data = frame[:header.BuildUDP(frame, &f, len(b))]
+	if _, err := q.be.Transmit(q.tx[:1]); err != nil {
+		return 0, c.sendErr(to, err)
+	}
+	c.Counters.TxOffloadPackets.Add(1)
+	c.Counters.TxOffloadBytes.Add(uint64(len(b)))
+	return len(b), nil
+}
+
+// LocalAddr implements net.PacketConn.
+func (c *UDPConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.local) }
+
+// RemoteAddr implements net.Conn; nil when not connected.
+func (c *UDPConn) RemoteAddr() net.Addr {
+	if !c.remote.IsValid() {
+		return nil
+	}
+	return net.UDPAddrFromAddrPort(c.remote)
+}
+
+// LocalAddrPort is the bound address.
+func (c *UDPConn) LocalAddrPort() netip.AddrPort { return c.local }
+
+func deadline(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// SetDeadline implements net.PacketConn.
+func (c *UDPConn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	return c.SetWriteDeadline(t)
+}
+
+// SetReadDeadline implements net.PacketConn; a sleeping reader wakes up to
+// see the new deadline.
+func (c *UDPConn) SetReadDeadline(t time.Time) error {
+	c.readDeadline.Store(deadline(t))
+	c.wake()
+	return nil
+}
+
+// SetWriteDeadline implements net.PacketConn. Sends never block for long
+// (a full transmit ring gives ENOBUFS), so it is recorded only.
+func (c *UDPConn) SetWriteDeadline(t time.Time) error {
+	c.writeDeadline.Store(deadline(t))
+	return nil
+}
+
+// Close removes the socket's rules, returns its queued frames and closes
+// its kernel socket. A reader blocked in the socket returns net.ErrClosed.
+func (c *UDPConn) Close() error {
+	if c.closed.Swap(true) {
+		return net.ErrClosed
+	}
+	st := c.st
+	var errs []error
+	for _, id := range c.rules {
+		errs = append(errs, st.prog.RemoveRule(id))
+	}
+	for _, id := range c.groups {
+		errs = append(errs, st.prog.RemoveRule(id))
+	}
+	st.removeSocket(c, c.keys...)
+	st.mu.Lock()
+	delete(st.conns, c)
+	st.mu.Unlock()
+	st.rxMu.Lock()
+	var it rxItem
+	for c.popLocked(&it) {
+		st.releaseLocked(it.q, it.buf)
+	}
+	for _, q := range st.queues {
+		st.flushLocked(q)
+	}
+	c.wake()
+	if c.evfd >= 0 {
+		unix.Close(c.evfd)
+		c.evfd = -1
+	}
+	st.rxMu.Unlock()
+	if c.fd >= 0 {
+		errs = append(errs, unix.Close(c.fd))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("udp %s: close: %w", c.local, err)
+	}
+	return nil
+}
+
+var (
+	_ net.PacketConn = (*UDPConn)(nil)
+	_ net.Conn       = (*UDPConn)(nil)
+)
