@@ -92,15 +92,6 @@ struct {
 	__type(value, struct prog_counters);
 } prog_stats SEC(".maps");
 
-// owner holds the pid of the engine that attached the program, so that the
-// next engine can tell a live owner from one killed without cleaning up.
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} owner SEC(".maps");
-
 struct vlan_hdr {
 	__be16 tci;
 	__be16 proto;

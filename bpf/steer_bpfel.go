@@ -50,7 +50,6 @@ type SteerRuleValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SteerMapActivePorts  = "active_ports"
-	SteerMapOwner        = "owner"
 	SteerMapProgStats    = "prog_stats"
 	SteerMapRuleStats    = "rule_stats"
 	SteerMapRules3tuple  = "rules_3tuple"
@@ -113,7 +112,6 @@ type SteerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SteerMapSpecs struct {
 	ActivePorts *ebpf.MapSpec `ebpf:"active_ports"`
-	Owner       *ebpf.MapSpec `ebpf:"owner"`
 	ProgStats   *ebpf.MapSpec `ebpf:"prog_stats"`
 	RuleStats   *ebpf.MapSpec `ebpf:"rule_stats"`
 	Rules3tuple *ebpf.MapSpec `ebpf:"rules_3tuple"`
@@ -150,7 +148,6 @@ func (o *SteerObjects) Close() error {
 // It can be passed to LoadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SteerMaps struct {
 	ActivePorts *ebpf.Map `ebpf:"active_ports"`
-	Owner       *ebpf.Map `ebpf:"owner"`
 	ProgStats   *ebpf.Map `ebpf:"prog_stats"`
 	RuleStats   *ebpf.Map `ebpf:"rule_stats"`
 	Rules3tuple *ebpf.Map `ebpf:"rules_3tuple"`
@@ -163,7 +160,6 @@ type SteerMaps struct {
 func (m *SteerMaps) Close() error {
 	return _SteerClose(
 		m.ActivePorts,
-		m.Owner,
 		m.ProgStats,
 		m.RuleStats,
 		m.Rules3tuple,

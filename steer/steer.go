@@ -3,9 +3,8 @@
 //
 // One Program owns one interface. Its program, link and maps are pinned
 // under PinDir/<netns inode>_<ifindex>/ so that other tools (vmaxdp stats,
-// nettrace) read the counters by path, and the pid of the owning engine is
-// kept in the pinned "owner" map: a later Attach that finds the pins of a
-// dead owner removes them (which detaches the program) before it starts;
+// nettrace) read the counters by path. A later Attach that finds our program
+// with no live process holding it (its engine was killed) detaches it first;
 // one that finds a live owner, or any XDP program that is not ours, refuses
 // with an error naming it. This package never replaces a program silently.
 //
@@ -19,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -184,9 +184,6 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err := vbpf.LoadSteerObjects(&p.objs, nil); err != nil {
 		return p, fmt.Errorf("load: %w", err)
 	}
-	if err := p.objs.Owner.Put(uint32(0), uint32(os.Getpid())); err != nil {
-		return p, fmt.Errorf("set owner: %w", err)
-	}
 	prog := p.objs.VmaxdpSteer
 	if o.Baseline {
 		prog = p.objs.VmaxdpPass
@@ -211,42 +208,47 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	return p, p.pin()
 }
 
-// claim makes sure nothing else owns the interface, removing the pins of a
-// dead engine.
+// claim makes sure nothing else owns the interface. The program attached,
+// if any, is found through netlink; when it is ours, the processes holding
+// it are found through /proc/*/fdinfo, which works whichever mount namespace
+// holds its pins (`ip netns exec` gives each command a fresh /sys). With no
+// live holder, its owner died without cleaning up: its link is detached by
+// ID and its pins, where visible, removed.
 func (p *Program) claim(l netlink.Link) error {
-	if _, err := os.Stat(p.dir); err == nil {
-		pid := pinnedOwner(p.dir)
-		if pid != 0 && pid != os.Getpid() && processAlive(pid) {
-			return fmt.Errorf("%w: pid %d (pins in %s)", ErrBusy, pid, p.dir)
+	x := l.Attrs().Xdp
+	if x != nil && x.Attached && x.ProgId != 0 {
+		prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId))
+		if err != nil {
+			return fmt.Errorf("%w: program id %d is attached to %s (%w)", ErrForeignProgram, x.ProgId, p.ifname, err)
 		}
-		// Removing the pins drops the last reference to the link, which
-		// detaches the program.
-		if err := os.RemoveAll(p.dir); err != nil {
-			return fmt.Errorf("remove stale pins %s of dead pid %d: %w", p.dir, pid, err)
+		defer prog.Close()
+		info, err := prog.Info()
+		if err != nil {
+			return fmt.Errorf("%w: program id %d is attached to %s (%w)", ErrForeignProgram, x.ProgId, p.ifname, err)
 		}
-		slog.Info("steer: removed state of a vmaxdp engine that died without cleaning up", "interface", p.ifname, "pid", pid, "dir", p.dir)
-		if l, err := netlink.LinkByIndex(p.ifindex); err == nil {
-			return foreign(l)
+		if info.Name != progName && info.Name != baselineName {
+			return fmt.Errorf("%w: program id %d (name %q) is attached to %s; vmaxdp will not replace it (detach it with `ip link set dev %s xdp off`)",
+				ErrForeignProgram, x.ProgId, info.Name, p.ifname, p.ifname)
 		}
+		if holders := programHolders(uint32(x.ProgId)); len(holders) > 0 {
+			return fmt.Errorf("%w: %s", ErrBusy, strings.Join(holders, ", "))
+		}
+		if err := detachXDPLink(p.ifindex); err != nil {
+			return fmt.Errorf("detach program id %d left by a dead vmaxdp engine: %w", x.ProgId, err)
+		}
+		slog.Info("steer: detached the program of a vmaxdp engine that died without cleaning up", "interface", p.ifname, "prog_id", x.ProgId)
 	}
-	return foreign(l)
+	if err := os.RemoveAll(p.dir); err != nil {
+		return fmt.Errorf("remove stale pins %s: %w", p.dir, err)
+	}
+	return nil
 }
 
-func foreign(l netlink.Link) error {
-	x := l.Attrs().Xdp
-	if x == nil || !x.Attached || x.ProgId == 0 {
-		return nil
-	}
-	name := "?"
-	if prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId)); err == nil {
-		if info, err := prog.Info(); err == nil {
-			name = info.Name
-		}
-		prog.Close()
-	}
-	return fmt.Errorf("%w: program id %d (name %q) is attached to %s; vmaxdp will not replace it (detach it with `ip link set dev %s xdp off`)",
-		ErrForeignProgram, x.ProgId, name, l.Attrs().Name, l.Attrs().Name)
-}
+// Program names as the kernel shortens them (BPF_OBJ_NAME_LEN is 16).
+const (
+	progName     = "vmaxdp_steer"
+	baselineName = "vmaxdp_pass"
+)
 
 func (p *Program) pin() error {
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
@@ -256,7 +258,7 @@ func (p *Program) pin() error {
 		return fmt.Errorf("pin link: %w", err)
 	}
 	for name, m := range map[string]*ebpf.Map{
-		"owner": p.objs.Owner, "prog_stats": p.objs.ProgStats, "rule_stats": p.objs.RuleStats,
+		"prog_stats": p.objs.ProgStats, "rule_stats": p.objs.RuleStats,
 		"rules_5tuple": p.objs.Rules5tuple, "rules_mcast": p.objs.RulesMcast, "rules_3tuple": p.objs.Rules3tuple,
 		"rules_port": p.objs.RulesPort, "xsks_map": p.objs.XsksMap, "active_ports": p.objs.ActivePorts,
 	} {

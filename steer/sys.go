@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
-	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,22 +37,54 @@ func netnsInode() (uint64, error) {
 	return st.Ino, nil
 }
 
-func pinnedOwner(dir string) int {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "owner"), &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		return 0
+// programHolders names the live processes (other than this one) holding a
+// file descriptor of the program progID, or of a link to it, as bpftool
+// does: fdinfo of BPF objects carries "prog_id:".
+func programHolders(progID uint32) []string {
+	want := fmt.Sprintf("prog_id:\t%d\n", progID)
+	self := strconv.Itoa(os.Getpid())
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range fds {
+		pidDir := filepath.Dir(filepath.Dir(f))
+		pid := filepath.Base(pidDir)
+		if pid == self || seen[pid] {
+			continue
+		}
+		if l, err := os.Readlink(f); err != nil || !strings.HasPrefix(l, "anon_inode:bpf") {
+			continue
+		}
+		info, err := os.ReadFile(filepath.Join(pidDir, "fdinfo", filepath.Base(f)))
+		if err != nil || !strings.Contains(string(info), want) {
+			continue
+		}
+		seen[pid] = true
+		comm, _ := os.ReadFile(filepath.Join(pidDir, "comm"))
+		out = append(out, fmt.Sprintf("pid %s (%s)", pid, strings.TrimSpace(string(comm))))
 	}
-	defer m.Close()
-	var pid uint32
-	if err := m.Lookup(uint32(0), &pid); err != nil {
-		return 0
-	}
-	return int(pid)
+	return out
 }
 
-func processAlive(pid int) bool {
-	err := unix.Kill(pid, 0)
-	return err == nil || errors.Is(err, unix.EPERM)
+// detachXDPLink detaches the XDP bpf_link on ifindex in this namespace,
+// wherever it is pinned.
+func detachXDPLink(ifindex int) error {
+	it := new(link.Iterator)
+	defer it.Close()
+	for it.Next() {
+		l := it.Link
+		info, err := l.Info()
+		if err != nil || info.Type != link.XDPType {
+			continue
+		}
+		if x := info.XDP(); x != nil && int(x.Ifindex) == ifindex {
+			return l.Detach()
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	return errors.New("no bpf_link found for the attached program")
 }
 
 func htons(v uint16) uint16 {
@@ -62,4 +97,3 @@ func addr32(a netip.Addr) uint32 {
 	b := a.As4()
 	return binary.NativeEndian.Uint32(b[:])
 }
-

@@ -1,0 +1,201 @@
+package steer_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// helperEnv makes the test binary act as an engine that attaches and then
+// waits to be killed (see TestStaleStateAfterSIGKILL).
+const helperEnv = "VMAXDP_STEER_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if ifname := os.Getenv(helperEnv); ifname != "" {
+		p, err := steer.Attach(ifname, nil)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_UDP, Local: netip.AddrPortFrom(netip.Addr{}, 4242)})
+		fmt.Println("ready")
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(testutil.Main(m))
+}
+
+func TestForeignProgramNotReplaced(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Name: "foreign_pass", Type: ebpf.XDP, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()},
+		})
+		if err != nil {
+			return err
+		}
+		defer prog.Close()
+		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex(t, bed.Link(testbed.B))})
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err == nil {
+			p.Close()
+			return errors.New("Attach replaced a foreign XDP program")
+		}
+		if !errors.Is(err, steer.ErrForeignProgram) || !strings.Contains(err.Error(), "foreign_pass") {
+			return fmt.Errorf("want ErrForeignProgram naming foreign_pass, got: %w", err)
+		}
+		t.Log(err)
+		// The foreign program is still there.
+		info, err := l.Info()
+		if err != nil {
+			return err
+		}
+		if x := info.XDP(); x == nil || x.Ifindex == 0 {
+			return errors.New("foreign program detached")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStaleStateAfterSIGKILL(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+bed.Link(testbed.B))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if strings.TrimSpace(line) != "ready" {
+		t.Fatalf("helper engine: %q", line)
+	}
+	err = bed.Do(testbed.B, func() error {
+		// While the owner lives, the interface is busy.
+		if p, err := steer.Attach(bed.Link(testbed.B), nil); !errors.Is(err, steer.ErrBusy) {
+			if p != nil {
+				p.Close()
+			}
+			return fmt.Errorf("attach beside a live engine: want ErrBusy, got %v", err)
+		}
+		cmd.Process.Signal(unix.SIGKILL)
+		cmd.Wait()
+		// Its pinned program is still attached; the next engine cleans it.
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return fmt.Errorf("attach after SIGKILL: %w", err)
+		}
+		defer p.Close()
+		if n := len(p.Rules()); n != 0 {
+			return fmt.Errorf("%d rules of the dead engine survived", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseRemovesEverything(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		dir := p.PinDir()
+		if _, err := os.Stat(dir + "/rule_stats"); err != nil {
+			return fmt.Errorf("counters not pinned: %w", err)
+		}
+		if err := p.Close(); err != nil {
+			return err
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("pins left in %s", dir)
+		}
+		// Nothing attached any more: a foreign program attaches freely.
+		p2, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return fmt.Errorf("re-attach: %w", err)
+		}
+		return p2.Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRuleValidation(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		bad := []steer.Rule{
+			{Kind: steer.RulePort, Proto: unix.IPPROTO_ICMP, Local: netip.MustParseAddrPort("0.0.0.0:1")},
+			{Kind: steer.RulePort, Proto: unix.IPPROTO_UDP, Local: netip.MustParseAddrPort("0.0.0.0:0")},
+			{Kind: steer.RuleMcast, Proto: unix.IPPROTO_UDP, Local: netip.MustParseAddrPort("198.18.0.2:5")},
+			{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_UDP, Local: netip.MustParseAddrPort("0.0.0.0:5")},
+		}
+		for _, r := range bad {
+			if _, err := p.AddRule(r); err == nil {
+				t.Errorf("rule %s accepted", r)
+			}
+		}
+		r := steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_UDP, Local: netip.MustParseAddrPort("198.18.0.2:5")}
+		id, err := p.AddRule(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.AddRule(r); err == nil {
+			t.Error("duplicate rule accepted")
+		}
+		return p.RemoveRule(id)
+	})
+}
+
+func ifindex(t *testing.T, name string) int {
+	t.Helper()
+	var ifr *unix.Ifreq
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		t.Fatal(err)
+	}
+	return int(ifr.Uint32())
+}
