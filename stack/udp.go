@@ -492,6 +492,44 @@ func (c *UDPConn) sendErr(addr netip.AddrPort, err error) error {
 }
 
 func (c *UDPConn) send(b []byte, to netip.AddrPort) (int, error) {
+	msgs := [1][]byte{b}
+	if _, err := c.sendBatch(msgs[:], to); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// WriteBatchToUDPAddrPort sends each of msgs to addr as one datagram, with
+// one wakeup of the kernel for the whole batch (sendmmsg's counterpart). It
+// returns how many were sent; it does not allocate.
+func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (int, error) {
+	return c.sendBatch(msgs, addr)
+}
+
+func (c *UDPConn) hopTo(to netip.AddrPort) (nextHop, error) {
+	if to != c.remote {
+		return c.st.nextHop(to.Addr())
+	}
+	if h := c.hop.Load(); h != nil && time.Now().UnixNano() < h.expires {
+		return *h, nil
+	}
+	h, err := c.st.nextHop(to.Addr())
+	if err == nil {
+		c.hop.Store(&h)
+	}
+	return h, err
+}
+
+func (c *UDPConn) sendKernel(b []byte, to netip.AddrPort) error {
+	if e := kernelSendTo(c.fd, b, to); e != 0 {
+		return c.sendErr(to, os.NewSyscallError("sendto", e))
+	}
+	c.Counters.TxOSPackets.Add(1)
+	c.Counters.TxOSBytes.Add(uint64(len(b)))
+	return nil
+}
+
+func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
@@ -499,63 +537,67 @@ func (c *UDPConn) send(b []byte, to netip.AddrPort) (int, error) {
 		return 0, c.sendErr(to, unix.EAFNOSUPPORT)
 	}
 	st := c.st
-	var hop nextHop
-	if to == c.remote {
-		if h := c.hop.Load(); h != nil && time.Now().UnixNano() < h.expires {
-			hop = *h
-		} else {
-			h, err := st.nextHop(to.Addr())
-			if err != nil {
-				return 0, c.sendErr(to, err)
-			}
-			c.hop.Store(&h)
-			hop = h
-		}
-	} else {
-		h, err := st.nextHop(to.Addr())
-		if err != nil {
-			return 0, c.sendErr(to, err)
-		}
-		hop = h
+	hop, err := c.hopTo(to)
+	if err != nil {
+		return 0, c.sendErr(to, err)
 	}
-	// Larger than one frame (the kernel fragments it) or not behind our
-	// interface: the kernel socket sends it.
-	if hop.viaKernel || len(b) > st.mtu-header.IPv4MinLen-header.UDPLen {
-		if e := kernelSendTo(c.fd, b, to); e != 0 {
-			return 0, c.sendErr(to, os.NewSyscallError("sendto", e))
+	if hop.viaKernel {
+		// Not behind our interface: the kernel routes it.
+		for i, b := range msgs {
+			if err := c.sendKernel(b, to); err != nil {
+				return i, err
+			}
 		}
-		c.Counters.TxOSPackets.Add(1)
-		c.Counters.TxOSBytes.Add(uint64(len(b)))
-		return len(b), nil
+		return len(msgs), nil
 	}
 	src := c.local.Addr()
 	if src.IsUnspecified() || src.IsMulticast() {
 		src = hop.src
 	}
 	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TTL: c.ttl}
+	maxPayload := st.mtu - header.IPv4MinLen - header.UDPLen
 	q := c.txq
 	q.txMu.Lock()
 	defer q.txMu.Unlock()
-	var got int
-	for try := 0; try < 1000; try++ {
-		if got = q.be.Alloc(q.tx[:1]); got == 1 {
-			break
+	sent := 0
+	for sent < len(msgs) {
+		if len(msgs[sent]) > maxPayload {
+			// Larger than one frame: the kernel fragments it.
+			if err := c.sendKernel(msgs[sent], to); err != nil {
+				return sent, err
+			}
+			sent++
+			continue
+		}
+		run := 1
+		for run < len(q.tx) && sent+run < len(msgs) && len(msgs[sent+run]) <= maxPayload {
+			run++
+		}
+		got := 0
+		for try := 0; try < 1000 && got == 0; try++ {
+			got = q.be.Alloc(q.tx[:run])
+		}
+		if got == 0 {
+			c.Counters.TxNoBufs.Add(1)
+			return sent, c.sendErr(to, unix.ENOBUFS)
+		}
+		bytes := 0
+		for i, b := range msgs[sent : sent+got] {
+			frame := q.tx[i].Data
+			copy(frame[header.UDPHeadersLen:], b)
+			f.ID = uint16(st.ipID.Add(1))
+			q.tx[i].Data = frame[:header.BuildUDP(frame, &f, len(b))]
+			bytes += len(b)
+		}
+		k, err := q.be.Transmit(q.tx[:got])
+		c.Counters.TxOffloadPackets.Add(uint64(k))
+		c.Counters.TxOffloadBytes.Add(uint64(bytes))
+		sent += k
+		if err != nil {
+			return sent, c.sendErr(to, err)
 		}
 	}
-	if got == 0 {
-		c.Counters.TxNoBufs.Add(1)
-		return 0, c.sendErr(to, unix.ENOBUFS)
-	}
-	frame := q.tx[0].Data
-	copy(frame[header.UDPHeadersLen:], b)
-	f.ID = uint16(st.ipID.Add(1))
-	q.tx[0].Data = frame[:header.BuildUDP(frame, &f, len(b))]
-	if _, err := q.be.Transmit(q.tx[:1]); err != nil {
-		return 0, c.sendErr(to, err)
-	}
-	c.Counters.TxOffloadPackets.Add(1)
-	c.Counters.TxOffloadBytes.Add(uint64(len(b)))
-	return len(b), nil
+	return sent, nil
 }
 
 // LocalAddr implements net.PacketConn.

@@ -1,0 +1,63 @@
+# vmaxdp: `make demo` and `make test` do all the set-up a fresh Debian
+# machine needs (run as root: namespaces, XDP and AF_XDP need it).
+
+GO        ?= go
+CLANG     ?= clang-19
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu
+# Debian packages the build, tests, benchmarks and demo use.
+DEB_PKGS  := clang-19 llvm-19 libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf
+STAMP     := .deps.stamp
+
+.PHONY: help deps build generate check-generate test test-short bench fuzz demo lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+deps: $(STAMP) ## install the Debian packages and Go modules the project needs
+
+$(STAMP): Makefile
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(GO) mod download
+	@touch $@
+
+build: ## build bin/vmaxdp (needs no clang: the BPF objects are committed)
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/vmaxdp ./cmd/vmaxdp
+
+generate: $(STAMP) ## rebuild the BPF objects and their Go bindings with clang-19
+	cd bpf && BPF_CLANG=$(CLANG) BPF_CFLAGS="$(BPF_CFLAGS)" $(GO) generate ./...
+
+check-generate: generate ## fail when the committed BPF output is stale
+	@git diff --exit-code --stat -- bpf/ || { echo "bpf/: committed bpf2go output is stale: run make generate and commit"; exit 1; }
+
+lint: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt wants the files above"; exit 1; }
+	$(GO) vet ./...
+
+test: $(STAMP) lint check-generate ## all tests, privileged ones on real veth test beds (root)
+	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -run '^$$' -fuzz FuzzParse -fuzztime 10s ./stack/header
+
+test-short: ## tests without the fuzz pass and generate check
+	$(GO) test -count=1 ./...
+
+bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by side with the kernel
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+	./bin/vmaxdp bench -duration 3s
+
+fuzz: ## fuzz the frame parser for a minute
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./stack/header
+
+demo: $(STAMP) build ## the built-in test bed: vmaxdp and the kernel side by side
+	./bin/vmaxdp testbed up -name demo
+	./bin/vmaxdp testbed status
+	./bin/vmaxdp bench -bed demo -duration 3s all
+	./bin/vmaxdp testbed down -name demo
+
+clean:
+	rm -rf bin $(STAMP)
