@@ -296,6 +296,7 @@ type Datagram struct {
 	From    netip.AddrPort
 	c       *UDPConn
 	it      rxItem
+	osBuf   []byte // lands datagrams from the kernel socket; kept across Release
 }
 
 // Release returns the datagram's frame to the stack.
@@ -351,10 +352,10 @@ func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
 		}
 		if ratio > 0 && i%ratio == 0 || i >= c.st.opts.RxPoll && c.st.opts.RxPoll >= 0 {
 			if zc != nil {
-				if cap(zc.Payload) < osBufLen || zc.it.q != nil {
-					zc.Payload = make([]byte, osBufLen)
+				if zc.osBuf == nil {
+					zc.osBuf = make([]byte, osBufLen)
 				}
-				b = zc.Payload[:osBufLen]
+				b = zc.osBuf
 			}
 			n, from, e := kernelRecvFrom(c.fd, b)
 			if e == 0 {

@@ -53,6 +53,7 @@ type Result struct {
 	Unit   string
 	Kernel float64
 	Vmaxdp float64
+	Note   string // more figures of the same run
 }
 
 // Ratio is vmaxdp's rate over the kernel's.
@@ -64,7 +65,11 @@ func (r Result) Ratio() float64 {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%-8s kernel %12.0f %s   vmaxdp %12.0f %s   ratio %5.2fx", r.Name, r.Kernel, r.Unit, r.Vmaxdp, r.Unit, r.Ratio())
+	line := fmt.Sprintf("%-8s kernel %12.0f %s   vmaxdp %12.0f %s   ratio %5.2fx", r.Name, r.Kernel, r.Unit, r.Vmaxdp, r.Unit, r.Ratio())
+	if r.Note != "" {
+		line += "\n         " + r.Note
+	}
+	return line
 }
 
 func openStack(bed *testbed.Bed, s testbed.Side) (*stack.Stack, error) {
@@ -89,9 +94,10 @@ func kernelSocket(bed *testbed.Bed, s testbed.Side, port uint16) (*net.UDPConn, 
 	return c, err
 }
 
-// flood sends frames from side A to B:port through an AF_XDP socket of its
+// Flood sends frames from side A to B:port through an AF_XDP socket of its
 // own, as fast as the bed takes them, until ctx ends.
-func flood(ctx context.Context, bed *testbed.Bed, o Options) error {
+func Flood(ctx context.Context, bed *testbed.Bed, opts *Options) error {
+	o := opts.defaults()
 	var s *xsk.Socket
 	var dst header.MAC
 	err := bed.Do(testbed.A, func() (err error) {
@@ -189,7 +195,7 @@ func readLoop(ctx context.Context, count *atomic.Uint64, read func([]byte) error
 		setDeadline(time.Now().Add(50 * time.Millisecond))
 		for i := 0; i < 4096; i++ {
 			if err := read(buf); err != nil {
-				if errors.Is(err, errTimeout) || isTimeout(err) {
+				if isTimeout(err) {
 					break
 				}
 				return err
@@ -199,8 +205,6 @@ func readLoop(ctx context.Context, count *atomic.Uint64, read func([]byte) error
 	}
 	return nil
 }
-
-var errTimeout = errors.New("timeout")
 
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -212,16 +216,9 @@ func isTimeout(err error) bool {
 func RxDrop(bed *testbed.Bed, opts *Options) (Result, error) {
 	o := opts.defaults()
 	r := Result{Name: "rxdrop", Unit: "pps"}
-	load := func(ctx context.Context) error { return flood(ctx, bed, o) }
-	kc, err := kernelSocket(bed, testbed.B, o.Port)
-	if err != nil {
-		return r, err
-	}
-	r.Kernel, err = measure(o.Duration, load, func(ctx context.Context, n *atomic.Uint64) error {
-		return readLoop(ctx, n, func(b []byte) error { _, _, err := kc.ReadFromUDPAddrPort(b); return err }, kc.SetReadDeadline)
-	})
-	kc.Close()
-	if err != nil {
+	load := func(ctx context.Context) error { return Flood(ctx, bed, &o) }
+	var err error
+	if r.Kernel, err = kernelRxDrop(bed, o); err != nil {
 		return r, fmt.Errorf("rxdrop kernel: %w", err)
 	}
 	st, err := openStack(bed, testbed.B)
@@ -240,6 +237,18 @@ func RxDrop(bed *testbed.Bed, opts *Options) (Result, error) {
 		return r, fmt.Errorf("rxdrop vmaxdp: %w", err)
 	}
 	return r, nil
+}
+
+// kernelRxDrop is the rate a kernel UDP socket on side B receives a flood.
+func kernelRxDrop(bed *testbed.Bed, o Options) (float64, error) {
+	kc, err := kernelSocket(bed, testbed.B, o.Port)
+	if err != nil {
+		return 0, err
+	}
+	defer kc.Close()
+	return measure(o.Duration, func(ctx context.Context) error { return Flood(ctx, bed, &o) }, func(ctx context.Context, n *atomic.Uint64) error {
+		return readLoop(ctx, n, func(b []byte) error { _, _, err := kc.ReadFromUDPAddrPort(b); return err }, kc.SetReadDeadline)
+	})
 }
 
 // TxOnly: side B sends as fast as it can to a port on side A nobody reads;

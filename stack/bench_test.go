@@ -1,0 +1,138 @@
+package stack_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/bench"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+// The benchmarks run on a real test bed; allocs/op covers every goroutine,
+// the traffic generator included. `make bench` runs them with -benchmem.
+
+func BenchmarkReceive(b *testing.B) {
+	bed, st := bedStack(b, &stack.Options{RxPoll: -1})
+	c, err := st.ListenUDP(netip.MustParseAddrPort("198.18.0.2:7777"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bench.Flood(ctx, bed, &bench.Options{Port: 7777, Size: 64}) }()
+	defer func() { cancel(); <-done }()
+	buf := make([]byte, 2048)
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkReceiveZeroCopy(b *testing.B) {
+	bed, st := bedStack(b, &stack.Options{RxPoll: -1})
+	c, err := st.ListenUDP(netip.MustParseAddrPort("198.18.0.2:7777"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bench.Flood(ctx, bed, &bench.Options{Port: 7777, Size: 64}) }()
+	defer func() { cancel(); <-done }()
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	var d stack.Datagram
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.RecvZeroCopy(&d); err != nil {
+			b.Fatal(err)
+		}
+		d.Release()
+	}
+}
+
+func BenchmarkSend(b *testing.B) {
+	bed, st := bedStack(b, nil)
+	kernelConn(b, bed, "198.18.0.1:7778") // exists, never read: the kernel drops what overflows
+	c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:7778"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	msg := make([]byte, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSendBatch32(b *testing.B) {
+	bed, st := bedStack(b, nil)
+	kernelConn(b, bed, "198.18.0.1:7778")
+	c, err := st.ListenUDP(netip.AddrPort{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := make([][]byte, 32)
+	for i := range msgs {
+		msgs[i] = make([]byte, 64)
+	}
+	dst := netip.MustParseAddrPort("198.18.0.1:7778")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.WriteBatchToUDPAddrPort(msgs, dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEcho is one request and its reply between two vmaxdp stacks,
+// one in each namespace of the bed.
+func BenchmarkEcho(b *testing.B) {
+	bed, sb := bedStack(b, &stack.Options{RxPoll: -1})
+	var sa *stack.Stack
+	err := bed.Do(testbed.A, func() (err error) {
+		sa, err = stack.Open(bed.Link(testbed.A), &stack.Options{RxPoll: -1, XSK: &xsk.Options{NoHugePages: true}})
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sa.Close()
+	srv, err := sb.ListenUDP(netip.MustParseAddrPort("198.18.0.2:7779"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cli, err := sa.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.2:7779"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := srv.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			srv.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	defer srv.Close()
+	msg, buf := make([]byte, 64), make([]byte, 2048)
+	cli.SetReadDeadline(time.Now().Add(time.Minute))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := cli.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := cli.Read(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
