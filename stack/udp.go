@@ -350,7 +350,8 @@ func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
 			c.st.rxMu.Unlock()
 			return n, it.from, nil
 		}
-		if ratio > 0 && i%ratio == 0 || i >= c.st.opts.RxPoll && c.st.opts.RxPoll >= 0 {
+		sleepNext := c.st.opts.RxPoll >= 0 && i >= c.st.opts.RxPoll
+		if ratio > 0 && i%ratio == 0 || sleepNext {
 			if zc != nil {
 				if zc.osBuf == nil {
 					zc.osBuf = make([]byte, osBufLen)
@@ -371,13 +372,13 @@ func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
 				return 0, netip.AddrPort{}, &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: os.NewSyscallError("recvfrom", e)}
 			}
 		}
-		if i&63 == 0 || i >= c.st.opts.RxPoll {
+		if i&63 == 0 || sleepNext {
 			if d := c.readDeadline.Load(); d != 0 && time.Now().UnixNano() >= d {
 				c.Counters.RxEagain.Add(1)
 				return 0, netip.AddrPort{}, &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: os.ErrDeadlineExceeded}
 			}
 		}
-		if c.st.opts.RxPoll >= 0 && i >= c.st.opts.RxPoll {
+		if sleepNext {
 			if err := c.sleep(); err != nil {
 				return 0, netip.AddrPort{}, err
 			}

@@ -218,9 +218,11 @@ func RxDrop(bed *testbed.Bed, opts *Options) (Result, error) {
 	r := Result{Name: "rxdrop", Unit: "pps"}
 	load := func(ctx context.Context) error { return Flood(ctx, bed, &o) }
 	var err error
+	offered := offeredRate(bed)
 	if r.Kernel, err = kernelRxDrop(bed, o); err != nil {
 		return r, fmt.Errorf("rxdrop kernel: %w", err)
 	}
+	offK := offered()
 	st, err := openStack(bed, testbed.B)
 	if err != nil {
 		return r, err
@@ -230,13 +232,29 @@ func RxDrop(bed *testbed.Bed, opts *Options) (Result, error) {
 	if err != nil {
 		return r, err
 	}
+	offered = offeredRate(bed)
 	r.Vmaxdp, err = measure(o.Duration, load, func(ctx context.Context, n *atomic.Uint64) error {
 		return readLoop(ctx, n, func(b []byte) error { _, _, err := vc.ReadFromUDPAddrPort(b); return err }, vc.SetReadDeadline)
 	})
 	if err != nil {
 		return r, fmt.Errorf("rxdrop vmaxdp: %w", err)
 	}
+	r.Note = fmt.Sprintf("offered by the generator (side A tx_packets, whole run): kernel run %.0f pps, vmaxdp run %.0f pps", offK, offered())
 	return r, nil
+}
+
+// offeredRate starts counting what side A transmits; the returned function
+// gives the rate since then.
+func offeredRate(bed *testbed.Bed) func() float64 {
+	s0, err := linkStats(bed, testbed.A)
+	t0 := time.Now()
+	return func() float64 {
+		s1, err1 := linkStats(bed, testbed.A)
+		if err != nil || err1 != nil {
+			return 0
+		}
+		return float64(s1.TxPackets-s0.TxPackets) / time.Since(t0).Seconds()
+	}
 }
 
 // kernelRxDrop is the rate a kernel UDP socket on side B receives a flood.
