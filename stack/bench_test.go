@@ -15,7 +15,9 @@ import (
 // The benchmarks run on a real test bed; allocs/op covers every goroutine,
 // the traffic generator included. `make bench` runs them with -benchmem.
 
-func BenchmarkReceive(b *testing.B) {
+// flooded opens a spinning socket on side B with a flood of 64-byte
+// datagrams arriving from side A until the benchmark ends.
+func flooded(b *testing.B) *stack.UDPConn {
 	bed, st := bedStack(b, &stack.Options{RxPoll: -1})
 	c, err := st.ListenUDP(netip.MustParseAddrPort("198.18.0.2:7777"))
 	if err != nil {
@@ -24,9 +26,14 @@ func BenchmarkReceive(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- bench.Flood(ctx, bed, &bench.Options{Port: 7777, Size: 64}) }()
-	defer func() { cancel(); <-done }()
-	buf := make([]byte, 2048)
+	b.Cleanup(func() { cancel(); <-done })
 	c.SetReadDeadline(time.Now().Add(time.Minute))
+	return c
+}
+
+func BenchmarkReceive(b *testing.B) {
+	c := flooded(b)
+	buf := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
@@ -36,16 +43,7 @@ func BenchmarkReceive(b *testing.B) {
 }
 
 func BenchmarkReceiveZeroCopy(b *testing.B) {
-	bed, st := bedStack(b, &stack.Options{RxPoll: -1})
-	c, err := st.ListenUDP(netip.MustParseAddrPort("198.18.0.2:7777"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- bench.Flood(ctx, bed, &bench.Options{Port: 7777, Size: 64}) }()
-	defer func() { cancel(); <-done }()
-	c.SetReadDeadline(time.Now().Add(time.Minute))
+	c := flooded(b)
 	var d stack.Datagram
 	b.ReportAllocs()
 	for b.Loop() {

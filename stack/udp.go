@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
 )
@@ -113,7 +114,7 @@ func (st *Stack) open(laddr, raddr netip.AddrPort) (_ *UDPConn, err error) {
 			err = fmt.Errorf("udp %s: %w", laddr, err)
 		}
 	}()
-	if err := inNS(st.ns, func() error { return c.openKernel(laddr, raddr) }); err != nil {
+	if err := netnsutil.Do(st.ns, func() error { return c.openKernel(laddr, raddr) }); err != nil {
 		return c, err
 	}
 	rule := steer.Rule{Proto: unix.IPPROTO_UDP, Local: c.local}

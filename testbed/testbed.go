@@ -23,6 +23,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 )
 
 const nsDir = "/var/run/netns"
@@ -184,26 +186,7 @@ func (b *Bed) Do(s Side, fn func() error) error {
 }
 
 // Do runs fn on an OS thread switched into the namespace ns.
-func Do(ns netns.NsHandle, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return fmt.Errorf("current namespace: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		return fmt.Errorf("enter namespace: %w", err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		// The thread is in the wrong namespace: keep it locked so that the
-		// runtime discards it instead of reusing it.
-		runtime.LockOSThread()
-		return errors.Join(ferr, fmt.Errorf("leave namespace: %w", err))
-	}
-	return ferr
-}
+func Do(ns netns.NsHandle, fn func() error) error { return netnsutil.Do(ns, fn) }
 
 // Down removes the bed. Removing a namespace removes its veth end, and the
 // peer with it.
