@@ -18,7 +18,7 @@ import (
 // flooded opens a spinning socket on side B with a flood of 64-byte
 // datagrams arriving from side A until the benchmark ends.
 func flooded(b *testing.B) *stack.UDPConn {
-	bed, st := bedStack(b, &stack.Options{RxPoll: -1})
+	bed, st := bedStack(b, &stack.Options{RxPoll: stack.RxPollForever})
 	c, err := st.ListenUDP(netip.MustParseAddrPort("198.18.0.2:7777"))
 	if err != nil {
 		b.Fatal(err)
@@ -93,10 +93,10 @@ func BenchmarkSendBatch32(b *testing.B) {
 // BenchmarkEcho is one request and its reply between two vmaxdp stacks,
 // one in each namespace of the bed.
 func BenchmarkEcho(b *testing.B) {
-	bed, sb := bedStack(b, &stack.Options{RxPoll: -1})
+	bed, sb := bedStack(b, &stack.Options{RxPoll: stack.RxPollForever})
 	var sa *stack.Stack
 	err := bed.Do(testbed.A, func() (err error) {
-		sa, err = stack.Open(bed.Link(testbed.A), &stack.Options{RxPoll: -1, XSK: &xsk.Options{NoHugePages: true}})
+		sa, err = stack.Open(bed.Link(testbed.A), &stack.Options{RxPoll: stack.RxPollForever, XSK: &xsk.Options{NoHugePages: true}})
 		return err
 	})
 	if err != nil {

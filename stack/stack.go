@@ -33,11 +33,12 @@ type Options struct {
 	// Steer configures the steering program.
 	Steer *steer.Options
 	// RxPoll is how many times a blocking receive polls before it sleeps
-	// (VMAXDP_RX_POLL): 0 sleeps at once, -1 never sleeps. Default 100000.
+	// (VMAXDP_RX_POLL): 0 means the default, 100000; RxPollForever never
+	// sleeps; RxPollNever sleeps at once (VMA's 0).
 	RxPoll int
 	// RxPollOSRatio: while polling, the kernel socket is checked once every
-	// RxPollOSRatio polls (VMAXDP_RX_UDP_POLL_OS_RATIO, default 100; 0: only
-	// before sleeping).
+	// RxPollOSRatio polls (VMAXDP_RX_UDP_POLL_OS_RATIO): 0 means the
+	// default, 100; OSPollBeforeSleep checks it only before sleeping (VMA's 0).
 	RxPollOSRatio int
 	// RxBytesLimit caps the payload bytes queued on one socket
 	// (VMAXDP_RX_BYTES_MIN; default 1 MiB). A datagram beyond it is dropped
@@ -48,6 +49,14 @@ type Options struct {
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket).
 	NewBackend func(ifname string, queue int) (backend.Backend, error)
 }
+
+// Sentinels of Options.RxPoll and Options.RxPollOSRatio: their zero value
+// means "default", so VMA's 0 ("never") has a name of its own.
+const (
+	RxPollForever     = -1
+	RxPollNever       = -2
+	OSPollBeforeSleep = -1
+)
 
 // Counters are the stack's counters of frames that reached no socket.
 type Counters struct {
@@ -114,11 +123,22 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.RxPoll == 0 && (opts == nil || opts.RxPoll == 0) {
+	// From here on RxPoll is VMA's value (-1 forever, 0 never, else a
+	// count) and RxPollOSRatio 0 means "only before sleeping".
+	switch o.RxPoll {
+	case 0:
 		o.RxPoll = 100000
+	case RxPollNever:
+		o.RxPoll = 0
 	}
-	if o.RxPollOSRatio == 0 {
+	switch o.RxPollOSRatio {
+	case 0:
 		o.RxPollOSRatio = 100
+	case OSPollBeforeSleep:
+		o.RxPollOSRatio = 0
+	}
+	if o.RxPoll < RxPollForever || o.RxPollOSRatio < 0 {
+		return nil, fmt.Errorf("stack %s: RxPoll %d, RxPollOSRatio %d: out of range", ifname, opts.RxPoll, opts.RxPollOSRatio)
 	}
 	if o.RxBytesLimit == 0 {
 		o.RxBytesLimit = 1 << 20

@@ -241,7 +241,7 @@ func TestFragmentsThroughKernelSocket(t *testing.T) {
 }
 
 func TestReadDeadlineAndBlockingWakeup(t *testing.T) {
-	bed, st := bedStack(t, &stack.Options{RxPoll: 0})
+	bed, st := bedStack(t, &stack.Options{RxPoll: stack.RxPollNever})
 	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9500"))
 	if err != nil {
 		t.Fatal(err)

@@ -73,12 +73,11 @@ type UDPConn struct {
 	rxBytes int
 	filter  RecvFilter
 
-	waiters       atomic.Int32
-	closed        atomic.Bool
-	readDeadline  atomic.Int64 // unix nanoseconds, 0: none
-	writeDeadline atomic.Int64
-	txq           *queue
-	hop           atomic.Pointer[nextHop] // connected sockets: cached next hop
+	waiters      atomic.Int32
+	closed       atomic.Bool
+	readDeadline atomic.Int64 // unix nanoseconds, 0: none
+	txq          *queue
+	hop          atomic.Pointer[nextHop] // connected sockets: cached next hop
 
 	Counters SocketCounters
 }
@@ -278,16 +277,25 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 }
 
 // tryOffload takes a datagram from the socket's queue, polling the queues
-// when it is empty.
-func (c *UDPConn) tryOffload(it *rxItem) bool {
+// when it is empty, all under one hold of the receive lock. With b, the
+// payload is copied into b and the frame released at once; with zc, the
+// frame is lent to zc until zc.Release.
+func (c *UDPConn) tryOffload(b []byte, zc *Datagram) (int, netip.AddrPort, bool) {
 	st := c.st
+	var it rxItem
 	st.rxMu.Lock()
-	ok := c.popLocked(it)
-	if !ok && st.pollLocked() > 0 {
-		ok = c.popLocked(it)
+	defer st.rxMu.Unlock()
+	if !c.popLocked(&it) && (st.pollLocked() == 0 || !c.popLocked(&it)) {
+		return 0, netip.AddrPort{}, false
 	}
-	st.rxMu.Unlock()
-	return ok
+	payload := it.buf.Data[it.off : int(it.off)+int(it.n)]
+	if zc != nil {
+		zc.c, zc.it, zc.From, zc.Payload = c, it, it.from, payload
+		return len(payload), it.from, true
+	}
+	n := copy(b, payload)
+	st.releaseLocked(it.q, it.buf)
+	return n, it.from, true
 }
 
 // Datagram is a received datagram lent by RecvZeroCopy: Payload points into
@@ -332,26 +340,19 @@ const osBufLen = 65536
 
 func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
 	ratio := c.st.opts.RxPollOSRatio
-	var it rxItem
 	slept := false
-	for i := 0; ; i++ {
+	for i := 1; ; i++ {
 		if c.closed.Load() {
 			return 0, netip.AddrPort{}, net.ErrClosed
 		}
-		if c.tryOffload(&it) {
+		if n, from, ok := c.tryOffload(b, zc); ok {
 			c.countPoll(slept)
-			if zc != nil {
-				zc.c, zc.it, zc.From = c, it, it.from
-				zc.Payload = it.buf.Data[it.off : int(it.off)+int(it.n)]
-				return int(it.n), it.from, nil
-			}
-			n := copy(b, it.buf.Data[it.off:int(it.off)+int(it.n)])
-			c.st.rxMu.Lock()
-			c.st.releaseLocked(it.q, it.buf)
-			c.st.rxMu.Unlock()
-			return n, it.from, nil
+			return n, from, nil
 		}
-		sleepNext := c.st.opts.RxPoll >= 0 && i >= c.st.opts.RxPoll
+		// The kernel socket is looked at after every ratio polls, not
+		// before the first: a read whose datagram is a poll away must not
+		// pay a recvfrom syscall.
+		sleepNext := c.st.opts.RxPoll >= 0 && i > c.st.opts.RxPoll
 		if ratio > 0 && i%ratio == 0 || sleepNext {
 			if zc != nil {
 				if zc.osBuf == nil {
@@ -384,7 +385,7 @@ func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
 				return 0, netip.AddrPort{}, err
 			}
 			slept = true
-			i = -1
+			i = 0
 		}
 	}
 }
@@ -634,16 +635,15 @@ func (c *UDPConn) SetDeadline(t time.Time) error {
 // see the new deadline.
 func (c *UDPConn) SetReadDeadline(t time.Time) error {
 	c.readDeadline.Store(deadline(t))
-	c.wake()
+	if c.waiters.Load() > 0 {
+		c.wake()
+	}
 	return nil
 }
 
-// SetWriteDeadline implements net.PacketConn. Sends never block for long
-// (a full transmit ring gives ENOBUFS), so it is recorded only.
-func (c *UDPConn) SetWriteDeadline(t time.Time) error {
-	c.writeDeadline.Store(deadline(t))
-	return nil
-}
+// SetWriteDeadline implements net.PacketConn. Sends never block (a full
+// transmit ring gives ENOBUFS), so there is nothing for it to bound.
+func (c *UDPConn) SetWriteDeadline(time.Time) error { return nil }
 
 // Close removes the socket's rules, returns its queued frames and closes
 // its kernel socket. A reader blocked in the socket returns net.ErrClosed.

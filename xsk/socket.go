@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/vmaxdp/vmaxdp/backend"
@@ -103,6 +104,10 @@ type Socket struct {
 }
 
 var hugeOnce sync.Once
+
+// busyWait bounds how long Open waits for a queue whose previous socket is
+// still being released.
+const busyWait = 250 * time.Millisecond
 
 // Open creates an AF_XDP socket bound to queue of the interface ifname in
 // the calling thread's network namespace.
@@ -206,7 +211,15 @@ func (s *Socket) setup(o Options) error {
 	case BindZeroCopy:
 		sa.Flags |= unix.XDP_ZEROCOPY
 	}
-	if err := unix.Bind(s.fd, sa); err != nil {
+	// A socket just closed on this queue keeps it bound until the kernel
+	// drops its last reference after an RCU grace period (20-30 ms seen
+	// here): wait for that before calling the queue busy.
+	err = unix.Bind(s.fd, sa)
+	for deadline := time.Now().Add(busyWait); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		err = unix.Bind(s.fd, sa)
+	}
+	if err != nil {
 		if errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("bind: %w: %s", ErrQueueBusy, busyOwner(s.ifindex, s.queue))
 		}

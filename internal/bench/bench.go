@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
 	"github.com/vmaxdp/vmaxdp/stack"
@@ -75,7 +76,7 @@ func (r Result) String() string {
 func openStack(bed *testbed.Bed, s testbed.Side) (*stack.Stack, error) {
 	var st *stack.Stack
 	err := bed.Do(s, func() (err error) {
-		st, err = stack.Open(bed.Link(s), &stack.Options{XSK: &xsk.Options{NoHugePages: true}, RxPoll: -1})
+		st, err = stack.Open(bed.Link(s), &stack.Options{XSK: &xsk.Options{NoHugePages: true}, RxPoll: stack.RxPollForever})
 		return err
 	})
 	return st, err
@@ -159,8 +160,8 @@ func linkStats(bed *testbed.Bed, s testbed.Side) (*netlink.LinkStatistics, error
 	return l.Attrs().Statistics, nil
 }
 
-// measure runs recv until d passes while flood (if non-nil) runs, and
-// returns recv's count per second.
+// measure runs work, with load (if non-nil) beside it, for a quarter of d
+// to warm up and then d, and returns work's count per second over d.
 func measure(d time.Duration, load func(ctx context.Context) error, work func(ctx context.Context, count *atomic.Uint64) error) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d+time.Second)
 	defer cancel()
@@ -316,7 +317,7 @@ func TxOnly(bed *testbed.Bed, opts *Options) (Result, error) {
 	r.Kernel, err = measure(o.Duration, nil, func(ctx context.Context, n *atomic.Uint64) error {
 		return rxOnA(ctx, n, func() error {
 			_, err := kc.WriteToUDP(msg, ua)
-			if errors.Is(err, errNoBufs) {
+			if errors.Is(err, unix.ENOBUFS) {
 				return nil
 			}
 			return err
@@ -338,7 +339,7 @@ func TxOnly(bed *testbed.Bed, opts *Options) (Result, error) {
 	r.Vmaxdp, err = measure(o.Duration, nil, func(ctx context.Context, n *atomic.Uint64) error {
 		return rxOnA(ctx, n, func() error {
 			_, err := vc.WriteBatchToUDPAddrPort(batch, dst)
-			if errors.Is(err, errNoBufs) {
+			if errors.Is(err, unix.ENOBUFS) {
 				return nil
 			}
 			return err
