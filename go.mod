@@ -9,4 +9,9 @@ require (
 	golang.org/x/sys v0.49.0
 )
 
-require github.com/google/gopacket v1.1.19
+require (
+	github.com/gopacket/gopacket v1.7.7
+	github.com/safchain/ethtool v0.7.0
+)
+
+require golang.org/x/net v0.55.0 // indirect

@@ -8,3 +8,4 @@
 package bpf
 
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -cflags ${BPF_CFLAGS} -target bpfel -type flow_key -type rule_value -type rule_counters -type prog_counters Steer steer.c
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc ${BPF_CLANG} -cflags ${BPF_CFLAGS} -target bpfel -type event -type probe_counters -type agg_key Nettrace nettrace.c

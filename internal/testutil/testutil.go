@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/probes"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -27,7 +28,7 @@ func RequireRoot(tb testing.TB) {
 // other error, so that a broken feature is never mistaken for an absent one.
 func SkipIfNotSupported(tb testing.TB, err error) {
 	tb.Helper()
-	if errors.Is(err, backend.ErrNotSupported) {
+	if errors.Is(err, backend.ErrNotSupported) || errors.Is(err, probes.ErrNotSupported) {
 		tb.Skipf("kernel feature missing: %v", err)
 	}
 	if err != nil {

@@ -1,0 +1,546 @@
+//go:build ignore
+
+// nettrace.c: the collectors of nettrace, one BTF-typed tracepoint program
+// (tp_btf) per kernel event on the packet path.
+//
+// Each program filters in the kernel (netns, interface, IPv4 flow), counts
+// what passed in probe_stats, then either writes an event to the ring
+// buffer (per-event mode) or adds one to the agg map (aggregate mode). A
+// failed ring buffer reservation or a full agg map is counted as lost for
+// that probe and CPU: nothing is dropped without a counter saying so.
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "nettrace_types.h"
+
+#define CAP_MAX 128
+#define NO_HEADER 0xffff // an unset skb header offset
+#define SOFTIRQ_NET_TX 2
+#define SOFTIRQ_NET_RX 3
+
+// probe ids: the index of each event in probe_stats and in the trace file.
+// probes/probes.go lists the same events in the same order.
+enum probe_id {
+	PROBE_NETIF_RECEIVE_SKB,
+	PROBE_NETIF_RX,
+	PROBE_NAPI_POLL,
+	PROBE_KFREE_SKB,
+	PROBE_CONSUME_SKB,
+	PROBE_SKB_COPY_DATAGRAM_IOVEC,
+	PROBE_NET_DEV_QUEUE,
+	PROBE_NET_DEV_XMIT,
+	PROBE_SOFTIRQ_RAISE,
+	PROBE_SOFTIRQ_ENTRY,
+	PROBE_SOFTIRQ_EXIT,
+	PROBE_XDP_EXCEPTION,
+	PROBE_XDP_REDIRECT,
+	PROBE_XDP_REDIRECT_ERR,
+	PROBE_SOCK_RCVQUEUE_FULL,
+	PROBE_SOCK_EXCEED_BUF_LIMIT,
+	PROBE_UDP_FAIL_QUEUE_RCV_SKB,
+	PROBE_MAX,
+};
+
+// event_flags
+#define EVENT_ETHERNET 1 // data starts at the Ethernet header, else at IPv4
+
+// event is one record of the ring buffer. Events without an skb are
+// reserved without the data array.
+struct event {
+	__u64 ts; // CLOCK_MONOTONIC, ns
+	__u64 skb;
+	__u64 location; // kfree_skb/consume_skb caller; napi_poll: the napi struct
+	__u64 sk;	// the socket the tracepoint names (kfree_skb: rx_sk)
+	__u32 pid;
+	__u32 tid;
+	__u32 cpu;
+	__u32 netns;
+	__u32 ifindex;
+	__u32 len;
+	__u32 reason;
+	__u16 probe;
+	__u16 protocol; // ETH_P_*, host order
+	__s32 arg[4];	// probe specific, see probes/probes.go
+	char comm[16];
+	char dev[16];
+	__u16 caplen;
+	__u16 flags;
+	__u32 pad;
+	__u8 data[CAP_MAX];
+};
+
+#define EVENT_HEAD_SIZE (sizeof(struct event) - CAP_MAX)
+
+// Keep the record types in BTF for bpf2go: the ring buffer has no value type.
+const struct event *unused_event __attribute__((unused));
+const enum probe_id unused_probe __attribute__((unused));
+
+struct probe_counters {
+	__u64 events; // passed the filters
+	__u64 lost;   // not recorded: ring buffer full, or agg map full
+};
+
+struct agg_key {
+	__u64 location;
+	__u32 netns;
+	__u32 ifindex;
+	__u32 reason;
+	__u16 probe;
+	__u16 pad;
+};
+
+// Set by user space before loading (spec variables); zero means "any".
+const volatile __u32 cfg_netns = 0;
+const volatile __u32 cfg_ifindex = 0;
+const volatile __u8 cfg_l4proto = 0;
+const volatile __u32 cfg_saddr = 0; // network byte order
+const volatile __u32 cfg_daddr = 0;
+const volatile __u32 cfg_host = 0; // either address
+const volatile __u16 cfg_sport = 0; // host order
+const volatile __u16 cfg_dport = 0;
+const volatile __u16 cfg_port = 0; // either port
+const volatile __u8 cfg_aggregate = 0;
+const volatile __u32 cfg_caplen = CAP_MAX;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 24); // resized by user space
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PROBE_MAX);
+	__type(key, __u32);
+	__type(value, struct probe_counters);
+} probe_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct agg_key);
+	__type(value, __u64);
+} agg SEC(".maps");
+
+static __always_inline int flow_filtered(void)
+{
+	return cfg_l4proto || cfg_saddr || cfg_daddr || cfg_host || cfg_sport || cfg_dport || cfg_port;
+}
+
+static __always_inline struct probe_counters *counters(enum probe_id p)
+{
+	__u32 k = p;
+	return bpf_map_lookup_elem(&probe_stats, &k);
+}
+
+static __always_inline void count_lost(struct probe_counters *c)
+{
+	if (c)
+		c->lost++;
+}
+
+// pass_flow applies the IPv4 flow filters to the packet at head+nh. Packets
+// that are not IPv4 never match a flow filter.
+static __always_inline int pass_flow(struct sk_buff *skb, unsigned char *head, __u16 nh)
+{
+	struct iphdr ip;
+	__u16 ports[2] = {};
+
+	if (!flow_filtered())
+		return 1;
+	if (nh == NO_HEADER || bpf_ntohs(BPF_CORE_READ(skb, protocol)) != ETH_P_IP)
+		return 0;
+	if (bpf_probe_read_kernel(&ip, sizeof(ip), head + nh))
+		return 0;
+	if (cfg_l4proto && ip.protocol != cfg_l4proto)
+		return 0;
+	if (cfg_saddr && ip.saddr != cfg_saddr)
+		return 0;
+	if (cfg_daddr && ip.daddr != cfg_daddr)
+		return 0;
+	if (cfg_host && ip.saddr != cfg_host && ip.daddr != cfg_host)
+		return 0;
+	if (!cfg_sport && !cfg_dport && !cfg_port)
+		return 1;
+	if (ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_TCP)
+		return 0;
+	if (bpf_probe_read_kernel(ports, sizeof(ports), head + nh + ip.ihl * 4))
+		return 0;
+	__u16 sport = bpf_ntohs(ports[0]), dport = bpf_ntohs(ports[1]);
+	if (cfg_sport && sport != cfg_sport)
+		return 0;
+	if (cfg_dport && dport != cfg_dport)
+		return 0;
+	if (cfg_port && sport != cfg_port && dport != cfg_port)
+		return 0;
+	return 1;
+}
+
+static __always_inline __u32 dev_netns(struct net_device *dev)
+{
+	return BPF_CORE_READ(dev, nd_net.net, ns.inum);
+}
+
+static __always_inline __u32 sk_netns(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+}
+
+// pass_where applies the netns and interface filters.
+static __always_inline int pass_where(__u32 netns, __u32 ifindex)
+{
+	if (cfg_netns && netns != cfg_netns)
+		return 0;
+	if (cfg_ifindex && ifindex != cfg_ifindex)
+		return 0;
+	return 1;
+}
+
+static __always_inline void fill_task(struct event *e, enum probe_id p)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	e->ts = bpf_ktime_get_ns();
+	e->probe = p;
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->cpu = bpf_get_smp_processor_id();
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+}
+
+static __always_inline int aggregate(enum probe_id p, struct probe_counters *c, __u32 netns, __u32 ifindex,
+				     __u32 reason, __u64 location)
+{
+	struct agg_key k = {.location = location, .netns = netns, .ifindex = ifindex, .reason = reason, .probe = p};
+	__u64 one = 1, *v;
+
+	v = bpf_map_lookup_elem(&agg, &k);
+	if (v) {
+		(*v)++;
+		return 0;
+	}
+	if (bpf_map_update_elem(&agg, &k, &one, BPF_NOEXIST) && !bpf_map_lookup_elem(&agg, &k))
+		count_lost(c);
+	return 0;
+}
+
+// skb_event filters and records an event about skb. The caller fills the
+// probe-specific fields of the returned event and submits it; NULL means
+// filtered out, aggregated, or lost (and counted).
+static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *skb, __u32 reason, __u64 location)
+{
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	__u32 ifindex = 0, netns = 0;
+
+	if (dev) {
+		ifindex = BPF_CORE_READ(dev, ifindex);
+		netns = dev_netns(dev);
+	} else {
+		netns = sk_netns(BPF_CORE_READ(skb, sk));
+	}
+	if (!pass_where(netns, ifindex))
+		return NULL;
+
+	unsigned char *head = BPF_CORE_READ(skb, head);
+	__u16 nh = BPF_CORE_READ(skb, network_header);
+	if (!pass_flow(skb, head, nh))
+		return NULL;
+
+	struct probe_counters *c = counters(p);
+	if (c)
+		c->events++;
+	if (cfg_aggregate) {
+		aggregate(p, c, netns, ifindex, reason, location);
+		return NULL;
+	}
+
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(struct event), 0);
+	if (!e) {
+		count_lost(c);
+		return NULL;
+	}
+	fill_task(e, p);
+	e->sk = 0;
+	e->skb = (__u64)skb;
+	e->location = location;
+	e->reason = reason;
+	e->netns = netns;
+	e->ifindex = ifindex;
+	e->len = BPF_CORE_READ(skb, len);
+	e->protocol = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+	e->arg[0] = e->arg[1] = e->arg[2] = e->arg[3] = 0;
+	e->pad = 0;
+	if (dev)
+		bpf_probe_read_kernel_str(e->dev, sizeof(e->dev), dev->name);
+	else
+		e->dev[0] = 0;
+
+	// Capture from the Ethernet header when the skb has one, else from the
+	// network header; never past the linear data.
+	__u16 mh = BPF_CORE_READ(skb, mac_header);
+	unsigned char *data = BPF_CORE_READ(skb, data);
+	__u32 headlen = e->len - BPF_CORE_READ(skb, data_len);
+	unsigned char *start = 0;
+	e->flags = 0;
+	if (mh != NO_HEADER) {
+		start = head + mh;
+		e->flags = EVENT_ETHERNET;
+	} else if (nh != NO_HEADER) {
+		start = head + nh;
+	}
+	__u32 n = 0;
+	if (start && data + headlen > start)
+		n = data + headlen - start;
+	if (n > cfg_caplen)
+		n = cfg_caplen;
+	if (n > CAP_MAX)
+		n = CAP_MAX;
+	e->caplen = 0;
+	if (n && !bpf_probe_read_kernel(e->data, n, start))
+		e->caplen = n;
+	return e;
+}
+
+// plain_event filters and records an event without an skb.
+// Softirq events belong to a CPU, not to a device: no filter applies.
+static __always_inline struct event *plain_event(enum probe_id p, struct net_device *dev, __u32 netns, __u64 location,
+						 int filter)
+{
+	__u32 ifindex = 0;
+
+	if (dev) {
+		ifindex = BPF_CORE_READ(dev, ifindex);
+		netns = dev_netns(dev);
+	}
+	if (filter && !pass_where(netns, ifindex))
+		return NULL;
+
+	struct probe_counters *c = counters(p);
+	if (c)
+		c->events++;
+	if (cfg_aggregate) {
+		aggregate(p, c, netns, ifindex, 0, location);
+		return NULL;
+	}
+
+	struct event *e = bpf_ringbuf_reserve(&events, EVENT_HEAD_SIZE, 0);
+	if (!e) {
+		count_lost(c);
+		return NULL;
+	}
+	fill_task(e, p);
+	e->sk = 0;
+	e->skb = 0;
+	e->location = location;
+	e->reason = 0;
+	e->netns = netns;
+	e->ifindex = ifindex;
+	e->len = 0;
+	e->protocol = 0;
+	e->arg[0] = e->arg[1] = e->arg[2] = e->arg[3] = 0;
+	e->caplen = 0;
+	e->flags = 0;
+	e->pad = 0;
+	if (dev)
+		bpf_probe_read_kernel_str(e->dev, sizeof(e->dev), dev->name);
+	else
+		e->dev[0] = 0;
+	return e;
+}
+
+#define SKB_PROG(name, p)                                     \
+	SEC("tp_btf/" #name)                                  \
+	int BPF_PROG(name, struct sk_buff *skb)               \
+	{                                                     \
+		struct event *e = skb_event(p, skb, 0, 0);    \
+		if (e)                                        \
+			bpf_ringbuf_submit(e, 0);             \
+		return 0;                                     \
+	}
+
+SKB_PROG(netif_receive_skb, PROBE_NETIF_RECEIVE_SKB)
+SKB_PROG(netif_rx, PROBE_NETIF_RX)
+SKB_PROG(net_dev_queue, PROBE_NET_DEV_QUEUE)
+
+SEC("tp_btf/napi_poll")
+int BPF_PROG(napi_poll, struct napi_struct *napi, int work, int budget)
+{
+	struct event *e = plain_event(PROBE_NAPI_POLL, BPF_CORE_READ(napi, dev), 0, (__u64)napi, 1);
+	if (!e)
+		return 0;
+	e->arg[0] = work;
+	e->arg[1] = budget;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(kfree_skb, struct sk_buff *skb, void *location, unsigned int reason, struct sock *rx_sk)
+{
+	struct event *e = skb_event(PROBE_KFREE_SKB, skb, reason, (__u64)location);
+	if (!e)
+		return 0;
+	e->sk = (__u64)rx_sk;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/consume_skb")
+int BPF_PROG(consume_skb, struct sk_buff *skb, void *location)
+{
+	struct event *e = skb_event(PROBE_CONSUME_SKB, skb, 0, (__u64)location);
+	if (e)
+		bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/skb_copy_datagram_iovec")
+int BPF_PROG(skb_copy_datagram_iovec, struct sk_buff *skb, int len)
+{
+	struct event *e = skb_event(PROBE_SKB_COPY_DATAGRAM_IOVEC, skb, 0, 0);
+	if (!e)
+		return 0;
+	e->arg[0] = len;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/net_dev_xmit")
+int BPF_PROG(net_dev_xmit, struct sk_buff *skb, int rc, struct net_device *dev, unsigned int len)
+{
+	// The skb may be freed once the driver took it: read only what the
+	// tracepoint passes, as the kernel's own trace event does.
+	__u32 ifindex = BPF_CORE_READ(dev, ifindex), netns = dev_netns(dev);
+
+	if (!pass_where(netns, ifindex) || flow_filtered())
+		return 0;
+	struct event *e = plain_event(PROBE_NET_DEV_XMIT, dev, 0, 0, 1);
+	if (!e)
+		return 0;
+	e->skb = (__u64)skb;
+	e->len = len;
+	e->arg[0] = rc;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+static __always_inline int softirq(enum probe_id p, unsigned int vec)
+{
+	if (vec != SOFTIRQ_NET_RX && vec != SOFTIRQ_NET_TX)
+		return 0;
+	struct event *e = plain_event(p, NULL, 0, 0, 0);
+	if (!e)
+		return 0;
+	e->arg[0] = vec;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/softirq_raise")
+int BPF_PROG(softirq_raise, unsigned int vec)
+{
+	return softirq(PROBE_SOFTIRQ_RAISE, vec);
+}
+
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(softirq_entry, unsigned int vec)
+{
+	return softirq(PROBE_SOFTIRQ_ENTRY, vec);
+}
+
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(softirq_exit, unsigned int vec)
+{
+	return softirq(PROBE_SOFTIRQ_EXIT, vec);
+}
+
+SEC("tp_btf/xdp_exception")
+int BPF_PROG(xdp_exception, struct net_device *dev, struct bpf_prog *xdp, __u32 act)
+{
+	struct event *e = plain_event(PROBE_XDP_EXCEPTION, dev, 0, 0, 1);
+	if (!e)
+		return 0;
+	e->arg[0] = BPF_CORE_READ(xdp, aux, id);
+	e->arg[1] = act;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+static __always_inline int xdp_redirect(enum probe_id p, struct net_device *dev, struct bpf_prog *xdp, int err,
+					__u32 map_id, __u32 index)
+{
+	struct event *e = plain_event(p, dev, 0, 0, 1);
+	if (!e)
+		return 0;
+	e->arg[0] = BPF_CORE_READ(xdp, aux, id);
+	e->arg[1] = err;
+	e->arg[2] = map_id;
+	e->arg[3] = index;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/xdp_redirect")
+int BPF_PROG(xdp_redirect_ok, struct net_device *dev, struct bpf_prog *xdp, void *tgt, int err, int map_type,
+	     __u32 map_id, __u32 index)
+{
+	return xdp_redirect(PROBE_XDP_REDIRECT, dev, xdp, err, map_id, index);
+}
+
+SEC("tp_btf/xdp_redirect_err")
+int BPF_PROG(xdp_redirect_err, struct net_device *dev, struct bpf_prog *xdp, void *tgt, int err, int map_type,
+	     __u32 map_id, __u32 index)
+{
+	return xdp_redirect(PROBE_XDP_REDIRECT_ERR, dev, xdp, err, map_id, index);
+}
+
+SEC("tp_btf/sock_rcvqueue_full")
+int BPF_PROG(sock_rcvqueue_full, struct sock *sk, struct sk_buff *skb)
+{
+	struct event *e = skb_event(PROBE_SOCK_RCVQUEUE_FULL, skb, 0, 0);
+	if (!e)
+		return 0;
+	e->sk = (__u64)sk;
+	e->arg[0] = BPF_CORE_READ(sk, sk_rcvbuf);
+	e->arg[1] = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
+	e->arg[2] = BPF_CORE_READ(skb, truesize);
+	if (!e->netns)
+		e->netns = sk_netns(sk);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/sock_exceed_buf_limit")
+int BPF_PROG(sock_exceed_buf_limit, struct sock *sk, struct proto *prot, long allocated, int kind)
+{
+	if (flow_filtered())
+		return 0;
+	struct event *e = plain_event(PROBE_SOCK_EXCEED_BUF_LIMIT, NULL, sk_netns(sk), 0, 1);
+	if (!e)
+		return 0;
+	e->sk = (__u64)sk;
+	e->arg[0] = kind;
+	e->arg[1] = allocated;
+	e->arg[2] = BPF_CORE_READ(sk, sk_rcvbuf);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/udp_fail_queue_rcv_skb")
+int BPF_PROG(udp_fail_queue_rcv_skb, int rc, struct sock *sk, struct sk_buff *skb)
+{
+	struct event *e = skb_event(PROBE_UDP_FAIL_QUEUE_RCV_SKB, skb, 0, 0);
+	if (!e)
+		return 0;
+	e->sk = (__u64)sk;
+	e->arg[0] = rc;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

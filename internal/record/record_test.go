@@ -1,0 +1,373 @@
+package record_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/record"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/probes"
+	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/tracefile"
+	"github.com/vmaxdp/vmaxdp/tracefmt"
+)
+
+func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
+
+func nsInode(t *testing.T, b *testbed.Bed, s testbed.Side) uint32 {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(b.NS(s)), &st); err != nil {
+		t.Fatal(err)
+	}
+	return uint32(st.Ino)
+}
+
+// recordWhile records with opts while traffic runs, then returns the file.
+func recordWhile(t *testing.T, opts *record.Options, traffic func() error) []byte {
+	t.Helper()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	ready := make(chan struct{})
+	opts.Ready = func([]string) { close(ready) }
+	opts.Interval = 200 * time.Millisecond
+	var buf bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := record.Run(ctx, &buf, opts)
+		done <- err
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		testutil.SkipIfNotSupported(t, err)
+		t.Fatal("recorder stopped before it was ready")
+	case <-time.After(30 * time.Second):
+		t.Fatal("recorder not ready after 30 s")
+	}
+	terr := traffic()
+	time.Sleep(300 * time.Millisecond) // let the last events and a snapshot land
+	cancel(errors.New("test done"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if terr != nil {
+		t.Fatal(terr)
+	}
+	return buf.Bytes()
+}
+
+// sendUDP sends n datagrams of size bytes from side a to b:port.
+func sendUDP(b *testbed.Bed, port, n, size int) error {
+	return b.Do(testbed.A, func() error {
+		// Unconnected, so that ICMP port unreachable does not fail the
+		// next send.
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)))
+		msg := make([]byte, size)
+		for range n {
+			if _, err := c.WriteToUDP(msg, to); err != nil {
+				return err
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		return nil
+	})
+}
+
+type drop struct {
+	reason, location string
+	flow             tracefmt.Flow
+}
+
+// events reads a recording's events of one probe.
+func events(t *testing.T, data []byte, probe probes.ID) (*tracefile.Reader, []tracefile.Event, []tracefile.Counters) {
+	t.Helper()
+	r, err := tracefile.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []tracefile.Event
+	var counters []tracefile.Counters
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch rec.Type {
+		case tracefile.TypeEvent:
+			var e tracefile.Event
+			if err := tracefile.DecodeEvent(rec.Payload, &e); err != nil {
+				t.Fatal(err)
+			}
+			if probes.ID(e.Probe) == probe {
+				e.Data = bytes.Clone(e.Data)
+				out = append(out, e)
+			}
+		case tracefile.TypeCounters:
+			var c tracefile.Counters
+			if err := rec.Decode(&c); err != nil {
+				t.Fatal(err)
+			}
+			counters = append(counters, c)
+		}
+	}
+	if r.End() == nil {
+		t.Fatal("no end record")
+	}
+	return r, out, counters
+}
+
+func describe(r *tracefile.Reader, e *tracefile.Event) drop {
+	d := drop{reason: tracefmt.Reason(r.Meta(), e.Reason)}
+	if s, _, ok := r.Symbolize(e.Location); ok {
+		d.location = s.Name
+	}
+	d.flow, _ = tracefmt.DecodeFlow(e)
+	return d
+}
+
+// Datagrams to a port nobody listens on are dropped by UDP as NO_SOCKET;
+// the recording names the reason, the function, and the flow.
+func TestNoSocketDrops(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const n, port = 50, 9
+	data := recordWhile(t, &record.Options{Probes: probes.Options{
+		Probes: mustSelect(t, "drops"),
+		Filter: probes.Filter{Netns: nsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_UDP, DstPort: port},
+	}}, func() error { return sendUDP(b, port, n, 32) })
+
+	r, evs, counters := events(t, data, probes.KfreeSkb)
+	if len(evs) != n {
+		t.Fatalf("%d kfree_skb events, want %d", len(evs), n)
+	}
+	want := drop{reason: "NO_SOCKET", location: "__udp4_lib_rcv"}
+	for _, e := range evs {
+		d := describe(r, &e)
+		if d.reason != want.reason || d.location != want.location {
+			t.Fatalf("drop %+v, want reason %s at %s", d, want.reason, want.location)
+		}
+		if d.flow.Proto != unix.IPPROTO_UDP || d.flow.Src.Addr() != b.Addr(testbed.A) || d.flow.Dst != netip.AddrPortFrom(b.Addr(testbed.B), port) {
+			t.Fatalf("flow %+v, want udp %s -> %s:%d", d.flow, b.Addr(testbed.A), b.Addr(testbed.B), port)
+		}
+		if r.Interface(e.Netns, e.Ifindex) != "vmxb" {
+			t.Fatalf("interface %d in netns %d is %q, want vmxb", e.Ifindex, e.Netns, r.Interface(e.Netns, e.Ifindex))
+		}
+	}
+	// The counters of the same interval agree: Udp.NoPorts grew by n in b.
+	if got := snmpDelta(counters, nsInode(t, b, testbed.B), "Udp.NoPorts"); got != n {
+		t.Errorf("Udp.NoPorts grew by %d in the recording, want %d", got, n)
+	}
+}
+
+func snmpDelta(cs []tracefile.Counters, netns uint32, name string) uint64 {
+	var first, last uint64
+	seen := false
+	for _, c := range cs {
+		if c.Source != "snmp" || c.Netns != netns {
+			continue
+		}
+		if !seen {
+			first, seen = c.Values[name], true
+		}
+		last = c.Values[name]
+	}
+	return last - first
+}
+
+// A UDP socket that does not read overflows its receive buffer: UDP drops
+// with SOCKET_RCVBUFF, and udp_fail_queue_rcv_skb names the same skb with
+// -ENOMEM. (UDP queues through __udp_enqueue_schedule_skb, which does not
+// fire sock_rcvqueue_full; that event comes from sock_queue_rcv_skb users.)
+func TestReceiveBufferOverrun(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const port, n = 7000, 200
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	err := b.Do(testbed.B, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		fds = append(fds, fd)
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := recordWhile(t, &record.Options{Probes: probes.Options{
+		Probes: mustSelect(t, "drops"),
+		Filter: probes.Filter{Netns: nsInode(t, b, testbed.B), Port: port},
+	}}, func() error { return sendUDP(b, port, n, 1000) })
+
+	r, drops, counters := events(t, data, probes.KfreeSkb)
+	_, failed, _ := events(t, data, probes.UdpFailQueueRcvSkb)
+	if len(drops) < n/2 {
+		t.Fatalf("%d drops of %d datagrams to a socket that does not read", len(drops), n)
+	}
+	failedSkbs := map[uint64]bool{}
+	for _, e := range failed {
+		failedSkbs[e.Skb] = true
+		if e.Arg[0] != -int32(unix.ENOMEM) {
+			t.Fatalf("udp_fail_queue_rcv_skb rc = %d, want -ENOMEM", e.Arg[0])
+		}
+	}
+	for _, e := range drops {
+		d := describe(r, &e)
+		if d.reason != "SOCKET_RCVBUFF" || d.flow.Dst != netip.AddrPortFrom(b.Addr(testbed.B), port) {
+			t.Fatalf("drop %+v, want SOCKET_RCVBUFF to %s:%d", d, b.Addr(testbed.B), port)
+		}
+		if !failedSkbs[e.Skb] {
+			t.Fatalf("drop of skb %#x has no udp_fail_queue_rcv_skb event", e.Skb)
+		}
+	}
+	if got := snmpDelta(counters, nsInode(t, b, testbed.B), "Udp.RcvbufErrors"); got != uint64(len(drops)) {
+		t.Errorf("Udp.RcvbufErrors grew by %d, %d drops recorded", got, len(drops))
+	}
+}
+
+// With a ring buffer too small for the burst, events are lost, and every
+// lost event is counted: written + lost = seen, per probe.
+func TestLossAccounted(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	data := recordWhile(t, &record.Options{Probes: probes.Options{
+		Probes:   mustSelect(t, "rx,tx"),
+		Filter:   probes.Filter{Netns: nsInode(t, b, testbed.B)},
+		RingSize: uint32(os.Getpagesize()),
+	}}, func() error {
+		// A burst without pauses, so that the recorder falls behind.
+		return b.Do(testbed.A, func() error {
+			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: b.Addr(testbed.B).AsSlice(), Port: 9})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			msg := make([]byte, 64)
+			for range 5000 {
+				if _, err := c.Write(msg); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	r, err := tracefile.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := map[uint16]uint64{}
+	var e tracefile.Event
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Type == tracefile.TypeEvent {
+			if err := tracefile.DecodeEvent(rec.Payload, &e); err != nil {
+				t.Fatal(err)
+			}
+			written[e.Probe]++
+		}
+	}
+	var lost uint64
+	for _, p := range r.End().Probes {
+		if p.Events != written[p.Probe]+p.Lost {
+			t.Errorf("probe %d: %d seen, %d written + %d lost", p.Probe, p.Events, written[p.Probe], p.Lost)
+		}
+		lost += p.Lost
+	}
+	if lost == 0 {
+		t.Errorf("no event lost with a %d-byte ring: the test proves nothing", os.Getpagesize())
+	}
+	var text strings.Builder
+	if _, err := tracefmt.Text(&text, mustReader(t, data), nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "# LOST ") || !strings.Contains(text.String(), fmt.Sprintf("%d lost", lost)) {
+		t.Errorf("script output does not mark the %d lost events", lost)
+	}
+}
+
+// The aggregate mode counts in the kernel what the event mode records.
+func TestAggregate(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const n, port = 40, 9
+	data := recordWhile(t, &record.Options{Probes: probes.Options{
+		Probes:    mustSelect(t, "kfree_skb"),
+		Filter:    probes.Filter{Netns: nsInode(t, b, testbed.B), DstPort: port},
+		Aggregate: true,
+	}}, func() error { return sendUDP(b, port, n, 32) })
+	r := mustReader(t, data)
+	var last tracefile.Aggregate
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Type == tracefile.TypeEvent {
+			t.Fatal("event record in aggregate mode")
+		}
+		if rec.Type == tracefile.TypeAggregate {
+			if err := rec.Decode(&last); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var total uint64
+	for _, a := range last.Entries {
+		if tracefmt.Reason(r.Meta(), a.Reason) != "NO_SOCKET" {
+			t.Errorf("aggregate entry %+v: reason %s", a, tracefmt.Reason(r.Meta(), a.Reason))
+		}
+		total += a.Count
+	}
+	if total != n {
+		t.Errorf("aggregate counted %d drops, want %d", total, n)
+	}
+}
+
+func mustSelect(t *testing.T, spec string) []*probes.Probe {
+	p, err := probes.Select(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustReader(t *testing.T, data []byte) *tracefile.Reader {
+	r, err := tracefile.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}

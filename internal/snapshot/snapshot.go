@@ -1,0 +1,262 @@
+// Package snapshot reads the counters a trace file carries next to its
+// events: interface statistics, ethtool -S, /proc/net/snmp per network
+// namespace, /proc/net/softnet_stat, and the counters vmaxdp's steering
+// programs pin on bpffs. Each source is one tracefile.Counters record, so
+// that a report can line them up with the events on one clock.
+//
+// It must not keep state between snapshots: deltas are the report's job.
+package snapshot
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/safchain/ethtool"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/tracefile"
+)
+
+// Namespace is a network namespace to read counters in.
+type Namespace struct {
+	Name  string // "" for the recorder's own
+	Inode uint32
+	h     netns.NsHandle
+}
+
+// Namespaces returns the recorder's own network namespace and the named
+// ones (ip netns), each once.
+func Namespaces() ([]Namespace, error) {
+	self, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("own network namespace: %w", err)
+	}
+	out := []Namespace{{Inode: inode(self), h: self}}
+	seen := map[uint32]bool{inode(self): true}
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		h, err := netns.GetFromPath(filepath.Join("/run/netns", e.Name()))
+		if err != nil {
+			continue // removed meanwhile
+		}
+		ino := inode(h)
+		if seen[ino] {
+			h.Close()
+			continue
+		}
+		seen[ino] = true
+		out = append(out, Namespace{Name: e.Name(), Inode: ino, h: h})
+	}
+	return out, nil
+}
+
+// Close releases the namespace handle.
+func (n *Namespace) Close() { n.h.Close() }
+
+func inode(h netns.NsHandle) uint32 {
+	var st unix.Stat_t
+	if unix.Fstat(int(h), &st) != nil {
+		return 0
+	}
+	return uint32(st.Ino)
+}
+
+// Take reads every source at time now (CLOCK_MONOTONIC ns). A source that
+// cannot be read is skipped and named in the returned error; the records
+// that could be read are returned either way.
+func Take(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
+	var out []tracefile.Counters
+	var errs []error
+	for i := range nss {
+		recs, err := namespace(now, &nss[i])
+		out = append(out, recs...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c, err := softnet(now); err != nil {
+		errs = append(errs, err)
+	} else {
+		out = append(out, c...)
+	}
+	recs, err := vmaxdp(now)
+	out = append(out, recs...)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return out, errors.Join(errs...)
+}
+
+func namespace(now uint64, ns *Namespace) ([]tracefile.Counters, error) {
+	var out []tracefile.Counters
+	where := "own netns"
+	if ns.Name != "" {
+		where = "netns " + ns.Name
+	}
+	err := netnsutil.Do(ns.h, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return fmt.Errorf("%s: list links: %w", where, err)
+		}
+		et, etErr := ethtool.NewEthtool()
+		if etErr == nil {
+			defer et.Close()
+		}
+		for _, l := range links {
+			a := l.Attrs()
+			if a.Statistics != nil {
+				out = append(out, tracefile.Counters{Time: now, Source: "netdev", Netns: ns.Inode, Device: a.Name, Values: netdevValues(a.Statistics)})
+			}
+			if etErr != nil || a.Name == "lo" {
+				continue
+			}
+			if st, err := et.Stats(a.Name); err == nil && len(st) > 0 {
+				out = append(out, tracefile.Counters{Time: now, Source: "ethtool", Netns: ns.Inode, Device: a.Name, Values: st})
+			}
+		}
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		vals, err := ParseSNMP(b)
+		if err != nil {
+			return fmt.Errorf("%s: /proc/net/snmp: %w", where, err)
+		}
+		out = append(out, tracefile.Counters{Time: now, Source: "snmp", Netns: ns.Inode, Values: vals})
+		return nil
+	})
+	return out, err
+}
+
+func netdevValues(s *netlink.LinkStatistics) map[string]uint64 {
+	return map[string]uint64{
+		"rx_packets": s.RxPackets, "tx_packets": s.TxPackets,
+		"rx_bytes": s.RxBytes, "tx_bytes": s.TxBytes,
+		"rx_errors": s.RxErrors, "tx_errors": s.TxErrors,
+		"rx_dropped": s.RxDropped, "tx_dropped": s.TxDropped,
+		"multicast": s.Multicast, "collisions": s.Collisions,
+		"rx_length_errors": s.RxLengthErrors, "rx_over_errors": s.RxOverErrors,
+		"rx_crc_errors": s.RxCrcErrors, "rx_frame_errors": s.RxFrameErrors,
+		"rx_fifo_errors": s.RxFifoErrors, "rx_missed_errors": s.RxMissedErrors,
+		"tx_aborted_errors": s.TxAbortedErrors, "tx_carrier_errors": s.TxCarrierErrors,
+		"tx_fifo_errors": s.TxFifoErrors, "tx_heartbeat_errors": s.TxHeartbeatErrors,
+		"tx_window_errors": s.TxWindowErrors,
+	}
+}
+
+// ParseSNMP reads /proc/net/snmp's header/value line pairs into
+// "Proto.Field" counters ("Udp.NoPorts"). Negative values (Tcp.MaxConn) are
+// left out: counters are unsigned.
+func ParseSNMP(b []byte) (map[string]uint64, error) {
+	out := make(map[string]uint64)
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	line := 0
+	for sc.Scan() {
+		line++
+		head := strings.Fields(sc.Text())
+		if !sc.Scan() {
+			return nil, fmt.Errorf("line %d: header without values", line)
+		}
+		line++
+		vals := strings.Fields(sc.Text())
+		if len(head) == 0 || len(head) != len(vals) || head[0] != vals[0] {
+			return nil, fmt.Errorf("line %d: %d values for %d names", line, len(vals), len(head))
+		}
+		proto := strings.TrimSuffix(head[0], ":")
+		for i := 1; i < len(head); i++ {
+			v, err := strconv.ParseUint(vals[i], 10, 64)
+			if err != nil {
+				continue
+			}
+			out[proto+"."+head[i]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// softnetFields names /proc/net/softnet_stat's columns (hex, one row per
+// CPU); the kernel has kept this order since 2.6.
+var softnetFields = []string{"processed", "dropped", "time_squeeze", "", "", "", "", "", "", "cpu_collision", "received_rps", "flow_limit_count", "backlog_len", "cpu"}
+
+func softnet(now uint64) ([]tracefile.Counters, error) {
+	b, err := os.ReadFile("/proc/net/softnet_stat")
+	if err != nil {
+		return nil, err
+	}
+	recs, err := ParseSoftnet(now, b)
+	if err != nil {
+		return nil, fmt.Errorf("/proc/net/softnet_stat: %w", err)
+	}
+	return recs, nil
+}
+
+// ParseSoftnet reads /proc/net/softnet_stat, one record per CPU with
+// Device "cpuN".
+func ParseSoftnet(now uint64, b []byte) ([]tracefile.Counters, error) {
+	var out []tracefile.Counters
+	for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			return nil, fmt.Errorf("line %d: %d columns, want at least 3", i+1, len(f))
+		}
+		vals := make(map[string]uint64)
+		cpu := i
+		for j, s := range f {
+			if j >= len(softnetFields) || softnetFields[j] == "" {
+				continue
+			}
+			v, err := strconv.ParseUint(s, 16, 64)
+			if err != nil {
+				return nil, fmt.Errorf("line %d column %d: %q: %w", i+1, j+1, s, err)
+			}
+			if softnetFields[j] == "cpu" {
+				cpu = int(v)
+				continue
+			}
+			vals[softnetFields[j]] = v
+		}
+		out = append(out, tracefile.Counters{Time: now, Source: "softnet", Device: "cpu" + strconv.Itoa(cpu), Values: vals})
+	}
+	return out, nil
+}
+
+// vmaxdp reads the program counters of every steering program pinned under
+// steer.DefaultPinDir; Device is the pin directory's name
+// (<netns inode>_<ifindex>).
+func vmaxdp(now uint64) ([]tracefile.Counters, error) {
+	dirs, err := os.ReadDir(steer.DefaultPinDir)
+	if err != nil {
+		return nil, nil // no vmaxdp engine has run here
+	}
+	var out []tracefile.Counters
+	var errs []error
+	for _, d := range dirs {
+		path := filepath.Join(steer.DefaultPinDir, d.Name(), "prog_stats")
+		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		c, err := steer.ReadProgCounters(m)
+		m.Close()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp", Device: d.Name(), Values: map[string]uint64{
+			"passed": c.Passed, "redirected": c.Redirected, "non_ip": c.NonIP, "fragments": c.Fragments, "parse_errors": c.ParseErrors,
+		}})
+	}
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,36 @@
+// Package tracefile reads and writes nettrace's trace files.
+//
+// A trace file is self-describing: whatever is needed to explain its
+// events later, on another machine, travels with them (kernel release,
+// clock anchor, drop-reason names, kernel symbols of the locations seen,
+// interface names per network namespace, probes and how they were attached,
+// counter snapshots). The package must not depend on BPF or on the running
+// kernel: `nettrace script` and `nettrace report` read files anywhere.
+//
+// # Format, version 1
+//
+// All integers are little endian.
+//
+//	file   = header record*
+//	header = "NETTRACE" version:u32 flags:u32            (16 bytes)
+//	record = type:u32 length:u32 payload[length] crc:u32
+//
+// crc is CRC-32C (Castagnoli) of the type, the length and the payload. A
+// reader skips record types it does not know (after checking their crc),
+// so that newer writers stay readable. Record types:
+//
+//	1 Meta       JSON, first record: see [Meta]
+//	2 Event      binary: see [Event] and EventHeadSize; the captured bytes follow the head
+//	3 Interface  JSON: a (netns, ifindex) seen for the first time, with its name
+//	4 Symbol     JSON: a kernel symbol, written before the first event that needs it
+//	5 Loss       JSON: cumulative events and losses per probe and CPU, when they changed
+//	6 Counters   JSON: one counter snapshot (NIC, ethtool, SNMP, softnet, vmaxdp)
+//	7 Aggregate  JSON: cumulative counts of the aggregate mode
+//	8 End        JSON, last record: see [End]
+//
+// A file without an End record was cut short (killed recorder, full disk):
+// [Reader] returns every complete record, then an error wrapping
+// [ErrTruncated]. A record whose crc or length is wrong gives an error
+// wrapping [ErrCorrupt] that names its offset. Reading streams: memory is
+// bounded by the largest record (at most [MaxRecord] bytes).
+package tracefile

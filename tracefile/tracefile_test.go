@@ -1,0 +1,203 @@
+package tracefile
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"reflect"
+	"testing"
+)
+
+func testMeta() *Meta {
+	return &Meta{Tool: "nettrace", Kernel: "6.18.0", Mode: "events", CapLen: 128,
+		Probes:      []Probe{{ID: 3, Name: "skb:kfree_skb", Attach: "tp_btf"}},
+		DropReasons: map[uint32]string{3: "NO_SOCKET"}}
+}
+
+func testEvent(i int) *Event {
+	e := &Event{Time: uint64(1e9 + i), Skb: 0xffff888100000000 + uint64(i), Location: 0xffffffff81000010, PID: 7, TID: 8, CPU: 1,
+		Netns: 4026531840, Ifindex: 2, Len: 84, Reason: 3, Probe: 3, Protocol: 0x800, Arg: [4]int32{-1, 2, 3, 4}, Flags: FlagEthernet}
+	copy(e.Comm[:], "sockperf")
+	copy(e.Dev[:], "vmxb")
+	e.Data = bytes.Repeat([]byte{byte(i)}, i%(MaxCapLen+1))
+	return e
+}
+
+// writeTrace writes n events framed by the other record kinds.
+func writeTrace(t testing.TB, n int, end bool) []byte {
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, testMeta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(w.WriteJSON(TypeInterface, Interface{Netns: 4026531840, Ifindex: 2, Name: "vmxb"}))
+	must(w.WriteJSON(TypeSymbol, Symbol{Addr: 0xffffffff81000000, Name: "__udp4_lib_rcv"}))
+	for i := range n {
+		must(w.WriteEvent(AppendEvent(nil, testEvent(i))))
+	}
+	must(w.WriteJSON(TypeLoss, Loss{Time: 5, Entries: []LossEntry{{Probe: 3, CPU: 1, Events: uint64(n), Lost: 2}}}))
+	if end {
+		must(w.Close(&End{Time: 9, Stopped: "test", Probes: []ProbeTotals{{Probe: 3, Events: uint64(n), Lost: 2}}}))
+	} else {
+		must(w.Flush())
+	}
+	return buf.Bytes()
+}
+
+func readAll(b []byte) (events int, err error) {
+	r, err := NewReader(bytes.NewReader(b))
+	if err != nil {
+		return 0, err
+	}
+	var e Event
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			return events, nil
+		}
+		if err != nil {
+			return events, err
+		}
+		if rec.Type == TypeEvent {
+			if err := DecodeEvent(rec.Payload, &e); err != nil {
+				return events, err
+			}
+			events++
+		}
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	b := writeTrace(t, 300, true)
+	r, err := NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Meta().DropReasons[3] != "NO_SOCKET" || r.Meta().Probes[0].Name != "skb:kfree_skb" {
+		t.Fatalf("meta = %+v", r.Meta())
+	}
+	var got Event
+	i := 0
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Type != TypeEvent {
+			continue
+		}
+		if err := DecodeEvent(rec.Payload, &got); err != nil {
+			t.Fatal(err)
+		}
+		want := testEvent(i)
+		if !bytes.Equal(got.Data, want.Data) {
+			t.Fatalf("event %d data = %x, want %x", i, got.Data, want.Data)
+		}
+		got.Data, want.Data = nil, nil
+		if !reflect.DeepEqual(got, *want) {
+			t.Fatalf("event %d = %+v, want %+v", i, got, *want)
+		}
+		i++
+	}
+	if i != 300 || r.Events() != 300 {
+		t.Fatalf("read %d events, reader counted %d, want 300", i, r.Events())
+	}
+	if r.End() == nil || r.End().Probes[0].Lost != 2 {
+		t.Fatalf("end = %+v", r.End())
+	}
+	if r.Interface(4026531840, 2) != "vmxb" {
+		t.Fatalf("interface not kept")
+	}
+	if s, off, ok := r.Symbolize(0xffffffff81000010); !ok || s.Name != "__udp4_lib_rcv" || off != 0x10 {
+		t.Fatalf("symbolize = %v %x %v", s, off, ok)
+	}
+}
+
+// Every cut of a file reads up to its last complete record, then says it
+// was truncated; nothing panics and nothing is reported as complete.
+func TestTruncated(t *testing.T) {
+	b := writeTrace(t, 20, true)
+	full, err := readAll(b)
+	if err != nil || full != 20 {
+		t.Fatalf("full file: %d events, %v", full, err)
+	}
+	for cut := 0; cut < len(b)-1; cut++ {
+		n, err := readAll(b[:cut])
+		if err == nil {
+			t.Fatalf("cut at %d of %d: no error, %d events", cut, len(b), n)
+		}
+		if cut >= 16 && !errors.Is(err, ErrTruncated) {
+			t.Fatalf("cut at %d: %v, want ErrTruncated", cut, err)
+		}
+	}
+	// Without an End record the file is incomplete even at a record boundary.
+	if _, err := readAll(writeTrace(t, 5, false)); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("no end record: %v, want ErrTruncated", err)
+	}
+}
+
+func TestCorrupt(t *testing.T) {
+	b := writeTrace(t, 10, true)
+	for _, off := range []int{16 + 8, len(b) / 2, len(b) - 6} {
+		c := bytes.Clone(b)
+		c[off] ^= 0x40
+		if _, err := readAll(c); !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrTruncated) {
+			t.Errorf("flipped byte %d: %v, want ErrCorrupt", off, err)
+		}
+	}
+	c := bytes.Clone(b)
+	le.PutUint32(c[8:], 99)
+	if _, err := readAll(c); !errors.Is(err, ErrVersion) {
+		t.Errorf("version 99: %v", err)
+	}
+	if _, err := readAll([]byte("PERFILE2xxxxxxxxxxxxxxxx")); !errors.Is(err, ErrNotTrace) {
+		t.Errorf("perf.data: %v", err)
+	}
+	// A huge length must not be allocated.
+	c = bytes.Clone(b)
+	le.PutUint32(c[16+4:], 1<<31)
+	if _, err := readAll(c); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("huge length: %v", err)
+	}
+}
+
+func FuzzReader(f *testing.F) {
+	f.Add(writeTrace(f, 3, true))
+	f.Add(writeTrace(f, 1, false))
+	f.Add([]byte(Magic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := NewReader(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		var e Event
+		for range 10000 {
+			rec, err := r.Next()
+			if err != nil {
+				return
+			}
+			if rec.Type == TypeEvent {
+				_ = DecodeEvent(rec.Payload, &e)
+			}
+		}
+	})
+}
+
+func BenchmarkRead(b *testing.B) {
+	data := writeTrace(b, 10000, true)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if n, err := readAll(data); err != nil || n != 10000 {
+			b.Fatal(n, err)
+		}
+	}
+}

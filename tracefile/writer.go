@@ -1,0 +1,99 @@
+package tracefile
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Writer writes a trace file. It is not safe for concurrent use.
+type Writer struct {
+	w       *bufio.Writer
+	scratch []byte
+	err     error
+}
+
+// NewWriter writes the file header and meta to w.
+func NewWriter(w io.Writer, meta *Meta) (*Writer, error) {
+	tw := &Writer{w: bufio.NewWriterSize(w, 1<<20)}
+	var h [16]byte
+	copy(h[:], Magic)
+	le.PutUint32(h[8:], Version)
+	if _, err := tw.w.Write(h[:]); err != nil {
+		return nil, fmt.Errorf("trace file header: %w", err)
+	}
+	if err := tw.WriteJSON(TypeMeta, meta); err != nil {
+		return nil, err
+	}
+	return tw, nil
+}
+
+// WriteRecord writes one record. The first error sticks: later writes
+// return it, so that a caller may check once.
+func (tw *Writer) WriteRecord(t RecordType, payload []byte) error {
+	if tw.err != nil {
+		return tw.err
+	}
+	if len(payload) > MaxRecord {
+		return fmt.Errorf("%s record of %d bytes exceeds %d", t, len(payload), MaxRecord)
+	}
+	var h [8]byte
+	le.PutUint32(h[0:], uint32(t))
+	le.PutUint32(h[4:], uint32(len(payload)))
+	crc := crc32.Update(crc32.Update(0, castagnoli, h[:]), castagnoli, payload)
+	var c [4]byte
+	le.PutUint32(c[:], crc)
+	tw.w.Write(h[:])
+	tw.w.Write(payload)
+	if _, err := tw.w.Write(c[:]); err != nil {
+		tw.err = fmt.Errorf("write %s record: %w", t, err)
+	}
+	return tw.err
+}
+
+// WriteEvent writes an event record from a raw sample in the layout of
+// bpf/nettrace.c's struct event; bytes past the captured length are not
+// written.
+func (tw *Writer) WriteEvent(raw []byte) error {
+	if len(raw) < EventHeadSize {
+		return fmt.Errorf("event sample of %d bytes, shorter than its %d-byte head: %w", len(raw), EventHeadSize, ErrCorrupt)
+	}
+	n := EventHeadSize + int(le.Uint16(raw[112:]))
+	if n > len(raw) {
+		return fmt.Errorf("event sample claims %d captured bytes, has %d: %w", n-EventHeadSize, len(raw)-EventHeadSize, ErrCorrupt)
+	}
+	return tw.WriteRecord(TypeEvent, raw[:n])
+}
+
+// WriteJSON writes v as a JSON record of type t.
+func (tw *Writer) WriteJSON(t RecordType, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s record: %w", t, err)
+	}
+	return tw.WriteRecord(t, b)
+}
+
+// Flush writes buffered records to the underlying writer.
+func (tw *Writer) Flush() error {
+	if tw.err != nil {
+		return tw.err
+	}
+	if err := tw.w.Flush(); err != nil {
+		tw.err = fmt.Errorf("flush trace file: %w", err)
+	}
+	return tw.err
+}
+
+// Close writes the End record and flushes. It does not close the
+// underlying writer.
+func (tw *Writer) Close(end *End) error {
+	if err := tw.WriteJSON(TypeEnd, end); err != nil {
+		return err
+	}
+	return tw.Flush()
+}
