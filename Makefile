@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
-DEB_PKGS  := clang-19 llvm-19 libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf
+DEB_PKGS  := clang-19 llvm-19 libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc
 STAMP     := .deps.stamp
 
 .PHONY: help deps build generate check-generate test test-short bench fuzz demo lint clean
@@ -26,8 +26,9 @@ $(STAMP): Makefile
 	$(GO) mod download
 	@touch $@
 
-build: ## build bin/vmaxdp (needs no clang: the BPF objects are committed)
+build: ## build bin/vmaxdp and bin/nettrace (needs no clang: the BPF objects are committed)
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/vmaxdp ./cmd/vmaxdp
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/nettrace ./cmd/nettrace
 
 generate: $(STAMP) ## rebuild the BPF objects and their Go bindings with clang-19
 	cd bpf && BPF_CLANG=$(CLANG) BPF_CFLAGS="$(BPF_CFLAGS)" $(GO) generate ./...
@@ -41,7 +42,7 @@ lint: ## gofmt and go vet
 
 test: $(STAMP) lint check-generate ## all tests, privileged ones on real veth test beds (root)
 	$(GO) test -count=1 -timeout 15m ./...
-	$(GO) test -count=1 -run '^$$' -fuzz FuzzParse -fuzztime 10s ./stack/header
+	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
 
 test-short: ## tests without the fuzz pass and generate check
 	$(GO) test -count=1 ./...
@@ -49,15 +50,24 @@ test-short: ## tests without the fuzz pass and generate check
 bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by side with the kernel
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	./bin/vmaxdp bench -duration 3s
+	./bench/nettrace.sh
 
-fuzz: ## fuzz the frame parser for a minute
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./stack/header
+FUZZTIME ?= 60s
+# package:target pairs, every parser of untrusted input.
+FUZZ := ./stack/header:FuzzParse ./tracefile:FuzzReader ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers
+
+fuzz: ## fuzz every parser (FUZZTIME each, default 60s)
+	@for f in $(FUZZ); do \
+		echo "fuzz $${f#*:} in $${f%:*} for $(FUZZTIME)"; \
+		out=$$($(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) "$${f%:*}" 2>&1) || { echo "$$out"; exit 1; }; \
+	done
 
 demo: $(STAMP) build ## the built-in test bed: vmaxdp and the kernel side by side
 	./bin/vmaxdp testbed up -name demo
 	./bin/vmaxdp testbed status
-	./bin/vmaxdp bench -bed demo -duration 3s all
+	./bin/nettrace record -o demo.ntrace -netns vmx-demo-b -e drops -- ./bin/vmaxdp bench -bed demo -duration 3s all
+	./bin/nettrace script -i demo.ntrace -e drops | tail -n 8
 	./bin/vmaxdp testbed down -name demo
 
 clean:
-	rm -rf bin $(STAMP)
+	rm -rf bin $(STAMP) demo.ntrace

@@ -107,6 +107,10 @@ const volatile __u16 cfg_dport = 0;
 const volatile __u16 cfg_port = 0; // either port
 const volatile __u8 cfg_aggregate = 0;
 const volatile __u32 cfg_caplen = CAP_MAX;
+// Wake the reader only once this much is waiting: a wakeup per event costs
+// more than the event (irq_work, scheduler). The reader also polls on a
+// timer, so a quiet ring is still drained.
+const volatile __u64 cfg_wakeup_bytes = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -126,6 +130,16 @@ struct {
 	__type(key, struct agg_key);
 	__type(value, __u64);
 } agg SEC(".maps");
+
+static __always_inline void submit(struct event *e)
+{
+	__u64 flags = 0;
+
+	if (cfg_wakeup_bytes)
+		flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= cfg_wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+											   : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
+}
 
 static __always_inline int flow_filtered(void)
 {
@@ -290,8 +304,8 @@ static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *
 	if (mh != NO_HEADER) {
 		start = head + mh;
 		e->flags = EVENT_ETHERNET;
-	} else if (nh != NO_HEADER) {
-		start = head + nh;
+	} else if (nh != NO_HEADER && e->protocol == ETH_P_IP) {
+		start = head + nh; // e.g. a local packet freed before it got a MAC header
 	}
 	__u32 n = 0;
 	if (start && data + headlen > start)
@@ -307,9 +321,10 @@ static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *
 }
 
 // plain_event filters and records an event without an skb.
-// Softirq events belong to a CPU, not to a device: no filter applies.
-static __always_inline struct event *plain_event(enum probe_id p, struct net_device *dev, __u32 netns, __u64 location,
-						 int filter)
+// Events without a device (softirq) have netns and ifindex 0: a netns or
+// interface filter leaves them out, so that a filtered recording stays
+// small on a busy machine.
+static __always_inline struct event *plain_event(enum probe_id p, struct net_device *dev, __u32 netns, __u64 location)
 {
 	__u32 ifindex = 0;
 
@@ -317,7 +332,7 @@ static __always_inline struct event *plain_event(enum probe_id p, struct net_dev
 		ifindex = BPF_CORE_READ(dev, ifindex);
 		netns = dev_netns(dev);
 	}
-	if (filter && !pass_where(netns, ifindex))
+	if (!pass_where(netns, ifindex))
 		return NULL;
 
 	struct probe_counters *c = counters(p);
@@ -359,7 +374,7 @@ static __always_inline struct event *plain_event(enum probe_id p, struct net_dev
 	{                                                     \
 		struct event *e = skb_event(p, skb, 0, 0);    \
 		if (e)                                        \
-			bpf_ringbuf_submit(e, 0);             \
+			submit(e);             \
 		return 0;                                     \
 	}
 
@@ -370,12 +385,12 @@ SKB_PROG(net_dev_queue, PROBE_NET_DEV_QUEUE)
 SEC("tp_btf/napi_poll")
 int BPF_PROG(napi_poll, struct napi_struct *napi, int work, int budget)
 {
-	struct event *e = plain_event(PROBE_NAPI_POLL, BPF_CORE_READ(napi, dev), 0, (__u64)napi, 1);
+	struct event *e = plain_event(PROBE_NAPI_POLL, BPF_CORE_READ(napi, dev), 0, (__u64)napi);
 	if (!e)
 		return 0;
 	e->arg[0] = work;
 	e->arg[1] = budget;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -386,7 +401,7 @@ int BPF_PROG(kfree_skb, struct sk_buff *skb, void *location, unsigned int reason
 	if (!e)
 		return 0;
 	e->sk = (__u64)rx_sk;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -395,7 +410,7 @@ int BPF_PROG(consume_skb, struct sk_buff *skb, void *location)
 {
 	struct event *e = skb_event(PROBE_CONSUME_SKB, skb, 0, (__u64)location);
 	if (e)
-		bpf_ringbuf_submit(e, 0);
+		submit(e);
 	return 0;
 }
 
@@ -406,7 +421,7 @@ int BPF_PROG(skb_copy_datagram_iovec, struct sk_buff *skb, int len)
 	if (!e)
 		return 0;
 	e->arg[0] = len;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -419,13 +434,13 @@ int BPF_PROG(net_dev_xmit, struct sk_buff *skb, int rc, struct net_device *dev, 
 
 	if (!pass_where(netns, ifindex) || flow_filtered())
 		return 0;
-	struct event *e = plain_event(PROBE_NET_DEV_XMIT, dev, 0, 0, 1);
+	struct event *e = plain_event(PROBE_NET_DEV_XMIT, dev, 0, 0);
 	if (!e)
 		return 0;
 	e->skb = (__u64)skb;
 	e->len = len;
 	e->arg[0] = rc;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -433,11 +448,11 @@ static __always_inline int softirq(enum probe_id p, unsigned int vec)
 {
 	if (vec != SOFTIRQ_NET_RX && vec != SOFTIRQ_NET_TX)
 		return 0;
-	struct event *e = plain_event(p, NULL, 0, 0, 0);
+	struct event *e = plain_event(p, NULL, 0, 0);
 	if (!e)
 		return 0;
 	e->arg[0] = vec;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -462,26 +477,26 @@ int BPF_PROG(softirq_exit, unsigned int vec)
 SEC("tp_btf/xdp_exception")
 int BPF_PROG(xdp_exception, struct net_device *dev, struct bpf_prog *xdp, __u32 act)
 {
-	struct event *e = plain_event(PROBE_XDP_EXCEPTION, dev, 0, 0, 1);
+	struct event *e = plain_event(PROBE_XDP_EXCEPTION, dev, 0, 0);
 	if (!e)
 		return 0;
 	e->arg[0] = BPF_CORE_READ(xdp, aux, id);
 	e->arg[1] = act;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
 static __always_inline int xdp_redirect(enum probe_id p, struct net_device *dev, struct bpf_prog *xdp, int err,
 					__u32 map_id, __u32 index)
 {
-	struct event *e = plain_event(p, dev, 0, 0, 1);
+	struct event *e = plain_event(p, dev, 0, 0);
 	if (!e)
 		return 0;
 	e->arg[0] = BPF_CORE_READ(xdp, aux, id);
 	e->arg[1] = err;
 	e->arg[2] = map_id;
 	e->arg[3] = index;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -511,7 +526,7 @@ int BPF_PROG(sock_rcvqueue_full, struct sock *sk, struct sk_buff *skb)
 	e->arg[2] = BPF_CORE_READ(skb, truesize);
 	if (!e->netns)
 		e->netns = sk_netns(sk);
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -520,14 +535,14 @@ int BPF_PROG(sock_exceed_buf_limit, struct sock *sk, struct proto *prot, long al
 {
 	if (flow_filtered())
 		return 0;
-	struct event *e = plain_event(PROBE_SOCK_EXCEED_BUF_LIMIT, NULL, sk_netns(sk), 0, 1);
+	struct event *e = plain_event(PROBE_SOCK_EXCEED_BUF_LIMIT, NULL, sk_netns(sk), 0);
 	if (!e)
 		return 0;
 	e->sk = (__u64)sk;
 	e->arg[0] = kind;
 	e->arg[1] = allocated;
 	e->arg[2] = BPF_CORE_READ(sk, sk_rcvbuf);
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -539,7 +554,7 @@ int BPF_PROG(udp_fail_queue_rcv_skb, int rc, struct sock *sk, struct sk_buff *sk
 		return 0;
 	e->sk = (__u64)sk;
 	e->arg[0] = rc;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 

@@ -111,6 +111,7 @@ const (
 	NettraceVarCfgPort               = "cfg_port"
 	NettraceVarCfgSaddr              = "cfg_saddr"
 	NettraceVarCfgSport              = "cfg_sport"
+	NettraceVarCfgWakeupBytes        = "cfg_wakeup_bytes"
 	NettraceVarUnusedEvent           = "unused_event"
 	NettraceVarUnusedProbe           = "unused_probe"
 )
@@ -189,19 +190,20 @@ type NettraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NettraceVariableSpecs struct {
-	CfgAggregate *ebpf.VariableSpec `ebpf:"cfg_aggregate"`
-	CfgCaplen    *ebpf.VariableSpec `ebpf:"cfg_caplen"`
-	CfgDaddr     *ebpf.VariableSpec `ebpf:"cfg_daddr"`
-	CfgDport     *ebpf.VariableSpec `ebpf:"cfg_dport"`
-	CfgHost      *ebpf.VariableSpec `ebpf:"cfg_host"`
-	CfgIfindex   *ebpf.VariableSpec `ebpf:"cfg_ifindex"`
-	CfgL4proto   *ebpf.VariableSpec `ebpf:"cfg_l4proto"`
-	CfgNetns     *ebpf.VariableSpec `ebpf:"cfg_netns"`
-	CfgPort      *ebpf.VariableSpec `ebpf:"cfg_port"`
-	CfgSaddr     *ebpf.VariableSpec `ebpf:"cfg_saddr"`
-	CfgSport     *ebpf.VariableSpec `ebpf:"cfg_sport"`
-	UnusedEvent  *ebpf.VariableSpec `ebpf:"unused_event"`
-	UnusedProbe  *ebpf.VariableSpec `ebpf:"unused_probe"`
+	CfgAggregate   *ebpf.VariableSpec `ebpf:"cfg_aggregate"`
+	CfgCaplen      *ebpf.VariableSpec `ebpf:"cfg_caplen"`
+	CfgDaddr       *ebpf.VariableSpec `ebpf:"cfg_daddr"`
+	CfgDport       *ebpf.VariableSpec `ebpf:"cfg_dport"`
+	CfgHost        *ebpf.VariableSpec `ebpf:"cfg_host"`
+	CfgIfindex     *ebpf.VariableSpec `ebpf:"cfg_ifindex"`
+	CfgL4proto     *ebpf.VariableSpec `ebpf:"cfg_l4proto"`
+	CfgNetns       *ebpf.VariableSpec `ebpf:"cfg_netns"`
+	CfgPort        *ebpf.VariableSpec `ebpf:"cfg_port"`
+	CfgSaddr       *ebpf.VariableSpec `ebpf:"cfg_saddr"`
+	CfgSport       *ebpf.VariableSpec `ebpf:"cfg_sport"`
+	CfgWakeupBytes *ebpf.VariableSpec `ebpf:"cfg_wakeup_bytes"`
+	UnusedEvent    *ebpf.VariableSpec `ebpf:"unused_event"`
+	UnusedProbe    *ebpf.VariableSpec `ebpf:"unused_probe"`
 }
 
 // NettraceObjects contains all objects after they have been loaded into the kernel.
@@ -241,19 +243,20 @@ func (m *NettraceMaps) Close() error {
 //
 // It can be passed to LoadNettraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NettraceVariables struct {
-	CfgAggregate *ebpf.Variable `ebpf:"cfg_aggregate"`
-	CfgCaplen    *ebpf.Variable `ebpf:"cfg_caplen"`
-	CfgDaddr     *ebpf.Variable `ebpf:"cfg_daddr"`
-	CfgDport     *ebpf.Variable `ebpf:"cfg_dport"`
-	CfgHost      *ebpf.Variable `ebpf:"cfg_host"`
-	CfgIfindex   *ebpf.Variable `ebpf:"cfg_ifindex"`
-	CfgL4proto   *ebpf.Variable `ebpf:"cfg_l4proto"`
-	CfgNetns     *ebpf.Variable `ebpf:"cfg_netns"`
-	CfgPort      *ebpf.Variable `ebpf:"cfg_port"`
-	CfgSaddr     *ebpf.Variable `ebpf:"cfg_saddr"`
-	CfgSport     *ebpf.Variable `ebpf:"cfg_sport"`
-	UnusedEvent  *ebpf.Variable `ebpf:"unused_event"`
-	UnusedProbe  *ebpf.Variable `ebpf:"unused_probe"`
+	CfgAggregate   *ebpf.Variable `ebpf:"cfg_aggregate"`
+	CfgCaplen      *ebpf.Variable `ebpf:"cfg_caplen"`
+	CfgDaddr       *ebpf.Variable `ebpf:"cfg_daddr"`
+	CfgDport       *ebpf.Variable `ebpf:"cfg_dport"`
+	CfgHost        *ebpf.Variable `ebpf:"cfg_host"`
+	CfgIfindex     *ebpf.Variable `ebpf:"cfg_ifindex"`
+	CfgL4proto     *ebpf.Variable `ebpf:"cfg_l4proto"`
+	CfgNetns       *ebpf.Variable `ebpf:"cfg_netns"`
+	CfgPort        *ebpf.Variable `ebpf:"cfg_port"`
+	CfgSaddr       *ebpf.Variable `ebpf:"cfg_saddr"`
+	CfgSport       *ebpf.Variable `ebpf:"cfg_sport"`
+	CfgWakeupBytes *ebpf.Variable `ebpf:"cfg_wakeup_bytes"`
+	UnusedEvent    *ebpf.Variable `ebpf:"unused_event"`
+	UnusedProbe    *ebpf.Variable `ebpf:"unused_probe"`
 }
 
 // NettracePrograms contains all programs after they have been loaded into the kernel.

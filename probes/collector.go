@@ -15,10 +15,11 @@ import (
 )
 
 // Filter selects what the collectors record; zero fields match anything.
-// Flow fields match IPv4 packets only; events without a packet (softirq,
-// napi_poll, xdp_*) are kept by a flow filter, since they are the context
-// of the flows recorded, and dropped by a netns or interface filter unless
-// they belong to a CPU rather than a device (softirq).
+// Flow fields match IPv4 packets only; events without a packet (napi_poll,
+// softirq, xdp_*) are kept by a flow filter, since they are the context of
+// the flows recorded. A netns or interface filter keeps the device events
+// of that namespace or interface and leaves out softirq events, which
+// belong to a CPU, not a device.
 type Filter struct {
 	Netns   uint32 // network namespace inode
 	Ifindex uint32 // in Netns when set
@@ -122,11 +123,7 @@ func Open(opts *Options) (*Collector, error) {
 	if err := setConfig(spec, opts); err != nil {
 		return nil, err
 	}
-	size := opts.RingSize
-	if size == 0 {
-		size = 16 << 20
-	}
-	spec.Maps["events"].MaxEntries = size
+	spec.Maps["events"].MaxEntries = ringSize(opts)
 
 	objs, err := ebpf.NewCollection(spec)
 	if err != nil {
@@ -189,6 +186,8 @@ func setConfig(spec *ebpf.CollectionSpec, opts *Options) error {
 		"cfg_port":      f.Port,
 		"cfg_aggregate": boolByte(opts.Aggregate),
 		"cfg_caplen":    uint32(caplen),
+		// An eighth of the ring: the reader wakes well before it fills.
+		"cfg_wakeup_bytes": uint64(ringSize(opts) / 8),
 	}
 	for name, a := range map[string]netip.Addr{"cfg_saddr": f.Src, "cfg_daddr": f.Dst, "cfg_host": f.Host} {
 		v, err := addr(a)
@@ -207,6 +206,13 @@ func setConfig(spec *ebpf.CollectionSpec, opts *Options) error {
 		}
 	}
 	return nil
+}
+
+func ringSize(opts *Options) uint32 {
+	if opts.RingSize == 0 {
+		return 16 << 20
+	}
+	return opts.RingSize
 }
 
 func boolByte(b bool) uint8 {

@@ -45,6 +45,7 @@ type Reader struct {
 	buf    []byte
 	meta   Meta
 	end    *End
+	hdr    [8]byte // a field: a local would escape through io.ReadFull
 	ifaces map[[2]uint32]string
 	syms   []Symbol // sorted by Addr
 	events int64
@@ -100,8 +101,8 @@ func (tr *Reader) Events() int64 { return tr.events }
 // ErrTruncated.
 func (tr *Reader) Next() (Record, error) {
 	start := tr.off
-	var h [8]byte
-	n, err := io.ReadFull(tr.r, h[:])
+	h := tr.hdr[:]
+	n, err := io.ReadFull(tr.r, h)
 	if err == io.EOF {
 		if tr.end == nil && start > 16 {
 			return Record{}, fmt.Errorf("ends at offset %d after %d events without an end record (recorder killed?): %w", start, tr.events, ErrTruncated)
@@ -124,7 +125,7 @@ func (tr *Reader) Next() (Record, error) {
 		return Record{}, fmt.Errorf("%s record at offset %d cut after %d of %d bytes: %w", t, start, n, len(b), ErrTruncated)
 	}
 	payload := b[:size]
-	crc := crc32.Update(crc32.Update(0, castagnoli, h[:]), castagnoli, payload)
+	crc := crc32.Update(crc32.Update(0, castagnoli, h), castagnoli, payload)
 	if got := le.Uint32(b[size:]); got != crc {
 		return Record{}, fmt.Errorf("%s record at offset %d: checksum %08x, want %08x: %w", t, start, got, crc, ErrCorrupt)
 	}

@@ -12,9 +12,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Writer writes a trace file. It is not safe for concurrent use.
 type Writer struct {
-	w       *bufio.Writer
-	scratch []byte
-	err     error
+	w   *bufio.Writer
+	hdr [8]byte // fields, not locals, so that writing allocates nothing
+	crc [4]byte
+	err error
 }
 
 // NewWriter writes the file header and meta to w.
@@ -41,15 +42,13 @@ func (tw *Writer) WriteRecord(t RecordType, payload []byte) error {
 	if len(payload) > MaxRecord {
 		return fmt.Errorf("%s record of %d bytes exceeds %d", t, len(payload), MaxRecord)
 	}
-	var h [8]byte
+	h, c := tw.hdr[:], tw.crc[:]
 	le.PutUint32(h[0:], uint32(t))
 	le.PutUint32(h[4:], uint32(len(payload)))
-	crc := crc32.Update(crc32.Update(0, castagnoli, h[:]), castagnoli, payload)
-	var c [4]byte
-	le.PutUint32(c[:], crc)
-	tw.w.Write(h[:])
+	le.PutUint32(c, crc32.Update(crc32.Update(0, castagnoli, h), castagnoli, payload))
+	tw.w.Write(h)
 	tw.w.Write(payload)
-	if _, err := tw.w.Write(c[:]); err != nil {
+	if _, err := tw.w.Write(c); err != nil {
 		tw.err = fmt.Errorf("write %s record: %w", t, err)
 	}
 	return tw.err

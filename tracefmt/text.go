@@ -36,10 +36,14 @@ type Stats struct {
 // each reads every record of r and hands events and losses to the callbacks.
 // A truncated file ends the walk without an error (Stats.Incomplete says so).
 func each(r *tracefile.Reader, opts *Options, onEvent func(*tracefile.Event) error, onRecord func(*tracefile.Record) error) (Stats, error) {
-	var st Stats
-	var ev tracefile.Event
+	var (
+		st  Stats
+		ev  tracefile.Event
+		rec tracefile.Record // outside the loop: &rec escapes to onRecord
+		err error
+	)
 	for {
-		rec, err := r.Next()
+		rec, err = r.Next()
 		if err == io.EOF {
 			break
 		}
@@ -157,8 +161,9 @@ func (p *printer) time(ns uint64) string {
 }
 
 func appendTime(b []byte, ns uint64) []byte {
+	var tmp [20]byte
 	secs, usecs := ns/1e9, (ns%1e9)/1e3
-	b = appendPad(b, strconv.AppendUint(nil, secs, 10), 5)
+	b = appendPad(b, strconv.AppendUint(tmp[:0], secs, 10), 5)
 	b = append(b, '.')
 	return appendZeroPad(b, usecs, 6)
 }

@@ -68,28 +68,6 @@ func recordWhile(t *testing.T, opts *record.Options, traffic func() error) []byt
 	return buf.Bytes()
 }
 
-// sendUDP sends n datagrams of size bytes from side a to b:port.
-func sendUDP(b *testbed.Bed, port, n, size int) error {
-	return b.Do(testbed.A, func() error {
-		// Unconnected, so that ICMP port unreachable does not fail the
-		// next send.
-		c, err := net.ListenUDP("udp4", nil)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)))
-		msg := make([]byte, size)
-		for range n {
-			if _, err := c.WriteToUDP(msg, to); err != nil {
-				return err
-			}
-			time.Sleep(200 * time.Microsecond)
-		}
-		return nil
-	})
-}
-
 type drop struct {
 	reason, location string
 	flow             tracefmt.Flow
@@ -153,7 +131,7 @@ func TestNoSocketDrops(t *testing.T) {
 	data := recordWhile(t, &record.Options{Probes: probes.Options{
 		Probes: mustSelect(t, "drops"),
 		Filter: probes.Filter{Netns: nsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_UDP, DstPort: port},
-	}}, func() error { return sendUDP(b, port, n, 32) })
+	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
 
 	r, evs, counters := events(t, data, probes.KfreeSkb)
 	if len(evs) != n {
@@ -223,7 +201,7 @@ func TestReceiveBufferOverrun(t *testing.T) {
 	data := recordWhile(t, &record.Options{Probes: probes.Options{
 		Probes: mustSelect(t, "drops"),
 		Filter: probes.Filter{Netns: nsInode(t, b, testbed.B), Port: port},
-	}}, func() error { return sendUDP(b, port, n, 1000) })
+	}}, func() error { return testutil.SendUDP(b, port, n, 1000) })
 
 	r, drops, counters := events(t, data, probes.KfreeSkb)
 	_, failed, _ := events(t, data, probes.UdpFailQueueRcvSkb)
@@ -324,7 +302,7 @@ func TestAggregate(t *testing.T) {
 		Probes:    mustSelect(t, "kfree_skb"),
 		Filter:    probes.Filter{Netns: nsInode(t, b, testbed.B), DstPort: port},
 		Aggregate: true,
-	}}, func() error { return sendUDP(b, port, n, 32) })
+	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
 	r := mustReader(t, data)
 	var last tracefile.Aggregate
 	for {

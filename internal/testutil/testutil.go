@@ -6,10 +6,13 @@ package testutil
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vmaxdp/vmaxdp/backend"
 	"github.com/vmaxdp/vmaxdp/probes"
@@ -72,4 +75,26 @@ func Main(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// SendUDP sends n datagrams of size bytes from side A of b to B's address
+// and port, 0.5 ms apart. The socket is unconnected, so that an ICMP port
+// unreachable does not fail the next send.
+func SendUDP(b *testbed.Bed, port, n, size int) error {
+	return b.Do(testbed.A, func() error {
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)))
+		msg := make([]byte, size)
+		for range n {
+			if _, err := c.WriteToUDP(msg, to); err != nil {
+				return fmt.Errorf("send to %s: %w", to, err)
+			}
+			time.Sleep(500 * time.Microsecond)
+		}
+		return nil
+	})
 }
