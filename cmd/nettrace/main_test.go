@@ -249,6 +249,13 @@ func TestPerfParity(t *testing.T) {
 	if err := run(context.Background(), []string{"script", "-i", file}, &nout, &errOut); err != nil {
 		t.Fatal(err)
 	}
+	// An exact comparison needs both complete: on a machine busy with other
+	// tests either side may lose events, and then says so.
+	stats, _ := exec.Command(perf, "report", "-i", perfData, "--stats").Output()
+	if bytes.Contains(stats, []byte("LOST")) || strings.Contains(errOut.String(), "lost") {
+		t.Skipf("events were lost (perf: %t, nettrace: %t): the machine is too busy for an exact comparison",
+			bytes.Contains(stats, []byte("LOST")), strings.Contains(errOut.String(), "lost"))
+	}
 	// Our datagrams: the kfree_skb events with the bed's flow, found by
 	// nettrace's own JSON (perf has no flow).
 	var jout bytes.Buffer
@@ -273,12 +280,12 @@ func TestPerfParity(t *testing.T) {
 	if ours != n {
 		t.Fatalf("nettrace recorded %d drops of the bed's flow, want %d", ours, n)
 	}
-	// Compare both recordings inside our traffic's window, a little widened
+	// Compare both recordings inside our traffic's window, widened by 1 ms
 	// for the two programs' timestamps; lines are compared without the time.
 	window := func(ls []line) map[string]int {
 		m := map[string]int{}
 		for _, l := range ls {
-			if l.t+50 >= first && l.t <= last+50 && (strings.Contains(l.key, "dev=vmxb") || strings.Contains(l.key, "__udp4_lib_rcv")) {
+			if l.t+1000 >= first && l.t <= last+1000 && (strings.Contains(l.key, "dev=vmxb") || strings.Contains(l.key, "__udp4_lib_rcv")) {
 				m[l.key]++
 			}
 		}
