@@ -244,6 +244,9 @@ func vmaxdp(now uint64) ([]tracefile.Counters, error) {
 	for _, d := range dirs {
 		path := filepath.Join(steer.DefaultPinDir, d.Name(), "prog_stats")
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			continue // that engine closed since ReadDir
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", path, err))
 			continue
