@@ -227,20 +227,24 @@ static __always_inline void fill_task(struct event *e, enum probe_id p)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 }
 
-static __always_inline int aggregate(enum probe_id p, struct probe_counters *c, __u32 netns, __u32 ifindex,
-				     __u32 reason, __u64 location)
+static __always_inline void aggregate(enum probe_id p, struct probe_counters *c, __u32 netns, __u32 ifindex,
+				      __u32 reason, __u64 location)
 {
 	struct agg_key k = {.location = location, .netns = netns, .ifindex = ifindex, .reason = reason, .probe = p};
 	__u64 one = 1, *v;
 
 	v = bpf_map_lookup_elem(&agg, &k);
-	if (v) {
-		(*v)++;
-		return 0;
+	if (!v) {
+		if (!bpf_map_update_elem(&agg, &k, &one, BPF_NOEXIST))
+			return;
+		// A nested program may have inserted the key meanwhile; if not,
+		// the map is full.
+		v = bpf_map_lookup_elem(&agg, &k);
 	}
-	if (bpf_map_update_elem(&agg, &k, &one, BPF_NOEXIST) && !bpf_map_lookup_elem(&agg, &k))
+	if (v)
+		(*v)++;
+	else
 		count_lost(c);
-	return 0;
 }
 
 // skb_event filters and records an event about skb. The caller fills the
@@ -429,10 +433,9 @@ SEC("tp_btf/net_dev_xmit")
 int BPF_PROG(net_dev_xmit, struct sk_buff *skb, int rc, struct net_device *dev, unsigned int len)
 {
 	// The skb may be freed once the driver took it: read only what the
-	// tracepoint passes, as the kernel's own trace event does.
-	__u32 ifindex = BPF_CORE_READ(dev, ifindex), netns = dev_netns(dev);
-
-	if (!pass_where(netns, ifindex) || flow_filtered())
+	// tracepoint passes, as the kernel's own trace event does. Without the
+	// packet a flow filter cannot match.
+	if (flow_filtered())
 		return 0;
 	struct event *e = plain_event(PROBE_NET_DEV_XMIT, dev, 0, 0);
 	if (!e)

@@ -81,6 +81,7 @@ type Collector struct {
 	attached []Attached
 	notes    []string
 	ncpu     int
+	caplen   int
 }
 
 // Open loads and attaches the collectors. A probe the kernel cannot serve
@@ -99,7 +100,7 @@ func Open(opts *Options) (*Collector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load nettrace BPF spec: %w", err)
 	}
-	c := &Collector{}
+	c := &Collector{caplen: capLen(opts)}
 	f := KernelFeatures()
 	if f.Kprobe != nil && f.Fentry != nil {
 		c.notes = append(c.notes, fmt.Sprintf("%v; %v: attaching tracepoints (tp_btf) only", f.Kprobe, f.Fentry))
@@ -163,10 +164,7 @@ func Open(opts *Options) (*Collector, error) {
 
 func setConfig(spec *ebpf.CollectionSpec, opts *Options) error {
 	f := &opts.Filter
-	caplen := opts.CapLen
-	if caplen <= 0 || caplen > tracefile.MaxCapLen {
-		caplen = tracefile.MaxCapLen
-	}
+	caplen := capLen(opts)
 	addr := func(a netip.Addr) (uint32, error) {
 		if !a.IsValid() {
 			return 0, nil
@@ -208,6 +206,13 @@ func setConfig(spec *ebpf.CollectionSpec, opts *Options) error {
 	return nil
 }
 
+func capLen(opts *Options) int {
+	if opts.CapLen <= 0 || opts.CapLen > tracefile.MaxCapLen {
+		return tracefile.MaxCapLen
+	}
+	return opts.CapLen
+}
+
 func ringSize(opts *Options) uint32 {
 	if opts.RingSize == 0 {
 		return 16 << 20
@@ -221,6 +226,9 @@ func boolByte(b bool) uint8 {
 	}
 	return 0
 }
+
+// CapLen returns how many bytes of each packet the collectors capture.
+func (c *Collector) CapLen() int { return c.caplen }
 
 // Attached returns the probes that are collecting.
 func (c *Collector) Attached() []Attached { return c.attached }
@@ -285,6 +293,3 @@ func (c *Collector) Close() error {
 	}
 	return errors.Join(errs...)
 }
-
-// ErrClosed is returned by ring reads after Close.
-var ErrClosed = ringbuf.ErrClosed

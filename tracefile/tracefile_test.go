@@ -38,7 +38,7 @@ func writeTrace(t testing.TB, n int, end bool) []byte {
 	must(w.WriteJSON(TypeInterface, Interface{Netns: 4026531840, Ifindex: 2, Name: "vmxb"}))
 	must(w.WriteJSON(TypeSymbol, Symbol{Addr: 0xffffffff81000000, Name: "__udp4_lib_rcv"}))
 	for i := range n {
-		must(w.WriteEvent(AppendEvent(nil, testEvent(i))))
+		must(w.WriteRecord(TypeEvent, AppendEvent(nil, testEvent(i))))
 	}
 	must(w.WriteJSON(TypeLoss, Loss{Time: 5, Entries: []LossEntry{{Probe: 3, CPU: 1, Events: uint64(n), Lost: 2}}}))
 	if end {

@@ -54,20 +54,6 @@ func (tw *Writer) WriteRecord(t RecordType, payload []byte) error {
 	return tw.err
 }
 
-// WriteEvent writes an event record from a raw sample in the layout of
-// bpf/nettrace.c's struct event; bytes past the captured length are not
-// written.
-func (tw *Writer) WriteEvent(raw []byte) error {
-	if len(raw) < EventHeadSize {
-		return fmt.Errorf("event sample of %d bytes, shorter than its %d-byte head: %w", len(raw), EventHeadSize, ErrCorrupt)
-	}
-	n := EventHeadSize + int(le.Uint16(raw[112:]))
-	if n > len(raw) {
-		return fmt.Errorf("event sample claims %d captured bytes, has %d: %w", n-EventHeadSize, len(raw)-EventHeadSize, ErrCorrupt)
-	}
-	return tw.WriteRecord(TypeEvent, raw[:n])
-}
-
 // WriteJSON writes v as a JSON record of type t.
 func (tw *Writer) WriteJSON(t RecordType, v any) error {
 	b, err := json.Marshal(v)

@@ -31,7 +31,7 @@ func benchTrace(b *testing.B, n int) []byte {
 		copy(e.Comm[:], "sockperf")
 		copy(e.Dev[:], "vmxb")
 		raw = tracefile.AppendEvent(raw[:0], &e)
-		if err := w.WriteEvent(raw); err != nil {
+		if err := w.WriteRecord(tracefile.TypeEvent, raw); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -63,27 +63,19 @@ func JSON(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	enc := json.NewEncoder(bw)
 	p := newPrinter(r)
-	lastLost := map[[2]uint32]uint64{}
-	st, err := each(r, opts, func(e *tracefile.Event) error {
-		return enc.Encode(p.jsonEvent(e))
-	}, func(rec *tracefile.Record) error {
-		if rec.Type != tracefile.TypeLoss {
-			return nil
-		}
-		var l tracefile.Loss
-		if err := rec.Decode(&l); err != nil {
-			return err
-		}
-		for _, e := range l.Entries {
-			k := [2]uint32{uint32(e.Probe), e.CPU}
-			if e.Lost > lastLost[k] {
-				if err := enc.Encode(JSONLoss{Type: "loss", TimeNS: l.Time, Event: p.name(e.Probe), CPU: e.CPU, Lost: e.Lost - lastLost[k]}); err != nil {
+	st, err := each(r, opts, handlers{
+		event: func(e *tracefile.Event) error { return enc.Encode(p.jsonEvent(e)) },
+		loss: func(time uint64, deltas []lossDelta) error {
+			for _, d := range deltas {
+				if d.Lost == 0 {
+					continue
+				}
+				if err := enc.Encode(JSONLoss{Type: "loss", TimeNS: time, Event: p.name(d.Probe), CPU: d.CPU, Lost: d.Lost}); err != nil {
 					return err
 				}
 			}
-			lastLost[k] = e.Lost
-		}
-		return nil
+			return nil
+		},
 	})
 	if err != nil {
 		bw.Flush()

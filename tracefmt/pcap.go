@@ -32,7 +32,7 @@ func Pcap(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 	}
 	p := newPrinter(r)
 	var comment []byte
-	st, err := each(r, opts, func(e *tracefile.Event) error {
+	st, err := each(r, opts, handlers{event: func(e *tracefile.Event) error {
 		if len(e.Data) == 0 {
 			return nil
 		}
@@ -46,7 +46,7 @@ func Pcap(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 		}
 		comment = p.appendComment(comment[:0], e)
 		return nw.WritePacketWithOptions(ci, e.Data, pcapgo.NgPacketOptions{Comments: []string{string(comment)}})
-	}, nil)
+	}})
 	if err != nil {
 		return st, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -67,31 +68,36 @@ func Perfetto(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 	us := func(ns uint64) float64 { return float64(ns) / 1e3 }
 	cpus := map[uint32]bool{}
 	var body []byte
-	st, err := each(r, opts, func(e *tracefile.Event) error {
-		if !cpus[e.CPU] {
-			cpus[e.CPU] = true
-			if err := emit(meta{"thread_name", "M", cpusPID, e.CPU, map[string]string{"name": "CPU " + strconv.Itoa(int(e.CPU))}}); err != nil {
-				return err
+	lost := map[uint16]uint64{} // cumulative, all CPUs
+	var ids []int
+	st, err := each(r, opts, handlers{
+		event: func(e *tracefile.Event) error {
+			if !cpus[e.CPU] {
+				cpus[e.CPU] = true
+				if err := emit(meta{"thread_name", "M", cpusPID, e.CPU, map[string]string{"name": "CPU " + strconv.Itoa(int(e.CPU))}}); err != nil {
+					return err
+				}
 			}
-		}
-		switch probes.ID(e.Probe) {
-		case probes.SoftirqEntry, probes.SoftirqExit:
-			name := "NET_RX softirq"
-			if e.Arg[0] == 2 {
-				name = "NET_TX softirq"
+			switch probes.ID(e.Probe) {
+			case probes.SoftirqEntry, probes.SoftirqExit:
+				name := "NET_RX softirq"
+				if e.Arg[0] == 2 {
+					name = "NET_TX softirq"
+				}
+				ph := "B"
+				if probes.ID(e.Probe) == probes.SoftirqExit {
+					ph = "E"
+				}
+				return emit(instant{Name: name, Ph: ph, TS: us(e.Time), PID: cpusPID, TID: e.CPU})
 			}
-			ph := "B"
-			if probes.ID(e.Probe) == probes.SoftirqExit {
-				ph = "E"
+			body = p.appendBody(body[:0], e)
+			return emit(instant{Name: p.name(e.Probe), Ph: "i", S: "t", TS: us(e.Time), PID: cpusPID, TID: e.CPU,
+				Args: map[string]string{"comm": e.CommString(), "fields": string(body)}})
+		},
+		record: func(rec *tracefile.Record) error {
+			if rec.Type != tracefile.TypeCounters {
+				return nil
 			}
-			return emit(instant{Name: name, Ph: ph, TS: us(e.Time), PID: cpusPID, TID: e.CPU})
-		}
-		body = p.appendBody(body[:0], e)
-		return emit(instant{Name: p.name(e.Probe), Ph: "i", S: "t", TS: us(e.Time), PID: cpusPID, TID: e.CPU,
-			Args: map[string]string{"comm": e.CommString(), "fields": string(body)}})
-	}, func(rec *tracefile.Record) error {
-		switch rec.Type {
-		case tracefile.TypeCounters:
 			var c tracefile.Counters
 			if err := rec.Decode(&c); err != nil {
 				return err
@@ -105,27 +111,25 @@ func Perfetto(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 					return err
 				}
 			}
-		case tracefile.TypeLoss:
-			var l tracefile.Loss
-			if err := rec.Decode(&l); err != nil {
-				return err
-			}
-			total := map[uint16]uint64{}
-			for _, e := range l.Entries {
-				total[e.Probe] += e.Lost
-			}
-			ids := make([]int, 0, len(total))
-			for id := range total {
-				ids = append(ids, int(id))
+			return nil
+		},
+		// One counter track per probe, its losses over all CPUs so far.
+		loss: func(time uint64, deltas []lossDelta) error {
+			ids = ids[:0]
+			for _, d := range deltas {
+				if !slices.Contains(ids, int(d.Probe)) {
+					ids = append(ids, int(d.Probe))
+				}
+				lost[d.Probe] += d.Lost
 			}
 			sort.Ints(ids)
 			for _, id := range ids {
-				if err := emit(counter{Name: "lost " + p.name(uint16(id)), Ph: "C", TS: us(l.Time), PID: countersPID, Args: map[string]uint64{"value": total[uint16(id)]}}); err != nil {
+				if err := emit(counter{Name: "lost " + p.name(uint16(id)), Ph: "C", TS: us(time), PID: countersPID, Args: map[string]uint64{"value": lost[uint16(id)]}}); err != nil {
 					return err
 				}
 			}
-		}
-		return nil
+			return nil
+		},
 	})
 	if err != nil {
 		bw.Flush()

@@ -25,23 +25,43 @@ type Options struct {
 
 // Stats says what a formatter read.
 type Stats struct {
-	Events  int64  // printed
-	Skipped int64  // filtered out by Options
-	Lost    uint64 // counted lost by the recorder
+	Events int64  // printed
+	Lost   uint64 // counted lost by the recorder
 	// Incomplete holds the reader's ErrTruncated error when the file was
 	// cut short; the events before the cut were printed.
 	Incomplete error
 }
 
-// each reads every record of r and hands events and losses to the callbacks.
-// A truncated file ends the walk without an error (Stats.Incomplete says so).
-func each(r *tracefile.Reader, opts *Options, onEvent func(*tracefile.Event) error, onRecord func(*tracefile.Record) error) (Stats, error) {
+// lossDelta is what one probe lost on one CPU since the previous Loss
+// record that named them.
+type lossDelta struct {
+	Probe uint16
+	CPU   uint32
+	Lost  uint64
+}
+
+// handlers receive what each walks past; nil ones are skipped.
+type handlers struct {
+	event func(*tracefile.Event) error
+	// loss gets every entry of a Loss record, turned from the file's
+	// cumulative counts into deltas (zero when only the event count moved).
+	loss func(time uint64, deltas []lossDelta) error
+	// record gets the other non-event records.
+	record func(*tracefile.Record) error
+}
+
+// each reads every record of r and hands them to h. A truncated file ends
+// the walk without an error (Stats.Incomplete says so).
+func each(r *tracefile.Reader, opts *Options, h handlers) (Stats, error) {
 	var (
-		st  Stats
-		ev  tracefile.Event
-		rec tracefile.Record // outside the loop: &rec escapes to onRecord
-		err error
+		st     Stats
+		ev     tracefile.Event
+		rec    tracefile.Record // outside the loop: &rec escapes to h.record
+		err    error
+		loss   tracefile.Loss
+		deltas []lossDelta
 	)
+	cum := map[[2]uint32]uint64{}
 	for {
 		rec, err = r.Next()
 		if err == io.EOF {
@@ -54,29 +74,37 @@ func each(r *tracefile.Reader, opts *Options, onEvent func(*tracefile.Event) err
 		if err != nil {
 			return st, err
 		}
-		if rec.Type != tracefile.TypeEvent {
-			if rec.Type == tracefile.TypeLoss {
-				var l tracefile.Loss
-				if err := rec.Decode(&l); err != nil {
-					return st, err
-				}
+		switch rec.Type {
+		case tracefile.TypeEvent:
+			if err := tracefile.DecodeEvent(rec.Payload, &ev); err != nil {
+				return st, fmt.Errorf("event record at offset %d: %w", rec.Offset, err)
 			}
-			if onRecord != nil {
-				if err := onRecord(&rec); err != nil {
-					return st, err
-				}
+			if opts != nil && opts.Probes != nil && !opts.Probes[ev.Probe] {
+				continue
 			}
-			continue
+			st.Events++
+			err = h.event(&ev)
+		case tracefile.TypeLoss:
+			if h.loss == nil {
+				continue
+			}
+			loss.Entries = loss.Entries[:0]
+			if err := rec.Decode(&loss); err != nil {
+				return st, err
+			}
+			deltas = deltas[:0]
+			for _, e := range loss.Entries {
+				k := [2]uint32{uint32(e.Probe), e.CPU}
+				deltas = append(deltas, lossDelta{Probe: e.Probe, CPU: e.CPU, Lost: e.Lost - min(e.Lost, cum[k])})
+				cum[k] = e.Lost
+			}
+			err = h.loss(loss.Time, deltas)
+		default:
+			if h.record != nil {
+				err = h.record(&rec)
+			}
 		}
-		if err := tracefile.DecodeEvent(rec.Payload, &ev); err != nil {
-			return st, fmt.Errorf("event record at offset %d: %w", rec.Offset, err)
-		}
-		if opts != nil && opts.Probes != nil && !opts.Probes[ev.Probe] {
-			st.Skipped++
-			continue
-		}
-		st.Events++
-		if err := onEvent(&ev); err != nil {
+		if err != nil {
 			return st, err
 		}
 	}
@@ -98,27 +126,20 @@ func Text(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	p := newPrinter(r)
 	var buf []byte
-	lastLost := map[[2]uint32]uint64{}
-	st, err := each(r, opts, func(e *tracefile.Event) error {
-		buf = p.appendLine(buf[:0], e)
-		_, err := bw.Write(buf)
-		return err
-	}, func(rec *tracefile.Record) error {
-		if rec.Type != tracefile.TypeLoss {
-			return nil
-		}
-		var l tracefile.Loss
-		if err := rec.Decode(&l); err != nil {
+	st, err := each(r, opts, handlers{
+		event: func(e *tracefile.Event) error {
+			buf = p.appendLine(buf[:0], e)
+			_, err := bw.Write(buf)
 			return err
-		}
-		for _, e := range l.Entries {
-			k := [2]uint32{uint32(e.Probe), e.CPU}
-			if d := e.Lost - lastLost[k]; e.Lost > lastLost[k] {
-				fmt.Fprintf(bw, "# LOST %d %s events on cpu %d before %s (ring buffer full)\n", d, p.name(e.Probe), e.CPU, p.time(l.Time))
+		},
+		loss: func(time uint64, deltas []lossDelta) error {
+			for _, d := range deltas {
+				if d.Lost > 0 {
+					fmt.Fprintf(bw, "# LOST %d %s events on cpu %d before %s (ring buffer full)\n", d.Lost, p.name(d.Probe), d.CPU, p.time(time))
+				}
 			}
-			lastLost[k] = e.Lost
-		}
-		return nil
+			return nil
+		},
 	})
 	if err != nil {
 		bw.Flush()
@@ -169,14 +190,7 @@ func appendTime(b []byte, ns uint64) []byte {
 }
 
 // appendPad right-aligns s in width columns.
-func appendPad(b, s []byte, width int) []byte {
-	for i := len(s); i < width; i++ {
-		b = append(b, ' ')
-	}
-	return append(b, s...)
-}
-
-func appendPadString(b []byte, s string, width int) []byte {
+func appendPad[S []byte | string](b []byte, s S, width int) []byte {
 	for i := len(s); i < width; i++ {
 		b = append(b, ' ')
 	}
@@ -217,7 +231,7 @@ func (p *printer) appendLine(b []byte, e *tracefile.Event) []byte {
 	b = append(b, "] "...)
 	b = appendTime(b, e.Time)
 	b = append(b, ": "...)
-	b = appendPadString(b, p.name(e.Probe), p.width)
+	b = appendPad(b, p.name(e.Probe), p.width)
 	b = append(b, ": "...)
 	b = p.appendBody(b, e)
 	return append(b, '\n')
@@ -265,19 +279,9 @@ func appendInt(b []byte, v int32) []byte { return strconv.AppendInt(b, int64(v),
 func (p *printer) appendBody(b []byte, e *tracefile.Event) []byte {
 	switch probes.ID(e.Probe) {
 	case probes.NetifReceiveSkb, probes.NetifRx, probes.NetDevQueue:
-		b = append(b, "dev="...)
-		b = p.appendDev(b, e)
-		b = append(b, " skbaddr="...)
-		b = appendPtr(b, e.Skb)
-		b = append(b, " len="...)
-		return strconv.AppendUint(b, uint64(e.Len), 10)
+		return p.appendDevSkbLen(b, e)
 	case probes.NetDevXmit:
-		b = append(b, "dev="...)
-		b = p.appendDev(b, e)
-		b = append(b, " skbaddr="...)
-		b = appendPtr(b, e.Skb)
-		b = append(b, " len="...)
-		b = strconv.AppendUint(b, uint64(e.Len), 10)
+		b = p.appendDevSkbLen(b, e)
 		b = append(b, " rc="...)
 		return appendInt(b, e.Arg[0])
 	case probes.NapiPoll:
@@ -375,6 +379,16 @@ func (p *printer) appendBody(b []byte, e *tracefile.Event) []byte {
 		return f.Dst.AppendTo(b)
 	}
 	return append(b, "(unknown probe)"...)
+}
+
+// appendDevSkbLen prints the net: events' common "dev=%s skbaddr=%p len=%u".
+func (p *printer) appendDevSkbLen(b []byte, e *tracefile.Event) []byte {
+	b = append(b, "dev="...)
+	b = p.appendDev(b, e)
+	b = append(b, " skbaddr="...)
+	b = appendPtr(b, e.Skb)
+	b = append(b, " len="...)
+	return strconv.AppendUint(b, uint64(e.Len), 10)
 }
 
 func appendAction(b []byte, act int32) []byte {

@@ -91,20 +91,25 @@ func TestScriptDamagedFiles(t *testing.T) {
 	}
 }
 
+// Bad flags are refused before anything is attached, naming the flag.
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{"record", "-e", "nosuchevent"},
-		{"record", "-proto", "sctpx"},
-		{"record", "-ring-size", "3"},
-		{"record", "-src", "2001:db8::1"},
-		{"record", "-port", "70000"},
-		{"script", "-format", "xml", "-i", golden},
-		{"pcap", "-i", golden},
-		{"frobnicate"},
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"record", "-e", "nosuchevent"}, `"nosuchevent"`},
+		{[]string{"record", "-proto", "sctpx"}, "-proto"},
+		{[]string{"record", "-ring-size", "3"}, "-ring-size"},
+		{[]string{"record", "-src", "2001:db8::1"}, "-src"},
+		{[]string{"record", "-port", "70000"}, "-port"},
+		{[]string{"script", "-format", "xml", "-i", golden}, "-format"},
+		{[]string{"pcap", "-i", golden}, "-o"},
+		{[]string{"frobnicate"}, `"frobnicate"`},
 	} {
 		var out, errOut bytes.Buffer
-		if err := run(context.Background(), args, &out, &errOut); err == nil {
-			t.Errorf("nettrace %s: no error", strings.Join(args, " "))
+		err := run(context.Background(), c.args, &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("nettrace %s: error %v, want one naming %s", strings.Join(c.args, " "), err, c.want)
 		}
 	}
 }

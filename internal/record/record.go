@@ -48,8 +48,6 @@ type Progress struct {
 // Summary is what a finished recording did.
 type Summary struct {
 	Progress
-	Notes    []string
-	Complete bool
 }
 
 // Run records into out until ctx is done; context.Cause(ctx) becomes the
@@ -74,11 +72,6 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 	if err != nil {
 		meta.Notes = append(meta.Notes, fmt.Sprintf("locations not symbolized: %v", err))
 	}
-	cw := &countingWriter{w: out}
-	tw, err := tracefile.NewWriter(cw, meta)
-	if err != nil {
-		return nil, err
-	}
 	nss, err := snapshot.Namespaces()
 	if err != nil {
 		meta.Notes = append(meta.Notes, err.Error())
@@ -88,6 +81,11 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 			nss[i].Close()
 		}
 	}()
+	cw := &countingWriter{w: out}
+	tw, err := tracefile.NewWriter(cw, meta) // the notes are complete now
+	if err != nil {
+		return nil, err
+	}
 	r := &recorder{c: c, tw: tw, syms: syms, nss: nss, aggregate: opts.Probes.Aggregate,
 		ifaces: make(map[[2]uint32]bool), locs: make(map[uint64]bool), loss: make(map[[2]uint32]tracefile.LossEntry)}
 	start := time.Now()
@@ -98,30 +96,35 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 	next := start.Add(interval)
 	rd := c.Ring()
 	var rec ringbuf.Record
-	for ctx.Err() == nil {
-		// Wake at least every 100 ms to see ctx, whatever the interval.
-		wake := time.Now().Add(100 * time.Millisecond)
-		if next.Before(wake) {
-			wake = next
-		}
-		rd.SetDeadline(wake)
+	rd.SetDeadline(wakeAt(start, next))
+	for n := 1; ; n++ {
 		err := rd.ReadInto(&rec)
 		switch {
 		case err == nil:
 			if err := r.event(rec.RawSample); err != nil {
 				return nil, err
 			}
-			continue
+			// The clock and ctx are looked at once per batch of events, and
+			// whenever the ring is empty: a busy ring must not starve the
+			// snapshots, nor cost a clock read per event.
+			if n%1024 != 0 {
+				continue
+			}
 		case !errors.Is(err, os.ErrDeadlineExceeded):
 			return nil, fmt.Errorf("read nettrace ring buffer: %w", err)
 		}
-		if now := time.Now(); !now.Before(next) {
+		if ctx.Err() != nil {
+			break
+		}
+		now := time.Now()
+		if !now.Before(next) {
 			r.tick()
 			next = now.Add(interval)
 			if opts.Progress != nil {
 				opts.Progress(Progress{Elapsed: now.Sub(start), Events: r.events, Lost: r.lost, Bytes: cw.n})
 			}
 		}
+		rd.SetDeadline(wakeAt(now, next))
 	}
 	// Drain what the kernel wrote before the probes stop.
 	rd.SetDeadline(time.Now())
@@ -145,7 +148,16 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 	if err := tw.Close(end); err != nil {
 		return nil, err
 	}
-	return &Summary{Progress: Progress{Elapsed: time.Since(start), Events: r.events, Lost: r.lost, Bytes: cw.n}, Notes: meta.Notes, Complete: true}, r.err
+	return &Summary{Progress: Progress{Elapsed: time.Since(start), Events: r.events, Lost: r.lost, Bytes: cw.n}}, r.err
+}
+
+// wakeAt is when a wait for events ends: the next snapshot, and at most
+// 100 ms from now so that a cancelled ctx is seen.
+func wakeAt(now, next time.Time) time.Time {
+	if wake := now.Add(100 * time.Millisecond); wake.Before(next) {
+		return wake
+	}
+	return next
 }
 
 func stopReason(ctx context.Context) string {
@@ -164,40 +176,29 @@ type recorder struct {
 	ifaces    map[[2]uint32]bool
 	locs      map[uint64]bool
 	loss      map[[2]uint32]tracefile.LossEntry // by probe, cpu
+	ev        tracefile.Event                   // reused: decoding allocates nothing
 	events    uint64
 	lost      uint64
 	err       error // first snapshot error, reported at the end
 }
 
-// Field offsets in a raw event (bpf/nettrace.c's struct event); the full
-// decode is tracefile.DecodeEvent, not needed to route an event.
-const (
-	offLocation = 16
-	offNetns    = 44
-	offIfindex  = 48
-	offProbe    = 60
-	offDev      = 96
-)
-
 func (r *recorder) event(raw []byte) error {
-	if len(raw) < tracefile.EventHeadSize {
-		return fmt.Errorf("ring buffer sample of %d bytes, want at least %d", len(raw), tracefile.EventHeadSize)
+	ev := &r.ev
+	if err := tracefile.DecodeEvent(raw, ev); err != nil {
+		return fmt.Errorf("ring buffer sample: %w", err)
 	}
-	le := tracefile.ByteOrder
-	if ifindex := le.Uint32(raw[offIfindex:]); ifindex != 0 {
-		key := [2]uint32{le.Uint32(raw[offNetns:]), ifindex}
+	if ev.Ifindex != 0 {
+		key := [2]uint32{ev.Netns, ev.Ifindex}
 		if !r.ifaces[key] {
 			r.ifaces[key] = true
-			var ev tracefile.Event
-			copy(ev.Dev[:], raw[offDev:offDev+16])
-			if err := r.tw.WriteJSON(tracefile.TypeInterface, tracefile.Interface{Netns: key[0], Ifindex: key[1], Name: ev.DevString()}); err != nil {
+			if err := r.tw.WriteJSON(tracefile.TypeInterface, tracefile.Interface{Netns: ev.Netns, Ifindex: ev.Ifindex, Name: ev.DevString()}); err != nil {
 				return err
 			}
 		}
 	}
-	switch probes.ID(le.Uint16(raw[offProbe:])) {
+	switch probes.ID(ev.Probe) {
 	case probes.KfreeSkb, probes.ConsumeSkb:
-		if loc := le.Uint64(raw[offLocation:]); loc != 0 && !r.locs[loc] && r.syms != nil {
+		if loc := ev.Location; loc != 0 && !r.locs[loc] && r.syms != nil {
 			r.locs[loc] = true
 			if s, ok := r.syms.Lookup(loc); ok {
 				if err := r.tw.WriteJSON(tracefile.TypeSymbol, s); err != nil {
@@ -207,7 +208,9 @@ func (r *recorder) event(raw []byte) error {
 		}
 	}
 	r.events++
-	return r.tw.WriteEvent(raw)
+	// The sample is written as the kernel laid it out, without the unused
+	// tail of its capture buffer.
+	return r.tw.WriteRecord(tracefile.TypeEvent, raw[:tracefile.EventHeadSize+len(ev.Data)])
 }
 
 // tick writes what changed in the loss counters, a counter snapshot and,
@@ -273,13 +276,10 @@ func newMeta(c *probes.Collector, opts *Options) (*tracefile.Meta, error) {
 		Command:          opts.Command,
 		Mode:             "events",
 		Filter:           opts.Probes.Filter.String(),
-		CapLen:           opts.Probes.CapLen,
+		CapLen:           c.CapLen(),
 		DropReasons:      reasons,
 		DropReasonSource: source,
 		Notes:            notes,
-	}
-	if m.CapLen <= 0 || m.CapLen > tracefile.MaxCapLen {
-		m.CapLen = tracefile.MaxCapLen
 	}
 	if opts.Probes.Aggregate {
 		m.Mode = "aggregate"

@@ -3,6 +3,7 @@ package record_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -76,26 +77,12 @@ type drop struct {
 // events reads a recording's events of one probe.
 func events(t *testing.T, data []byte, probe probes.ID) (*tracefile.Reader, []tracefile.Event, []tracefile.Counters) {
 	t.Helper()
-	r, err := tracefile.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []tracefile.Event
 	var counters []tracefile.Counters
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	r := walk(t, data, func(rec *tracefile.Record) {
 		switch rec.Type {
 		case tracefile.TypeEvent:
-			var e tracefile.Event
-			if err := tracefile.DecodeEvent(rec.Payload, &e); err != nil {
-				t.Fatal(err)
-			}
+			e := decode(t, rec)
 			if probes.ID(e.Probe) == probe {
 				e.Data = bytes.Clone(e.Data)
 				out = append(out, e)
@@ -107,11 +94,37 @@ func events(t *testing.T, data []byte, probe probes.ID) (*tracefile.Reader, []tr
 			}
 			counters = append(counters, c)
 		}
+	})
+	return r, out, counters
+}
+
+// walk hands every record of a complete recording to fn.
+func walk(t *testing.T, data []byte, fn func(*tracefile.Record)) *tracefile.Reader {
+	t.Helper()
+	r := mustReader(t, data)
+	for {
+		rec, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(&rec)
 	}
 	if r.End() == nil {
 		t.Fatal("no end record")
 	}
-	return r, out, counters
+	return r
+}
+
+func decode(t *testing.T, rec *tracefile.Record) tracefile.Event {
+	t.Helper()
+	var e tracefile.Event
+	if err := tracefile.DecodeEvent(rec.Payload, &e); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 func describe(r *tracefile.Reader, e *tracefile.Event) drop {
@@ -254,27 +267,12 @@ func TestLossAccounted(t *testing.T) {
 			return nil
 		})
 	})
-	r, err := tracefile.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
 	written := map[uint16]uint64{}
-	var e tracefile.Event
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	r := walk(t, data, func(rec *tracefile.Record) {
 		if rec.Type == tracefile.TypeEvent {
-			if err := tracefile.DecodeEvent(rec.Payload, &e); err != nil {
-				t.Fatal(err)
-			}
-			written[e.Probe]++
+			written[decode(t, rec).Probe]++
 		}
-	}
+	})
 	var lost uint64
 	for _, p := range r.End().Probes {
 		if p.Events != written[p.Probe]+p.Lost {
@@ -292,6 +290,33 @@ func TestLossAccounted(t *testing.T) {
 	if !strings.Contains(text.String(), "# LOST ") || !strings.Contains(text.String(), fmt.Sprintf("%d lost", lost)) {
 		t.Errorf("script output does not mark the %d lost events", lost)
 	}
+	// The Perfetto counter tracks end at the same total.
+	var trace bytes.Buffer
+	if _, err := tracefmt.Perfetto(&trace, mustReader(t, data), nil); err != nil {
+		t.Fatal(err)
+	}
+	var evs []struct {
+		Name string `json:"name"`
+		Args struct {
+			Value uint64 `json:"value"`
+		} `json:"args"`
+	}
+	if err := json.Unmarshal(trace.Bytes(), &evs); err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]uint64{}
+	for _, e := range evs {
+		if strings.HasPrefix(e.Name, "lost ") {
+			last[e.Name] = e.Args.Value
+		}
+	}
+	var tracks uint64
+	for _, v := range last {
+		tracks += v
+	}
+	if tracks != lost {
+		t.Errorf("Perfetto loss tracks end at %d in all, the file counts %d lost", tracks, lost)
+	}
 }
 
 // The aggregate mode counts in the kernel what the event mode records.
@@ -303,25 +328,17 @@ func TestAggregate(t *testing.T) {
 		Filter:    probes.Filter{Netns: nsInode(t, b, testbed.B), DstPort: port},
 		Aggregate: true,
 	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
-	r := mustReader(t, data)
 	var last tracefile.Aggregate
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rec.Type == tracefile.TypeEvent {
+	r := walk(t, data, func(rec *tracefile.Record) {
+		switch rec.Type {
+		case tracefile.TypeEvent:
 			t.Fatal("event record in aggregate mode")
-		}
-		if rec.Type == tracefile.TypeAggregate {
+		case tracefile.TypeAggregate:
 			if err := rec.Decode(&last); err != nil {
 				t.Fatal(err)
 			}
 		}
-	}
+	})
 	var total uint64
 	for _, a := range last.Entries {
 		if tracefmt.Reason(r.Meta(), a.Reason) != "NO_SOCKET" {
