@@ -125,7 +125,7 @@ type LossEntry struct {
 // Counters is one snapshot of one counter source.
 type Counters struct {
 	Time   uint64            `json:"time_ns"` // CLOCK_MONOTONIC
-	Source string            `json:"source"`  // "netdev", "ethtool", "snmp", "softnet", "vmaxdp"
+	Source string            `json:"source"`  // "netdev", "ethtool", "snmp", "xsk", "softnet", "vmaxdp"
 	Netns  uint32            `json:"netns,omitempty"`
 	Device string            `json:"device,omitempty"`
 	Values map[string]uint64 `json:"values"`

@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/backend"
 )
 
 // busyOwner names the process holding an AF_XDP socket on (ifindex, queue),
@@ -18,9 +20,15 @@ import (
 // binding) and /proc/*/fd (which process holds that socket's inode). It
 // returns a phrase for an error message; on any failure it says what it knows.
 func busyOwner(ifindex, queue int) string {
-	ino, err := xdpSocketInode(ifindex, queue)
+	socks, err := Sockets()
 	if err != nil {
-		return fmt.Sprintf("another AF_XDP socket is bound to it (its owner cannot be named: AF_XDP sock_diag: %v; kernels without CONFIG_XDP_SOCKETS_DIAG lack it)", err)
+		return fmt.Sprintf("another AF_XDP socket is bound to it (its owner cannot be named: %v)", err)
+	}
+	var ino uint32
+	for _, s := range socks {
+		if s.Ifindex == ifindex && s.Queue == queue {
+			ino = s.Inode
+		}
 	}
 	if ino == 0 {
 		return "another AF_XDP socket, in another network namespace or closing, is bound to it"
@@ -32,16 +40,43 @@ func busyOwner(ifindex, queue int) string {
 	return fmt.Sprintf("AF_XDP socket inode %d of pid %d (%s) is bound to it", ino, pid, comm)
 }
 
+// SocketDiag is one AF_XDP socket as sock_diag reports it.
+type SocketDiag struct {
+	Inode   uint32
+	Ifindex int // 0 when not bound
+	Queue   int
+	Stats   Statistics
+}
+
+// StatisticsMap returns the counters under their XDP_STATISTICS field
+// names, the names `vmaxdp stats` and `nettrace report` use.
+func StatisticsMap(s *Statistics) map[string]uint64 {
+	return map[string]uint64{
+		"rx_dropped": s.Rx_dropped, "rx_invalid_descs": s.Rx_invalid_descs,
+		"rx_ring_full": s.Rx_ring_full, "rx_fill_ring_empty_descs": s.Rx_fill_ring_empty_descs,
+		"tx_invalid_descs": s.Tx_invalid_descs, "tx_ring_empty_descs": s.Tx_ring_empty_descs,
+	}
+}
+
+// ErrDiagNotSupported: the kernel has no AF_XDP sock_diag
+// (CONFIG_XDP_SOCKETS_DIAG).
+var ErrDiagNotSupported = fmt.Errorf("AF_XDP sock_diag (CONFIG_XDP_SOCKETS_DIAG): %w", backend.ErrNotSupported)
+
 const (
 	sockDiagByFamily = 20
-	xdpShowInfo      = 1
+	xdpShowInfo      = 1 << 0
+	xdpShowStats     = 1 << 4
 	xdpDiagInfo      = 1
+	xdpDiagStats     = 9
 )
 
-func xdpSocketInode(ifindex, queue int) (uint32, error) {
+// Sockets lists the AF_XDP sockets of the calling thread's network
+// namespace, with their binding and statistics. Any process's sockets are
+// listed: this is how tools outside the engine read queue counters.
+func Sockets() ([]SocketDiag, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
-		return 0, err
+		return nil, fmt.Errorf("AF_XDP sock_diag: %w", err)
 	}
 	defer unix.Close(fd)
 	// nlmsghdr (16) + xdp_diag_req (20)
@@ -50,46 +85,56 @@ func xdpSocketInode(ifindex, queue int) (uint32, error) {
 	binary.NativeEndian.PutUint16(req[4:], sockDiagByFamily)
 	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
 	req[16] = unix.AF_XDP
-	binary.NativeEndian.PutUint32(req[24:], xdpShowInfo)
+	binary.NativeEndian.PutUint32(req[24:], xdpShowInfo|xdpShowStats)
 	binary.NativeEndian.PutUint32(req[28:], ^uint32(0))
 	binary.NativeEndian.PutUint32(req[32:], ^uint32(0))
 	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, err
+		return nil, fmt.Errorf("AF_XDP sock_diag: %w", err)
 	}
+	var out []SocketDiag
 	buf := make([]byte, 32768)
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
-			return 0, err
+			return out, fmt.Errorf("AF_XDP sock_diag: %w", err)
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return 0, err
+			return out, fmt.Errorf("AF_XDP sock_diag: %w", err)
 		}
 		for _, m := range msgs {
 			switch m.Header.Type {
 			case unix.NLMSG_DONE:
-				return 0, nil
+				return out, nil
 			case unix.NLMSG_ERROR:
 				if len(m.Data) >= 4 {
-					if e := int32(binary.NativeEndian.Uint32(m.Data)); e != 0 {
-						return 0, unix.Errno(-e)
+					if e := unix.Errno(-int32(binary.NativeEndian.Uint32(m.Data))); e == unix.ENOENT || e == unix.EOPNOTSUPP {
+						return nil, ErrDiagNotSupported
+					} else if e != 0 {
+						return out, fmt.Errorf("AF_XDP sock_diag: %w", e)
 					}
 				}
-				return 0, nil
+				return out, nil
 			}
+			// struct xdp_diag_msg: family, type, pad u16, ino u32, cookie [2]u32
 			if len(m.Data) < 16 {
 				continue
 			}
-			ino := binary.NativeEndian.Uint32(m.Data[4:])
+			d := SocketDiag{Inode: binary.NativeEndian.Uint32(m.Data[4:])}
 			attrs, err := parseAttrs(m.Data[16:])
 			if err != nil {
 				continue
 			}
-			if info, ok := attrs[xdpDiagInfo]; ok && len(info) >= 8 &&
-				int(binary.NativeEndian.Uint32(info)) == ifindex && int(binary.NativeEndian.Uint32(info[4:])) == queue {
-				return ino, nil
+			if info := attrs[xdpDiagInfo]; len(info) >= 8 {
+				d.Ifindex = int(binary.NativeEndian.Uint32(info))
+				d.Queue = int(binary.NativeEndian.Uint32(info[4:]))
 			}
+			if st := attrs[xdpDiagStats]; len(st) >= 48 {
+				u := func(i int) uint64 { return binary.NativeEndian.Uint64(st[8*i:]) }
+				// struct xdp_diag_stats order
+				d.Stats = Statistics{Rx_dropped: u(0), Rx_invalid_descs: u(1), Rx_ring_full: u(2), Rx_fill_ring_empty_descs: u(3), Tx_invalid_descs: u(4), Tx_ring_empty_descs: u(5)}
+			}
+			out = append(out, d)
 		}
 	}
 }

@@ -120,3 +120,42 @@ func TestQueueBusy(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestSocketsDiag: sock_diag reports the same XDP_STATISTICS as the owning
+// socket, here for a queue whose frames are never given back, so that the
+// kernel runs out of fill-ring buffers and drops.
+func TestSocketsDiag(t *testing.T) {
+	bed, s, _ := open(t, 7002)
+	const n = 2300 // more than the 2048 frames primed on the fill ring
+	sendUDP(t, bed, 7002, n)
+	var diag []xsk.SocketDiag
+	err := bed.Do(testbed.B, func() error {
+		var err error
+		diag, err = xsk.Sockets()
+		return err
+	})
+	testutil.SkipIfNotSupported(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := s.Statistics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *xsk.SocketDiag
+	for i := range diag {
+		if diag[i].Ifindex == s.Ifindex() && diag[i].Queue == 0 {
+			found = &diag[i]
+		}
+	}
+	if found == nil {
+		t.Fatalf("socket on ifindex %d queue 0 not in sock_diag: %+v", s.Ifindex(), diag)
+	}
+	if found.Stats != own {
+		t.Errorf("sock_diag stats %+v, XDP_STATISTICS %+v", found.Stats, own)
+	}
+	if own.Rx_dropped == 0 || own.Rx_fill_ring_empty_descs+own.Rx_ring_full == 0 {
+		t.Errorf("no drop counted after %d frames were held: %+v", n, own)
+	}
+	t.Logf("%+v", found)
+}

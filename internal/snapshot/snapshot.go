@@ -1,6 +1,6 @@
 // Package snapshot reads the counters a trace file carries next to its
-// events: interface statistics, ethtool -S, /proc/net/snmp per network
-// namespace, /proc/net/softnet_stat, and the counters vmaxdp's steering
+// events: interface statistics, ethtool -S, /proc/net/snmp and AF_XDP
+// socket statistics per network namespace, /proc/net/softnet_stat, and the counters vmaxdp's steering
 // programs pin on bpffs. Each source is one tracefile.Counters record, so
 // that a report can line them up with the events on one clock.
 //
@@ -26,6 +26,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/tracefile"
+	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
 // Namespace is a network namespace to read counters in.
@@ -125,6 +126,7 @@ func namespace(now uint64, ns *Namespace) ([]tracefile.Counters, error) {
 				out = append(out, tracefile.Counters{Time: now, Source: "ethtool", Netns: ns.Inode, Device: a.Name, Values: st})
 			}
 		}
+		out = append(out, xskCounters(now, ns.Inode, links)...)
 		b, err := os.ReadFile("/proc/thread-self/net/snmp")
 		if err != nil {
 			return fmt.Errorf("%s: %w", where, err)
@@ -137,6 +139,31 @@ func namespace(now uint64, ns *Namespace) ([]tracefile.Counters, error) {
 		return nil
 	})
 	return out, err
+}
+
+// xskCounters reads the XDP_STATISTICS of every AF_XDP socket of the
+// namespace through sock_diag, one record per queue with Device
+// "<ifname>/q<queue>". Kernels without CONFIG_XDP_SOCKETS_DIAG give none:
+// the report then relies on xdp_redirect_err events.
+func xskCounters(now uint64, netns uint32, links []netlink.Link) []tracefile.Counters {
+	socks, err := xsk.Sockets()
+	if err != nil {
+		return nil
+	}
+	var out []tracefile.Counters
+	for _, s := range socks {
+		if s.Ifindex == 0 {
+			continue // not bound yet
+		}
+		name := strconv.Itoa(s.Ifindex)
+		for _, l := range links {
+			if l.Attrs().Index == s.Ifindex {
+				name = l.Attrs().Name
+			}
+		}
+		out = append(out, tracefile.Counters{Time: now, Source: "xsk", Netns: netns, Device: name + "/q" + strconv.Itoa(s.Queue), Values: xsk.StatisticsMap(&s.Stats)})
+	}
+	return out
 }
 
 func netdevValues(s *netlink.LinkStatistics) map[string]uint64 {
