@@ -557,6 +557,9 @@ int BPF_PROG(udp_fail_queue_rcv_skb, int rc, struct sock *sk, struct sk_buff *sk
 		return 0;
 	e->sk = (__u64)sk;
 	e->arg[0] = rc;
+	/* what `nettrace report` needs to say which SO_RCVBUF to raise */
+	e->arg[1] = BPF_CORE_READ(sk, sk_rcvbuf);
+	e->arg[2] = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
 	submit(e);
 	return 0;
 }

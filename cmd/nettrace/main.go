@@ -4,6 +4,7 @@
 //	nettrace record [-o FILE] [-e EVENTS] [-duration D] [filters] [-- COMMAND ARGS]
 //	nettrace script [-i FILE] [-format text|json|perfetto] [-e EVENTS]
 //	nettrace pcap   [-i FILE] -o OUT.pcapng [-e EVENTS]
+//	nettrace report [-i FILE] [-json|-html] [-o OUT] [-top N] [-dev D] [-flow F] [-reason R] [-cpu C] [-time FROM,TO]
 //	nettrace list
 package main
 
@@ -30,6 +31,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/internal/record"
 	"github.com/vmaxdp/vmaxdp/probes"
+	"github.com/vmaxdp/vmaxdp/report"
 	"github.com/vmaxdp/vmaxdp/tracefile"
 	"github.com/vmaxdp/vmaxdp/tracefmt"
 )
@@ -52,6 +54,7 @@ commands:
   record   record packet-path events to a file (root)
   script   print a recording, one line per event (perf script layout)
   pcap     write the captured packet headers of a recording as pcapng
+  report   explain a recording: drops and their causes, NAPI, stages, counters, advice
   list     list events, groups and the attach methods this kernel offers
   version  print the version
 `
@@ -70,6 +73,8 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) error {
 		return runScript(args[1:], out, errOut)
 	case "pcap":
 		return runPcap(args[1:], errOut)
+	case "report":
+		return runReport(args[1:], out, errOut)
 	case "list":
 		return runList(out)
 	case "version":
@@ -404,5 +409,90 @@ func runPcap(args []string, errOut io.Writer) error {
 	}
 	fmt.Fprintf(errOut, "nettrace: %d events read, packets written to %s\n", st.Events, *output)
 	warnIncomplete(errOut, *input, st)
+	return nil
+}
+
+func runReport(args []string, out, errOut io.Writer) error {
+	fs := flag.NewFlagSet("nettrace report", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	input := fs.String("i", "nettrace.data", "trace file (- for standard input)")
+	output := fs.String("o", "", "write the report to this file instead of standard output")
+	asJSON := fs.Bool("json", false, "JSON ("+report.SchemaVersion+"), for scripts")
+	asHTML := fs.Bool("html", false, "one self-contained HTML page with plots")
+	top := fs.Int("top", 10, "rows per table")
+	var opts report.Options
+	fs.StringVar(&opts.Filter.Dev, "dev", "", "only this interface's packets and NAPI polls")
+	flow := fs.String("flow", "", "only packets of this flow: [udp|tcp|icmp ]SRC[:PORT]>DST[:PORT], * for any")
+	reason := fs.String("reason", "", "only drops with these reasons (comma-separated, e.g. NO_SOCKET)")
+	cpus := fs.String("cpu", "", "only events on these CPUs (0,2-3)")
+	window := fs.String("time", "", "only events in FROM,TO seconds from the start (either may be empty)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("report: unexpected argument %q: %w", fs.Arg(0), errUsage)
+	}
+	if *asJSON && *asHTML {
+		return fmt.Errorf("report: -json and -html exclude each other: %w", errUsage)
+	}
+	if *top <= 0 {
+		return fmt.Errorf("report: -top %d: want a positive number of rows", *top)
+	}
+	opts.Top = *top
+	var err error
+	if *flow != "" {
+		if opts.Filter.Flow, err = report.ParseFlow(*flow); err != nil {
+			return fmt.Errorf("-flow: %w", err)
+		}
+	}
+	if *reason != "" {
+		opts.Filter.Reasons = report.ParseReasons(*reason)
+	}
+	if *cpus != "" {
+		if opts.Filter.CPUs, err = report.ParseCPUs(*cpus); err != nil {
+			return fmt.Errorf("-cpu: %w", err)
+		}
+	}
+	if *window != "" {
+		if opts.Filter.From, opts.Filter.To, err = report.ParseTime(*window); err != nil {
+			return fmt.Errorf("-time: %w", err)
+		}
+	}
+	r, closeFn, err := openTrace(*input)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	rep, err := report.Build(r, &opts)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *input, err)
+	}
+	w := out
+	var f *os.File
+	if *output != "" {
+		if f, err = os.Create(*output); err != nil {
+			return err
+		}
+		w = f
+	}
+	switch {
+	case *asJSON:
+		err = rep.WriteJSON(w)
+	case *asHTML:
+		err = rep.WriteHTML(w)
+	default:
+		err = rep.WriteText(w)
+	}
+	if f != nil {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Incomplete != "" {
+		fmt.Fprintf(errOut, "nettrace: %s: incomplete recording: %s\n", *input, rep.Incomplete)
+	}
 	return nil
 }

@@ -213,8 +213,10 @@ func ParseSNMP(b []byte) (map[string]uint64, error) {
 }
 
 // softnetFields names /proc/net/softnet_stat's columns (hex, one row per
-// CPU); the kernel has kept this order since 2.6.
-var softnetFields = []string{"processed", "dropped", "time_squeeze", "", "", "", "", "", "", "cpu_collision", "received_rps", "flow_limit_count", "backlog_len", "cpu"}
+// CPU), as net/core/net-procfs.c prints them: columns are only ever
+// appended (backlog_len and cpu in 5.10, the two queue lengths in 6.x), so
+// older kernels simply have fewer.
+var softnetFields = []string{"processed", "dropped", "time_squeeze", "", "", "", "", "", "cpu_collision", "received_rps", "flow_limit_count", "backlog_len", "cpu", "input_qlen", "process_qlen"}
 
 func softnet(now uint64) ([]tracefile.Counters, error) {
 	b, err := os.ReadFile("/proc/net/softnet_stat")

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"os"
 	"testing"
 )
 
@@ -24,15 +25,39 @@ func TestParseSNMP(t *testing.T) {
 }
 
 func TestParseSoftnet(t *testing.T) {
-	recs, err := ParseSoftnet(5, []byte("0000000a 00000001 00000002 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000001\n"))
+	// Two CPUs as Linux 6.18 prints them: 15 columns, the CPU in the 13th.
+	recs, err := ParseSoftnet(5, []byte("0000000a 00000001 00000002 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000\n"+
+		"09f72b77 00000000 0000003a 00000000 00000000 00000000 00000000 00000000 00000000 00000003 00000000 00000000 00000001 00000000 00000000\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Device != "cpu1" || recs[0].Values["processed"] != 10 || recs[0].Values["time_squeeze"] != 2 {
+	if len(recs) != 2 || recs[0].Device != "cpu0" || recs[0].Values["processed"] != 10 || recs[0].Values["dropped"] != 1 || recs[0].Values["time_squeeze"] != 2 {
 		t.Fatalf("got %+v", recs)
+	}
+	if recs[1].Device != "cpu1" || recs[1].Values["received_rps"] != 3 || recs[1].Values["time_squeeze"] != 0x3a {
+		t.Fatalf("second CPU: got %+v", recs[1])
 	}
 	if _, err := ParseSoftnet(0, []byte("zz yy xx\n")); err == nil {
 		t.Fatal("non-hex accepted")
+	}
+}
+
+// Every CPU of this machine gets a record of its own.
+func TestSoftnetThisMachine(t *testing.T) {
+	b, err := os.ReadFile("/proc/net/softnet_stat")
+	if err != nil {
+		t.Skipf("no /proc/net/softnet_stat: %v", err)
+	}
+	recs, err := ParseSoftnet(0, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		if seen[r.Device] {
+			t.Fatalf("%s twice in %q", r.Device, b)
+		}
+		seen[r.Device] = true
 	}
 }
 
