@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
-DEB_PKGS  := clang-19 llvm-19 libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc
+DEB_PKGS  := clang-19 llvm-19 libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium
 STAMP     := .deps.stamp
 
 .PHONY: help deps build generate check-generate test test-short bench fuzz demo lint clean
@@ -54,7 +54,7 @@ bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by s
 
 FUZZTIME ?= 60s
 # package:target pairs, every parser of untrusted input.
-FUZZ := ./stack/header:FuzzParse ./tracefile:FuzzReader ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers
+FUZZ := ./stack/header:FuzzParse ./tracefile:FuzzReader ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild
 
 fuzz: ## fuzz every parser (FUZZTIME each, default 60s)
 	@for f in $(FUZZ); do \

@@ -174,7 +174,7 @@ func (b *builder) ruleRcvbuf(rep *Report, handled map[string]bool) []Finding {
 	}
 	slices.SortFunc(socks, func(x, y sock) int { return cmp.Or(cmp.Compare(y.s.count, x.s.count), cmp.Compare(x.addr, y.addr)) })
 	fix := "Raise the receive buffer of the socket that drops, with setsockopt(SO_RCVBUF) (the kernel caps it at net.core.rmem_max: raise that first with sysctl -w), or read faster (a thread per socket, recvmmsg, or vmaxdp run to bypass the kernel)."
-	title := fmt.Sprintf("%d packets dropped because a socket's receive buffer was full", max(n, 1))
+	title := fmt.Sprintf("%d packets dropped because a socket's receive buffer was full", n)
 	for i, s := range socks {
 		if i == 3 {
 			break
@@ -188,8 +188,12 @@ func (b *builder) ruleRcvbuf(rep *Report, handled map[string]bool) []Finding {
 	}
 	_, where := b.counterTotal("snmp", "Udp.RcvbufErrors")
 	ev = append(ev, where...)
+	count := n
+	if len(socks) > 0 {
+		count = max(n, socks[0].s.count)
+	}
 	return []Finding{{
-		Rule: "socket_rcvbuf", Severity: "error", Count: max(n, socks[0].s.count), Title: title, Evidence: ev,
+		Rule: "socket_rcvbuf", Severity: "error", Count: count, Title: title, Evidence: ev,
 		Explanation: "Datagrams arrived faster than the application read them; once the bytes queued on the socket reached SO_RCVBUF, the kernel dropped the rest.",
 		Fix:         fix,
 	}}
