@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -117,7 +118,7 @@ func (b *builder) report(incomplete error) *Report {
 	}
 	for k, s := range b.counters {
 		if s.total > 0 {
-			rep.Counters = append(rep.Counters, CounterDelta{Source: k.source, Device: k.device, Netns: k.netns, Name: k.name, Delta: s.total})
+			rep.Counters = append(rep.Counters, CounterDelta{Source: k.source, Device: b.displayDevice(k.source, k.device), Netns: k.netns, Name: k.name, Delta: s.total})
 		}
 	}
 	slices.SortFunc(rep.Counters, compareCounters)
@@ -286,6 +287,9 @@ func (b *builder) intervalReport(rep *Report) {
 				out.Drops[b.reasonName(r)] += n
 			}
 		}
+		for i := range out.Counters {
+			out.Counters[i].Device = b.displayDevice(out.Counters[i].Source, out.Counters[i].Device)
+		}
 		slices.SortFunc(out.Counters, compareCounters)
 		matched := map[string]bool{}
 		for _, c := range corroborating {
@@ -315,6 +319,27 @@ func (b *builder) intervalReport(rep *Report) {
 		slices.Sort(out.Notes)
 		rep.Intervals = append(rep.Intervals, out)
 	}
+}
+
+// vmaxdpDevice reads a steering program's pin directory name,
+// "<netns inode>_<ifindex>".
+func vmaxdpDevice(dir string) (devKey, bool) {
+	ns, idx, ok := strings.Cut(dir, "_")
+	netns, err1 := strconv.ParseUint(ns, 10, 32)
+	ifindex, err2 := strconv.ParseUint(idx, 10, 32)
+	return devKey{uint32(netns), uint32(ifindex)}, ok && err1 == nil && err2 == nil
+}
+
+// displayDevice names a counter's device for people: vmaxdp's pin
+// directories become interface names when the file knows them.
+func (b *builder) displayDevice(source, device string) string {
+	if source != "vmaxdp" {
+		return device
+	}
+	if k, ok := vmaxdpDevice(device); ok && b.r.Interface(k.netns, k.ifindex) != "" {
+		return b.devLabel(k)
+	}
+	return device
 }
 
 // counterName names where a counter lives: "vmxb", "cpu1", "netns 4026532281".

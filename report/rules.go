@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/vmaxdp/vmaxdp/tracefmt"
@@ -39,7 +38,7 @@ func (b *builder) counterTotal(source, name string) (uint64, []string) {
 	for k, s := range b.counters {
 		if k.source == source && k.name == name && s.total > 0 {
 			sum += s.total
-			where = append(where, fmt.Sprintf("%s %s +%d on %s", source, name, s.total, counterName(CounterDelta{Device: k.device, Netns: k.netns})))
+			where = append(where, fmt.Sprintf("%s %s +%d on %s", source, name, s.total, counterName(CounterDelta{Device: b.displayDevice(source, k.device), Netns: k.netns})))
 		}
 	}
 	slices.Sort(where)
@@ -395,18 +394,21 @@ func (b *builder) ruleNIC(rep *Report, _ map[string]bool) []Finding {
 	return out
 }
 
+// notOffloadedMin: a few passed packets (ARP, a ping) are the steering
+// program working as meant, not a finding.
+const notOffloadedMin = 10
+
 func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 	var out []Finding
 	for k, s := range b.counters {
-		if k.source != "vmaxdp" || k.name != "passed" || s.total == 0 {
+		if k.source != "vmaxdp" || k.name != "passed" {
 			continue
 		}
-		// The pin directory is <netns inode>_<ifindex>.
-		ns, idx, _ := strings.Cut(k.device, "_")
-		netns, _ := strconv.ParseUint(ns, 10, 32)
-		ifindex, _ := strconv.ParseUint(idx, 10, 32)
-		dk := devKey{uint32(netns), uint32(ifindex)}
-		dev := b.devLabel(dk)
+		if s.total < notOffloadedMin {
+			continue
+		}
+		dk, _ := vmaxdpDevice(k.device)
+		dev := b.displayDevice(k.source, k.device)
 		var redirected uint64
 		if r := b.counters[counterKey{"vmaxdp", k.device, "redirected", k.netns}]; r != nil {
 			redirected = r.total
@@ -431,7 +433,7 @@ func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 			Title:       fmt.Sprintf("%d packets on %s went to the kernel, not to vmaxdp (%d offloaded)", s.total, dev, redirected),
 			Evidence:    ev,
 			Explanation: "vmaxdp's steering program passes every packet no steering rule matches to the kernel: ARP, ICMP, fragments, and flows whose sockets are not offloaded (by a rule, or because the application is not run under vmaxdp).",
-			Fix:         "If these flows should be offloaded, open their sockets under vmaxdp (vmaxdp run, or the stack package) with a rule that selects them; `vmaxdp stats` names the reason a socket was not offloaded.",
+			Fix:         "If these flows should be offloaded, open their sockets under vmaxdp (vmaxdp run, or the stack package) with a rule that selects them.",
 		})
 	}
 	return out

@@ -2,7 +2,6 @@ package record_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,11 +12,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/record"
+	"github.com/vmaxdp/vmaxdp/internal/recordtest"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/probes"
 	"github.com/vmaxdp/vmaxdp/testbed"
@@ -26,48 +25,6 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
-
-func nsInode(t *testing.T, b *testbed.Bed, s testbed.Side) uint32 {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(b.NS(s)), &st); err != nil {
-		t.Fatal(err)
-	}
-	return uint32(st.Ino)
-}
-
-// recordWhile records with opts while traffic runs, then returns the file.
-func recordWhile(t *testing.T, opts *record.Options, traffic func() error) []byte {
-	t.Helper()
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	ready := make(chan struct{})
-	opts.Ready = func([]string) { close(ready) }
-	opts.Interval = 200 * time.Millisecond
-	var buf bytes.Buffer
-	done := make(chan error, 1)
-	go func() {
-		_, err := record.Run(ctx, &buf, opts)
-		done <- err
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		testutil.SkipIfNotSupported(t, err)
-		t.Fatal("recorder stopped before it was ready")
-	case <-time.After(30 * time.Second):
-		t.Fatal("recorder not ready after 30 s")
-	}
-	terr := traffic()
-	time.Sleep(300 * time.Millisecond) // let the last events and a snapshot land
-	cancel(errors.New("test done"))
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if terr != nil {
-		t.Fatal(terr)
-	}
-	return buf.Bytes()
-}
 
 type drop struct {
 	reason, location string
@@ -141,9 +98,9 @@ func describe(r *tracefile.Reader, e *tracefile.Event) drop {
 func TestNoSocketDrops(t *testing.T) {
 	b := testutil.Bed(t, nil)
 	const n, port = 50, 9
-	data := recordWhile(t, &record.Options{Probes: probes.Options{
-		Probes: mustSelect(t, "drops"),
-		Filter: probes.Filter{Netns: nsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_UDP, DstPort: port},
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_UDP, DstPort: port},
 	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
 
 	r, evs, counters := events(t, data, probes.KfreeSkb)
@@ -164,7 +121,7 @@ func TestNoSocketDrops(t *testing.T) {
 		}
 	}
 	// The counters of the same interval agree: Udp.NoPorts grew by n in b.
-	if got := snmpDelta(counters, nsInode(t, b, testbed.B), "Udp.NoPorts"); got != n {
+	if got := snmpDelta(counters, recordtest.NetnsInode(t, b, testbed.B), "Udp.NoPorts"); got != n {
 		t.Errorf("Udp.NoPorts grew by %d in the recording, want %d", got, n)
 	}
 }
@@ -211,9 +168,9 @@ func TestReceiveBufferOverrun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := recordWhile(t, &record.Options{Probes: probes.Options{
-		Probes: mustSelect(t, "drops"),
-		Filter: probes.Filter{Netns: nsInode(t, b, testbed.B), Port: port},
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), Port: port},
 	}}, func() error { return testutil.SendUDP(b, port, n, 1000) })
 
 	r, drops, counters := events(t, data, probes.KfreeSkb)
@@ -237,7 +194,7 @@ func TestReceiveBufferOverrun(t *testing.T) {
 			t.Fatalf("drop of skb %#x has no udp_fail_queue_rcv_skb event", e.Skb)
 		}
 	}
-	if got := snmpDelta(counters, nsInode(t, b, testbed.B), "Udp.RcvbufErrors"); got != uint64(len(drops)) {
+	if got := snmpDelta(counters, recordtest.NetnsInode(t, b, testbed.B), "Udp.RcvbufErrors"); got != uint64(len(drops)) {
 		t.Errorf("Udp.RcvbufErrors grew by %d, %d drops recorded", got, len(drops))
 	}
 }
@@ -246,9 +203,9 @@ func TestReceiveBufferOverrun(t *testing.T) {
 // lost event is counted: written + lost = seen, per probe.
 func TestLossAccounted(t *testing.T) {
 	b := testutil.Bed(t, nil)
-	data := recordWhile(t, &record.Options{Probes: probes.Options{
-		Probes:   mustSelect(t, "rx,tx"),
-		Filter:   probes.Filter{Netns: nsInode(t, b, testbed.B)},
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes:   recordtest.Select(t, "rx,tx"),
+		Filter:   probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
 		RingSize: uint32(os.Getpagesize()),
 	}}, func() error {
 		// A burst without pauses, so that the recorder falls behind.
@@ -323,9 +280,9 @@ func TestLossAccounted(t *testing.T) {
 func TestAggregate(t *testing.T) {
 	b := testutil.Bed(t, nil)
 	const n, port = 40, 9
-	data := recordWhile(t, &record.Options{Probes: probes.Options{
-		Probes:    mustSelect(t, "kfree_skb"),
-		Filter:    probes.Filter{Netns: nsInode(t, b, testbed.B), DstPort: port},
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes:    recordtest.Select(t, "kfree_skb"),
+		Filter:    probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), DstPort: port},
 		Aggregate: true,
 	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
 	var last tracefile.Aggregate
@@ -349,14 +306,6 @@ func TestAggregate(t *testing.T) {
 	if total != n {
 		t.Errorf("aggregate counted %d drops, want %d", total, n)
 	}
-}
-
-func mustSelect(t *testing.T, spec string) []*probes.Probe {
-	p, err := probes.Select(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 func mustReader(t *testing.T, data []byte) *tracefile.Reader {

@@ -1,0 +1,207 @@
+package report_test
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/record"
+	"github.com/vmaxdp/vmaxdp/internal/recordtest"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/probes"
+	"github.com/vmaxdp/vmaxdp/report"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/tracefile"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
+
+// Scenarios with known causes, recorded on a test bed and reported: the
+// report must name the cause, with its evidence and advice, as its top
+// finding and raise no other error.
+
+func reportOf(t *testing.T, data []byte) *report.Report {
+	t.Helper()
+	r, err := tracefile.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := report.Build(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	rep.WriteText(&text)
+	t.Logf("report:\n%s", text.String())
+	return rep
+}
+
+// expect checks the top finding and that no other finding is an error.
+func expect(t *testing.T, rep *report.Report, rule string, inTitle string, inEvidence ...string) {
+	t.Helper()
+	if len(rep.Findings) == 0 {
+		t.Fatalf("no finding, want %s", rule)
+	}
+	f := rep.Findings[0]
+	if f.Rule != rule || !strings.Contains(f.Title, inTitle) {
+		t.Fatalf("top finding %s %q, want %s containing %q", f.Rule, f.Title, rule, inTitle)
+	}
+	for _, want := range inEvidence {
+		found := false
+		for _, e := range f.Evidence {
+			found = found || strings.Contains(e, want)
+		}
+		if !found {
+			t.Errorf("evidence %q lacks %q", f.Evidence, want)
+		}
+	}
+	if f.Fix == "" || f.Explanation == "" {
+		t.Errorf("finding without explanation or fix: %+v", f)
+	}
+	for _, g := range rep.Findings[1:] {
+		if g.Severity == "error" {
+			t.Errorf("another error finding: %s %q", g.Rule, g.Title)
+		}
+	}
+}
+
+func TestScenarioClosedPort(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const n, port = 50, 9
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops,rx"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_UDP, DstPort: port},
+	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
+	rep := reportOf(t, data)
+	expect(t, rep, "no_socket", "udp 198.18.0.2:9", "NO_SOCKET: 50 drops at __udp4_lib_rcv", "Udp.NoPorts +50", "from 198.18.0.1")
+	if !strings.Contains(rep.Findings[0].Fix, "198.18.0.2:9") {
+		t.Errorf("fix does not name the port: %s", rep.Findings[0].Fix)
+	}
+}
+
+func TestScenarioReceiveBuffer(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const port, n = 7000, 200
+	var fd int
+	err := b.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), Port: port},
+	}}, func() error { return testutil.SendUDP(b, port, n, 1000) })
+	rep := reportOf(t, data)
+	// The kernel doubles SO_RCVBUF: 4096 becomes 8192.
+	expect(t, rep, "socket_rcvbuf", "udp 198.18.0.2:7000", "SOCKET_RCVBUFF", "sk_rcvbuf 8192", "Udp.RcvbufErrors +")
+	if !strings.Contains(rep.Findings[0].Fix, "SO_RCVBUF") || !strings.Contains(rep.Findings[0].Fix, "rmem_max") {
+		t.Errorf("fix: %s", rep.Findings[0].Fix)
+	}
+}
+
+// vmaxdp's stack serves a socket whose application never reads: its
+// frames stay queued, the AF_XDP fill ring runs dry and the kernel fails
+// the steering program's redirects with -ENOMEM.
+func TestScenarioFillRingStarved(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const port, n = 7002, 300
+	var st *stack.Stack
+	err := b.Do(testbed.B, func() (err error) {
+		st, err = stack.Open(b.Link(testbed.B), &stack.Options{XSK: &xsk.Options{NoHugePages: true, NumFrames: 128}})
+		return err
+	})
+	testutil.SkipIfNotSupported(t, err)
+	defer st.Close()
+	c, err := st.ListenUDP(netip.AddrPortFrom(b.Addr(testbed.B), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops,xdp"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
+	}}, func() error { return testutil.SendUDP(b, port, n, 64) })
+	rep := reportOf(t, data)
+	expect(t, rep, "xsk_fill_ring_empty", "fill-ring", "err=-12 on vmxb", "vmaxdp redirected +")
+	// 64 of the 128 frames prime the fill ring; the rest of the datagrams
+	// find none.
+	if got := rep.Findings[0].Count; got < n-64-8 || got > n-64 {
+		t.Errorf("%d redirect failures, want about %d", got, n-64)
+	}
+}
+
+// Traffic for a port vmaxdp does not serve stays on the kernel: the
+// report says how much and which flows, as information, not as an error.
+func TestScenarioNotOffloaded(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const offloaded, kernel, n = 7100, 7101, 100
+	var st *stack.Stack
+	err := b.Do(testbed.B, func() (err error) {
+		st, err = stack.Open(b.Link(testbed.B), &stack.Options{XSK: &xsk.Options{NoHugePages: true}})
+		return err
+	})
+	testutil.SkipIfNotSupported(t, err)
+	defer st.Close()
+	c, err := st.ListenUDP(netip.AddrPortFrom(b.Addr(testbed.B), offloaded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var kc *net.UDPConn
+	if err := b.Do(testbed.B, func() (err error) {
+		kc, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), kernel)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	kc.SetReadBuffer(1 << 20)
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops,rx"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
+	}}, func() error {
+		if err := testutil.SendUDP(b, offloaded, 20, 64); err != nil {
+			return err
+		}
+		return testutil.SendUDP(b, kernel, n, 64)
+	})
+	rep := reportOf(t, data)
+	var f *report.Finding
+	for i := range rep.Findings {
+		if rep.Findings[i].Severity == "error" {
+			t.Errorf("error finding: %s %q", rep.Findings[i].Rule, rep.Findings[i].Title)
+		}
+		if rep.Findings[i].Rule == "not_offloaded" {
+			f = &rep.Findings[i]
+		}
+	}
+	if f == nil {
+		t.Fatal("no not_offloaded finding")
+	}
+	if f.Count < n || !strings.Contains(f.Title, "vmxb") || !strings.Contains(f.Title, "(20 offloaded)") {
+		t.Errorf("finding %q (count %d), want >= %d passed and 20 offloaded on vmxb", f.Title, f.Count, n)
+	}
+	found := false
+	for _, e := range f.Evidence {
+		found = found || strings.Contains(e, "198.18.0.2:7101 (100)")
+	}
+	if !found {
+		t.Errorf("evidence %q does not name the kernel flow to port %d", f.Evidence, kernel)
+	}
+}
