@@ -67,6 +67,9 @@ demo: $(STAMP) build ## the built-in test bed: vmaxdp and the kernel side by sid
 	./bin/vmaxdp testbed status
 	./bin/nettrace record -o demo.ntrace -netns vmx-demo-b -e drops -- ./bin/vmaxdp bench -bed demo -duration 3s all
 	./bin/nettrace script -i demo.ntrace -e drops | tail -n 8
+	./bin/nettrace report -i demo.ntrace -top 5 -html -o demo.html
+	./bin/nettrace report -i demo.ntrace -top 5
+	@echo "the same report with plots: demo.html (open it in a browser)"
 	./bin/vmaxdp testbed down -name demo
 
 clean:

@@ -5,7 +5,7 @@
 # sockperf server in namespace b: with nothing recording, under nettrace
 # -aggregate, under nettrace per event, and under perf record, each with the
 # same five packet-path tracepoints. Then the two recordings are read back
-# with perf script and nettrace script. Prints message rates and read rates
+# with perf script, nettrace script and nettrace report. Prints message rates and read rates
 # with their ratios. Run as root after `make build`; DURATION=secs per run.
 set -euo pipefail
 
@@ -49,6 +49,7 @@ ncount=$(( $("$BIN/nettrace" script -i "$TMP/ev.ntrace" 2>/dev/null | grep -vc '
 elapsed() { local s e; s=$(date +%s%N); "$@" >/dev/null 2>&1; e=$(date +%s%N); echo "scale=3; ($e - $s) / 1000000000" | bc; }
 ptime=$(elapsed perf script -i "$TMP/perf.data")
 ntime=$(elapsed "$BIN/nettrace" script -i "$TMP/ev.ntrace")
+rtime=$(elapsed "$BIN/nettrace" report -i "$TMP/ev.ntrace")
 
 ratio() { echo "scale=3; $1 / $2" | bc; }
 printf 'nettrace bench: sockperf tp UDP 64 B for %ss per run on test bed %s; events: %s\n\n' "$D" "$BED" "$EVENTS"
@@ -64,4 +65,7 @@ pr=$(echo "$pcount / $ptime" | bc)
 nr=$(echo "$ncount / $ntime" | bc)
 printf '%-34s %12s %10s %12s\n' "perf script" "$pcount" "$ptime" "$pr"
 printf '%-34s %12s %10s %12s\n' "nettrace script" "$ncount" "$ntime" "$nr"
+rr=$(echo "$ncount / $rtime" | bc)
+printf '%-34s %12s %10s %12s\n' "nettrace report" "$ncount" "$rtime" "$rr"
 printf '%-34s %35s\n' "nettrace script / perf script" "$(ratio "$nr" "$pr")x"
+printf '%-34s %35s\n' "nettrace report / perf script" "$(ratio "$rr" "$pr")x"

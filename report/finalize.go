@@ -336,10 +336,14 @@ func (b *builder) displayDevice(source, device string) string {
 	if source != "vmaxdp" {
 		return device
 	}
-	if k, ok := vmaxdpDevice(device); ok && b.r.Interface(k.netns, k.ifindex) != "" {
+	k, ok := vmaxdpDevice(device)
+	switch {
+	case !ok:
+		return device
+	case b.r.Interface(k.netns, k.ifindex) != "":
 		return b.devLabel(k)
 	}
-	return device
+	return fmt.Sprintf("ifindex %d (netns %d)", k.ifindex, k.netns)
 }
 
 // counterName names where a counter lives: "vmxb", "cpu1", "netns 4026532281".

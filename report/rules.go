@@ -462,6 +462,7 @@ var reasonAdvice = map[string][2]string{
 	"DEV_READY":               {"The device was down or not ready.", "ip link set DEV up; check the carrier."},
 	"FULL_RING":               {"A driver or tun/tap ring was full.", "Raise the ring size, or drain it faster."},
 	"UNICAST_IN_L2_MULTICAST": {"A unicast IP packet came in an L2 multicast frame.", "Look for a misconfigured sender."},
+	"QUEUE_PURGE":             {"A socket was closed (or its queue purged) with packets still queued.", "Usually the application's choice at shutdown; if not, read the socket before closing it."},
 	"XDP":                     {"An XDP program dropped the packet (XDP_DROP).", "This is the program's decision; check its rules."},
 }
 
@@ -473,6 +474,13 @@ func (b *builder) ruleOtherDrops(rep *Report, handled map[string]bool) []Finding
 			continue
 		}
 		adv, ok := reasonAdvice[name]
+		sev := "error"
+		switch name {
+		case "QUEUE_PURGE", "SOCKET_CLOSE":
+			sev = "info" // a socket closed with packets queued: the application's choice
+		case "NOT_SPECIFIED":
+			sev = "warning"
+		}
 		if !ok {
 			adv = [2]string{"The kernel dropped the packet with reason " + name + " (include/net/dropreason-core.h explains each reason).", "Read the code at the location to see which check failed."}
 		}
@@ -481,7 +489,7 @@ func (b *builder) ruleOtherDrops(rep *Report, handled map[string]bool) []Finding
 			ev = append(ev, "to "+d)
 		}
 		out = append(out, Finding{
-			Rule: "drop_reason", Severity: "error", Count: r.count,
+			Rule: "drop_reason", Severity: sev, Count: r.count,
 			Title:    fmt.Sprintf("%d packets dropped: %s", r.count, name),
 			Evidence: ev, Explanation: adv[0], Fix: adv[1],
 		})

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -128,9 +129,14 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 
-	if len(r.Intervals) > 0 {
-		p("\nINTERVALS (kernel drops next to the counters of the same interval)\n")
-		for _, iv := range r.Intervals {
+	if ivs, more := notableIntervals(r.Intervals, textIntervals); len(ivs) > 0 {
+		p("\nINTERVALS (kernel drops next to the counters of the same interval; the %d with most trouble)\n", len(ivs))
+		defer func() {
+			if more > 0 {
+				fmt.Fprintf(w, "  (%d more intervals in -json)\n", more)
+			}
+		}()
+		for _, iv := range ivs {
 			var parts []string
 			for _, k := range sortedKeys(iv.Drops) {
 				parts = append(parts, fmt.Sprintf("%s %d", k, iv.Drops[k]))
@@ -157,6 +163,42 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	return bw.Flush()
+}
+
+// textIntervals is how many intervals the text report shows.
+const textIntervals = 12
+
+// notableIntervals picks the intervals with the most drops and trouble
+// counters (vmaxdp's own counters alone are not trouble), in time order.
+func notableIntervals(all []Interval, n int) ([]Interval, int) {
+	type scored struct {
+		i     int
+		score uint64
+	}
+	var cand []scored
+	for i, iv := range all {
+		var s uint64
+		for _, d := range iv.Drops {
+			s += d
+		}
+		for _, c := range iv.Counters {
+			if c.Source != "vmaxdp" {
+				s += c.Delta
+			}
+		}
+		if s > 0 {
+			cand = append(cand, scored{i, s})
+		}
+	}
+	slices.SortStableFunc(cand, func(a, b scored) int { return cmp.Compare(b.score, a.score) })
+	more := max(len(cand)-n, 0)
+	cand = cand[:min(n, len(cand))]
+	slices.SortFunc(cand, func(a, b scored) int { return cmp.Compare(a.i, b.i) })
+	out := make([]Interval, len(cand))
+	for j, c := range cand {
+		out[j] = all[c.i]
+	}
+	return out, more
 }
 
 func sortedKeys[V any](m map[string]V) []string {

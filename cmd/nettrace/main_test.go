@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -105,12 +106,50 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"script", "-format", "xml", "-i", golden}, "-format"},
 		{[]string{"pcap", "-i", golden}, "-o"},
 		{[]string{"frobnicate"}, `"frobnicate"`},
+		{[]string{"report", "-i", golden, "-flow", "udp 1.2.3.4"}, "-flow"},
+		{[]string{"report", "-i", golden, "-time", "5,1"}, "-time"},
+		{[]string{"report", "-i", golden, "-cpu", "x"}, "-cpu"},
+		{[]string{"report", "-i", golden, "-json", "-html"}, "-html"},
+		{[]string{"report", "-i", golden, "-top", "0"}, "-top"},
+		{[]string{"report", "-i", "/nonexistent.ntrace"}, "/nonexistent.ntrace"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(context.Background(), c.args, &out, &errOut)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("nettrace %s: error %v, want one naming %s", strings.Join(c.args, " "), err, c.want)
 		}
+	}
+}
+
+// nettrace report on the golden recording: text, JSON and HTML, filters
+// applied after the fact.
+func TestReport(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"report", "-i", golden}, &out, &errOut); err != nil {
+		t.Fatal(err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "[error] 5 packets to udp 198.18.0.2:9, where no socket listens") {
+		t.Errorf("text report:\n%s", out.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"report", "-i", golden, "-json", "-reason", "NETFILTER_DROP"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Filter string `json:"filter"`
+		Drops  struct {
+			Total int `json:"total"`
+		} `json:"drops"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil || rep.Drops.Total != 0 || rep.Filter != "reason NETFILTER_DROP" {
+		t.Errorf("filtered JSON report: %+v %v", rep, err)
+	}
+	html := filepath.Join(t.TempDir(), "r.html")
+	if err := run(context.Background(), []string{"report", "-i", golden, "-html", "-o", html}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(html); err != nil || !bytes.Contains(b, []byte("<svg class=\"plot\"")) {
+		t.Errorf("HTML report: %v", err)
 	}
 }
 
