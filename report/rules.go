@@ -54,6 +54,11 @@ func (b *builder) reasonCount(name string) uint64 {
 	return 0
 }
 
+// reasonEvidence is the evidence line of a drop reason: count and where.
+func (b *builder) reasonEvidence(name string, n uint64) string {
+	return fmt.Sprintf("kfree_skb reason %s: %d drops%s", name, n, b.topLocation(name))
+}
+
 // topLocation names where drops of one reason happened most.
 func (b *builder) topLocation(name string) string {
 	var best uint64
@@ -132,7 +137,7 @@ func (b *builder) ruleNoSocket(rep *Report, handled map[string]bool) []Finding {
 		return nil
 	}
 	dsts := b.destinations(reason, 3)
-	ev := []string{fmt.Sprintf("kfree_skb reason %s: %d drops%s", reason, n, b.topLocation(reason))}
+	ev := []string{b.reasonEvidence(reason, n)}
 	for _, d := range dsts {
 		ev = append(ev, "to "+d)
 	}
@@ -161,7 +166,7 @@ func (b *builder) ruleRcvbuf(rep *Report, handled map[string]bool) []Finding {
 	}
 	var ev []string
 	if n > 0 {
-		ev = append(ev, fmt.Sprintf("kfree_skb reason %s: %d drops%s", reason, n, b.topLocation(reason)))
+		ev = append(ev, b.reasonEvidence(reason, n))
 	}
 	type sock struct {
 		addr uint64
@@ -208,7 +213,7 @@ func (b *builder) ruleBacklog(rep *Report, handled map[string]bool) []Finding {
 	}
 	var ev []string
 	if n > 0 {
-		ev = append(ev, fmt.Sprintf("kfree_skb reason %s: %d drops%s", reason, n, b.topLocation(reason)))
+		ev = append(ev, b.reasonEvidence(reason, n))
 	}
 	ev = append(ev, where...)
 	return []Finding{{
@@ -484,7 +489,7 @@ func (b *builder) ruleOtherDrops(rep *Report, handled map[string]bool) []Finding
 		if !ok {
 			adv = [2]string{"The kernel dropped the packet with reason " + name + " (include/net/dropreason-core.h explains each reason).", "Read the code at the location to see which check failed."}
 		}
-		ev := []string{fmt.Sprintf("kfree_skb reason %s: %d drops%s", name, r.count, b.topLocation(name))}
+		ev := []string{b.reasonEvidence(name, r.count)}
 		for _, d := range b.destinations(name, 3) {
 			ev = append(ev, "to "+d)
 		}
