@@ -202,17 +202,18 @@ func (s *series) add(rel uint64, key string, n uint64) {
 }
 
 type builder struct {
-	opts  *Options
-	r     *tracefile.Reader
-	meta  *tracefile.Meta
-	kind  map[uint16]probes.ID
-	start uint64 // CLOCK_MONOTONIC of the recording's start
-	last  uint64 // latest time seen
-	from  uint64 // absolute bounds of the time filter
-	to    uint64
+	opts *Options
+	r    *tracefile.Reader
+	meta *tracefile.Meta
+	// probes is indexed by the file's probe IDs.
+	probes []probeState
+	start  uint64  // CLOCK_MONOTONIC of the recording's start
+	secs   float64 // the recording's duration; set by report
+	last   uint64  // latest time seen
+	from   uint64  // absolute bounds of the time filter
+	to     uint64
 
-	written map[uint16]uint64
-	loss    map[[2]uint32]tracefile.LossEntry
+	loss map[[2]uint32]tracefile.LossEntry
 
 	drops      uint64
 	byReason   table[uint32]
@@ -221,6 +222,8 @@ type builder struct {
 	byFlow     table[flowKey]
 	rxFlows    table[rxFlowKey] // packets the kernel received, for the not-offloaded rule
 	devNames   map[devKey]string
+	ambiguous  map[string]bool   // device names in several namespaces; set by report
+	reasons    map[uint32]string // reason names, made once
 	dropSeries series
 	rates      series
 
@@ -246,6 +249,13 @@ type builder struct {
 	ev  tracefile.Event
 }
 
+// probeState is one probe of the file.
+type probeState struct {
+	kind    probes.ID
+	known   bool   // a probe this nettrace knows by name
+	written uint64 // events in the file (aggregate mode: counted)
+}
+
 type sockInfo struct {
 	count          uint64
 	rcvbuf, rmem   int32
@@ -269,16 +279,18 @@ func Build(r *tracefile.Reader, opts *Options) (*Report, error) {
 		opts = &Options{}
 	}
 	b := &builder{
-		opts: opts, r: r, meta: r.Meta(), kind: map[uint16]probes.ID{},
-		written: map[uint16]uint64{}, loss: map[[2]uint32]tracefile.LossEntry{},
-		devNames: map[devKey]string{}, sockets: map[uint64]sockInfo{}, redirects: map[redirectKey]uint64{},
+		opts: opts, r: r, meta: r.Meta(), loss: map[[2]uint32]tracefile.LossEntry{},
+		devNames: map[devKey]string{}, reasons: map[uint32]string{}, sockets: map[uint64]sockInfo{}, redirects: map[redirectKey]uint64{},
 		aborted: map[int32]uint64{}, napi: map[napiKey]*napiStat{}, skbs: map[uint64]skbState{},
 		counters: map[counterKey]*counterState{}, pending: map[uint32]uint64{}, agg: map[tracefile.AggEntry]uint64{},
 	}
 	for _, p := range b.meta.Probes {
+		if int(p.ID) >= len(b.probes) {
+			b.probes = append(b.probes, make([]probeState, int(p.ID)+1-len(b.probes))...)
+		}
 		for _, q := range probes.All {
 			if q.Name == p.Name {
-				b.kind[p.ID] = q.ID
+				b.probes[p.ID] = probeState{kind: q.ID, known: true}
 			}
 		}
 	}
@@ -313,7 +325,6 @@ func (b *builder) record(rec *tracefile.Record) error {
 		if err := tracefile.DecodeEvent(rec.Payload, &b.ev); err != nil {
 			return err
 		}
-		b.written[b.ev.Probe]++
 		b.event(&b.ev)
 	case tracefile.TypeLoss:
 		var l tracefile.Loss
@@ -336,6 +347,15 @@ func (b *builder) record(rec *tracefile.Record) error {
 			return err
 		}
 		b.aggregate(&a)
+	}
+	return nil
+}
+
+// probe returns the state of a probe the file declares and this nettrace
+// knows, else nil.
+func (b *builder) probe(id uint16) *probeState {
+	if int(id) < len(b.probes) && b.probes[id].known {
+		return &b.probes[id]
 	}
 	return nil
 }
@@ -368,23 +388,21 @@ func (b *builder) devMatch(e *tracefile.Event) bool {
 	if b.opts.Filter.Dev == "" {
 		return true
 	}
-	k := devKey{e.Netns, e.Ifindex}
-	if _, ok := b.devNames[k]; !ok && e.Dev[0] != 0 {
-		b.devNames[k] = e.DevString()
-	}
-	return e.Ifindex != 0 && b.devName(k) == b.opts.Filter.Dev
+	return e.Ifindex != 0 && b.devName(devKey{e.Netns, e.Ifindex}) == b.opts.Filter.Dev
 }
 
 func (b *builder) event(e *tracefile.Event) {
 	b.last = max(b.last, e.Time)
+	p := b.probe(e.Probe)
+	if p == nil {
+		return
+	}
+	p.written++
 	f := &b.opts.Filter
 	if !b.inTime(e.Time) || (f.CPUs != nil && !f.CPUs[e.CPU]) {
 		return
 	}
-	kind, ok := b.kind[e.Probe]
-	if !ok {
-		return
-	}
+	kind := p.kind
 	switch kind {
 	case probes.SoftirqRaise, probes.SoftirqEntry, probes.SoftirqExit:
 		b.softirq(kind, e)
@@ -459,22 +477,27 @@ func (b *builder) dropReason(kind probes.ID, e *tracefile.Event) (uint32, bool) 
 	return 0, false
 }
 
+// reasonName names a drop reason. Names are made once per reason: the
+// reason filter and the drop series ask for one per dropped packet.
 func (b *builder) reasonName(r uint32) string {
+	if n, ok := b.reasons[r]; ok {
+		return n
+	}
+	var n string
 	switch {
 	case r&reasonXDPRedirectErr != 0:
 		name := unix.ErrnoName(syscall.Errno(r & 0xffff))
 		if name == "" {
 			name = fmt.Sprintf("errno %d", r&0xffff)
 		}
-		return "XDP_REDIRECT_ERR(" + name + ")"
+		n = "XDP_REDIRECT_ERR(" + name + ")"
 	case r&reasonXDPException != 0:
-		acts := [...]string{"ABORTED", "DROP", "PASS", "TX", "REDIRECT"}
-		if a := r & 0xff; int(a) < len(acts) {
-			return "XDP_EXCEPTION(" + acts[a] + ")"
-		}
-		return fmt.Sprintf("XDP_EXCEPTION(%d)", r&0xff)
+		n = "XDP_EXCEPTION(" + tracefmt.XDPAction(int32(r&0xff)) + ")"
+	default:
+		n = tracefmt.Reason(b.meta, r)
 	}
-	return tracefmt.Reason(b.meta, r)
+	b.reasons[r] = n
+	return n
 }
 
 func (b *builder) drop(e *tracefile.Event, reason uint32) {
@@ -484,12 +507,8 @@ func (b *builder) drop(e *tracefile.Event, reason uint32) {
 	if e.Location != 0 {
 		b.byLocation.add(e.Location, t, reason, 1, true)
 	}
-	dk := devKey{e.Netns, e.Ifindex}
 	if e.Ifindex != 0 {
-		if _, ok := b.devNames[dk]; !ok && e.Dev[0] != 0 {
-			b.devNames[dk] = e.DevString()
-		}
-		b.byDevice.add(dk, t, reason, 1, true)
+		b.byDevice.add(devKey{e.Netns, e.Ifindex}, t, reason, 1, true)
 	}
 	if fl, ok := tracefmt.DecodeFlow(e); ok {
 		b.byFlow.add(flowKey{reason, fl.Proto, fl.Src, fl.Dst}, t, 0, 1, false)
@@ -557,9 +576,6 @@ func (b *builder) softirq(kind probes.ID, e *tracefile.Event) {
 
 func (b *builder) napiPoll(e *tracefile.Event) {
 	k := napiKey{devKey{e.Netns, e.Ifindex}, e.CPU}
-	if _, ok := b.devNames[k.dev]; !ok && e.Dev[0] != 0 {
-		b.devNames[k.dev] = e.DevString()
-	}
 	s := b.napi[k]
 	if s == nil {
 		if len(b.napi) >= MaxKeys {
@@ -722,11 +738,12 @@ func (b *builder) aggregate(a *tracefile.Aggregate) {
 		k.Count = 0
 		d := e.Count - min(e.Count, b.agg[k])
 		b.agg[k] = e.Count
-		kind, ok := b.kind[e.Probe]
-		if !ok || d == 0 || !b.inTime(a.Time) {
+		p := b.probe(e.Probe)
+		if p == nil || d == 0 || !b.inTime(a.Time) {
 			continue
 		}
-		b.written[e.Probe] += d
+		kind := p.kind
+		p.written += d
 		b.rates.add(b.rel(a.Time), probes.All[kind].Name, d)
 		if kind != probes.KfreeSkb {
 			continue

@@ -2,7 +2,9 @@ package report
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -184,18 +186,14 @@ func (f *Filter) String() string {
 		parts = append(parts, "flow "+f.Flow.String())
 	}
 	if len(f.Reasons) > 0 {
-		rs := make([]string, 0, len(f.Reasons))
-		for r := range f.Reasons {
-			rs = append(rs, r)
-		}
-		parts = append(parts, "reason "+strings.Join(sorted(rs), ","))
+		parts = append(parts, "reason "+strings.Join(slices.Sorted(maps.Keys(f.Reasons)), ","))
 	}
 	if len(f.CPUs) > 0 {
-		cs := make([]string, 0, len(f.CPUs))
-		for c := range f.CPUs {
+		var cs []string
+		for _, c := range slices.Sorted(maps.Keys(f.CPUs)) {
 			cs = append(cs, strconv.Itoa(int(c)))
 		}
-		parts = append(parts, "cpu "+strings.Join(sorted(cs), ","))
+		parts = append(parts, "cpu "+strings.Join(cs, ","))
 	}
 	if f.From != 0 || f.To != 0 {
 		to := "end"

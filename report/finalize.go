@@ -4,14 +4,11 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/vmaxdp/vmaxdp/tracefmt"
 )
-
-func sorted(s []string) []string { slices.Sort(s); return s }
 
 func (b *builder) report(incomplete error) *Report {
 	m := b.meta
@@ -36,8 +33,8 @@ func (b *builder) report(incomplete error) *Report {
 	if end > b.start {
 		rep.Recording.Duration = time.Duration(end - b.start)
 	}
-	secs := max(rep.Recording.Duration.Seconds(), 1e-9)
-	rel := func(t uint64) float64 { return time.Duration(b.rel(t)).Seconds() }
+	b.secs = max(rep.Recording.Duration.Seconds(), 1e-9)
+	b.markAmbiguous()
 
 	// Events per probe: the End record's totals, else the last loss record.
 	seen := map[uint16][2]uint64{}
@@ -52,7 +49,10 @@ func (b *builder) report(incomplete error) *Report {
 		}
 	}
 	for _, p := range m.Probes {
-		ps := ProbeSummary{Name: p.Name, Attach: p.Attach, Events: b.written[p.ID], Seen: seen[p.ID][0], Lost: seen[p.ID][1]}
+		ps := ProbeSummary{Name: p.Name, Attach: p.Attach, Seen: seen[p.ID][0], Lost: seen[p.ID][1]}
+		if st := b.probe(p.ID); st != nil {
+			ps.Events = st.written
+		}
 		if ps.Seen > 0 {
 			ps.LostShare = float64(ps.Lost) / float64(ps.Seen)
 		}
@@ -63,52 +63,14 @@ func (b *builder) report(incomplete error) *Report {
 	if top <= 0 {
 		top = 10
 	}
-	mkRow := func(key string, r *row) Row {
-		out := Row{Key: key, Count: r.count, Rate: float64(r.count) / secs, First: rel(r.first), Last: rel(r.last)}
-		var best uint64
-		for reason, n := range r.reasons {
-			if n > best || (n == best && b.reasonName(reason) < out.Reason) {
-				best, out.Reason = n, b.reasonName(reason)
-			}
-		}
-		return out
-	}
-	rows := func(n int, add func(func(string, *row)), other *row) []Row {
-		var out []Row
-		add(func(k string, r *row) { out = append(out, mkRow(k, r)) })
-		slices.SortFunc(out, func(a, b Row) int { return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Key, b.Key)) })
-		if len(out) > n {
-			out = out[:n]
-		}
-		if other.count > 0 {
-			out = append(out, mkRow(fmt.Sprintf("(others, beyond %d keys)", MaxKeys), other))
-		}
-		return out
-	}
 	d := &rep.Drops
 	d.Total = b.drops
-	d.ByReason = rows(top, func(f func(string, *row)) {
-		for k, r := range b.byReason.rows {
-			f(b.reasonName(k), r)
-		}
-	}, &b.byReason.other)
-	d.ByLocation = rows(top, func(f func(string, *row)) {
-		for k, r := range b.byLocation.rows {
-			f(b.location(k), r)
-		}
-	}, &b.byLocation.other)
-	d.ByDevice = rows(top, func(f func(string, *row)) {
-		for k, r := range b.byDevice.rows {
-			f(b.devLabel(k), r)
-		}
-	}, &b.byDevice.other)
-	d.ByFlow = rows(top, func(f func(string, *row)) {
-		for k, r := range b.byFlow.rows {
-			row := *r
-			row.reasons = map[uint32]uint64{k.reason: r.count}
-			f(flowString(k.proto, k.src.String(), k.dst.String()), &row)
-		}
-	}, &b.byFlow.other)
+	d.ByReason = topRows(b, &b.byReason, top, func(k uint32) (string, string) { return b.reasonName(k), "" })
+	d.ByLocation = topRows(b, &b.byLocation, top, func(k uint64) (string, string) { return b.location(k), "" })
+	d.ByDevice = topRows(b, &b.byDevice, top, func(k devKey) (string, string) { return b.devLabel(k), "" })
+	d.ByFlow = topRows(b, &b.byFlow, top, func(k flowKey) (string, string) {
+		return flowString(k.proto, k.src.String(), k.dst.String()), b.reasonName(k.reason)
+	})
 	d.OverTime = b.dropSeries.export()
 	rep.Rates = b.rates.export()
 
@@ -118,7 +80,7 @@ func (b *builder) report(incomplete error) *Report {
 	}
 	for k, s := range b.counters {
 		if s.total > 0 {
-			rep.Counters = append(rep.Counters, CounterDelta{Source: k.source, Device: b.displayDevice(k.source, k.device), Netns: k.netns, Name: k.name, Delta: s.total})
+			rep.Counters = append(rep.Counters, CounterDelta{Source: k.source, Device: k.device, Netns: k.netns, Name: k.name, Delta: s.total})
 		}
 	}
 	slices.SortFunc(rep.Counters, compareCounters)
@@ -182,23 +144,71 @@ func (b *builder) location(addr uint64) string {
 	return fmt.Sprintf("0x%x", addr)
 }
 
+// topRows turns a table into its n most frequent rows, and an "others" row
+// when it capped its keys. name gives a key's label and, for tables keyed
+// by reason, the reason; else a row's reason is its most frequent one.
+func topRows[K comparable](b *builder, t *table[K], n int, name func(K) (key, reason string)) []Row {
+	var out []Row
+	for k, r := range t.rows {
+		key, reason := name(k)
+		out = append(out, b.row(key, reason, r))
+	}
+	slices.SortFunc(out, func(a, b Row) int { return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Key, b.Key)) })
+	out = out[:min(n, len(out))]
+	if t.other.count > 0 {
+		out = append(out, b.row(fmt.Sprintf("(others, beyond %d keys)", MaxKeys), "", &t.other))
+	}
+	return out
+}
+
+func (b *builder) row(key, reason string, r *row) Row {
+	out := Row{Key: key, Reason: reason, Count: r.count, Rate: float64(r.count) / b.secs,
+		First: time.Duration(b.rel(r.first)).Seconds(), Last: time.Duration(b.rel(r.last)).Seconds()}
+	var best uint64
+	for k, n := range r.reasons {
+		if name := b.reasonName(k); n > best || (n == best && name < out.Reason) {
+			best, out.Reason = n, name
+		}
+	}
+	return out
+}
+
+// markAmbiguous finds the device names the report shows that are used in
+// more than one namespace.
+func (b *builder) markAmbiguous() {
+	for k := range b.byDevice.rows {
+		b.devName(k)
+	}
+	for k := range b.napi {
+		b.devName(k.dev)
+	}
+	for k := range b.redirects {
+		b.devName(k.dev)
+	}
+	netns := map[string]uint32{}
+	b.ambiguous = map[string]bool{}
+	for k, name := range b.devNames {
+		if ns, ok := netns[name]; ok && ns != k.netns {
+			b.ambiguous[name] = true
+		}
+		netns[name] = k.netns
+	}
+}
+
 // devLabel names a device, with its namespace when the name is ambiguous.
 func (b *builder) devLabel(k devKey) string {
 	n := b.devName(k)
-	for o, name := range b.devNames {
-		if name == n && o.netns != k.netns {
-			return fmt.Sprintf("%s (netns %d)", n, k.netns)
-		}
+	if b.ambiguous[n] {
+		return fmt.Sprintf("%s (netns %d)", n, k.netns)
 	}
 	return n
 }
 
 func (s *series) export() Series {
-	out := Series{Bucket: time.Duration(s.width), Counts: map[string][]uint64{}}
-	for k, r := range s.rows {
-		out.Counts[k] = r
+	if s.rows == nil {
+		s.rows = map[string][]uint64{}
 	}
-	return out
+	return Series{Bucket: time.Duration(s.width), Counts: s.rows}
 }
 
 func (b *builder) napiReport(rep *Report) {
@@ -216,14 +226,13 @@ func (b *builder) napiReport(rep *Report) {
 		}
 	}
 	n.Work = append([]uint64(nil), b.napiWork[:last+1]...)
-	vecNames := [numVecs]string{"HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU"}
 	for cpu, c := range b.cpus {
 		if c == nil {
 			continue
 		}
 		for v := range numVecs {
 			if c.raised[v] > 0 || c.runs[v] > 0 {
-				n.Softirq = append(n.Softirq, SoftirqRow{CPU: uint32(cpu), Vec: vecNames[v], Raised: c.raised[v], Runs: c.runs[v], Time: c.time[v].latency()})
+				n.Softirq = append(n.Softirq, SoftirqRow{CPU: uint32(cpu), Vec: tracefmt.SoftirqName(int32(v)), Raised: c.raised[v], Runs: c.runs[v], Time: c.time[v].latency()})
 			}
 		}
 	}
@@ -287,9 +296,6 @@ func (b *builder) intervalReport(rep *Report) {
 				out.Drops[b.reasonName(r)] += n
 			}
 		}
-		for i := range out.Counters {
-			out.Counters[i].Device = b.displayDevice(out.Counters[i].Source, out.Counters[i].Device)
-		}
 		slices.SortFunc(out.Counters, compareCounters)
 		matched := map[string]bool{}
 		for _, c := range corroborating {
@@ -319,31 +325,6 @@ func (b *builder) intervalReport(rep *Report) {
 		slices.Sort(out.Notes)
 		rep.Intervals = append(rep.Intervals, out)
 	}
-}
-
-// vmaxdpDevice reads a steering program's pin directory name,
-// "<netns inode>_<ifindex>".
-func vmaxdpDevice(dir string) (devKey, bool) {
-	ns, idx, ok := strings.Cut(dir, "_")
-	netns, err1 := strconv.ParseUint(ns, 10, 32)
-	ifindex, err2 := strconv.ParseUint(idx, 10, 32)
-	return devKey{uint32(netns), uint32(ifindex)}, ok && err1 == nil && err2 == nil
-}
-
-// displayDevice names a counter's device for people: vmaxdp's pin
-// directories become interface names when the file knows them.
-func (b *builder) displayDevice(source, device string) string {
-	if source != "vmaxdp" {
-		return device
-	}
-	k, ok := vmaxdpDevice(device)
-	switch {
-	case !ok:
-		return device
-	case b.r.Interface(k.netns, k.ifindex) != "":
-		return b.devLabel(k)
-	}
-	return fmt.Sprintf("ifindex %d (netns %d)", k.ifindex, k.netns)
 }
 
 // counterName names where a counter lives: "vmxb", "cpu1", "netns 4026532281".

@@ -62,6 +62,7 @@ func (h *hist) quantile(q float64) uint64 {
 // Latency summarises a histogram of durations.
 type Latency struct {
 	Count uint64        `json:"count"`
+	Total time.Duration `json:"total_ns"`
 	Mean  time.Duration `json:"mean_ns"`
 	P50   time.Duration `json:"p50_ns"`
 	P90   time.Duration `json:"p90_ns"`
@@ -78,7 +79,7 @@ type Bucket struct {
 }
 
 func (h *hist) latency() Latency {
-	l := Latency{Count: h.n, Max: time.Duration(h.max)}
+	l := Latency{Count: h.n, Total: time.Duration(h.sum), Max: time.Duration(h.max)}
 	if h.n == 0 {
 		return l
 	}

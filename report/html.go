@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -43,9 +44,6 @@ type tick struct {
 	Pos   float64
 	Label string
 }
-
-func (p *plot) x0() float64 { return padL }
-func (p *plot) y0() float64 { return plotH - padB }
 
 // linear ticks for 0..top along a length.
 func ticks(top float64, length float64, horizontal bool, format func(float64) string) []tick {
@@ -97,7 +95,7 @@ func seriesPlot(id, title, ylabel string, s Series, duration time.Duration) plot
 		}
 	}
 	span := max(float64(n)*s.Bucket.Seconds(), duration.Seconds(), 1e-3)
-	for i, k := range sortedKeys(s.Counts) {
+	for i, k := range slices.Sorted(maps.Keys(s.Counts)) {
 		var pts []string
 		for j, v := range s.Counts[k] {
 			// Each bucket is drawn as a step, so that a single bucket is a

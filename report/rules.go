@@ -3,6 +3,7 @@ package report
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -38,7 +39,7 @@ func (b *builder) counterTotal(source, name string) (uint64, []string) {
 	for k, s := range b.counters {
 		if k.source == source && k.name == name && s.total > 0 {
 			sum += s.total
-			where = append(where, fmt.Sprintf("%s %s +%d on %s", source, name, s.total, counterName(CounterDelta{Device: b.displayDevice(source, k.device), Netns: k.netns})))
+			where = append(where, fmt.Sprintf("%s %s +%d on %s", source, name, s.total, counterName(CounterDelta{Device: k.device, Netns: k.netns})))
 		}
 	}
 	slices.Sort(where)
@@ -98,11 +99,7 @@ func (b *builder) destinations(name string, n int) []string {
 	slices.SortFunc(keys, func(a, c string) int { return cmp.Or(cmp.Compare(byDst[c], byDst[a]), cmp.Compare(a, c)) })
 	var out []string
 	for _, k := range keys[:min(n, len(keys))] {
-		from := make([]string, 0, len(srcs[k]))
-		for s := range srcs[k] {
-			from = append(from, s)
-		}
-		out = append(out, fmt.Sprintf("%s (%d, from %s)", k, byDst[k], strings.Join(sorted(from), ", ")))
+		out = append(out, fmt.Sprintf("%s (%d, from %s)", k, byDst[k], strings.Join(slices.Sorted(maps.Keys(srcs[k])), ", ")))
 	}
 	return out
 }
@@ -225,8 +222,23 @@ func (b *builder) ruleBacklog(rep *Report, handled map[string]bool) []Finding {
 	}}
 }
 
+// xskCauses are the errors an XDP redirect to an AF_XDP socket fails with,
+// each with the socket statistic that counts the same drops.
+var xskCauses = []struct {
+	errno                int32
+	counter, rule, title string
+	explanation, fix     string
+	steering             bool // the steering program's counters are evidence too
+}{
+	{-12, "rx_fill_ring_empty_descs", "xsk_fill_ring_empty", "an AF_XDP queue ran out of fill-ring buffers",
+		"The steering program redirected packets to an AF_XDP socket, but the socket's fill ring held no free frame to put them in (the kernel's -ENOMEM): the application held its frames (unread datagrams) or the queue has too few.",
+		"Give the queue more RX buffers (VMAXDP_RX_BUFS; xsk.Options.NumFrames in Go) and have the application read its sockets faster, so that frames go back to the fill ring.", true},
+	{-105, "rx_ring_full", "xsk_rx_ring_full", "an AF_XDP socket's RX ring was full",
+		"The kernel had a frame for the packet but no room on the socket's RX ring: the engine did not drain the ring fast enough.",
+		"Poll the queue more often (VMAXDP_RX_POLL, a dedicated polling thread) or give it a larger UMEM (VMAXDP_RX_BUFS), whose size also sets the RX ring's.", false},
+}
+
 func (b *builder) ruleXSK(rep *Report, handled map[string]bool) []Finding {
-	var out []Finding
 	type agg struct {
 		n  uint64
 		ev []string
@@ -237,55 +249,39 @@ func (b *builder) ruleXSK(rep *Report, handled map[string]bool) []Finding {
 		if a == nil {
 			a = &agg{}
 			byErr[k.err] = a
+			handled[b.reasonName(reasonXDPRedirectErr|uint32(-k.err)&0xffff)] = true
 		}
 		a.n += n
 		a.ev = append(a.ev, fmt.Sprintf("xdp_redirect_err err=%d on %s to map id %d index %d: %d", k.err, b.devLabel(k.dev), k.mapID, k.index, n))
 	}
-	fillEmpty, fillWhere := b.counterTotal("xsk", "rx_fill_ring_empty_descs")
-	ringFull, fullWhere := b.counterTotal("xsk", "rx_ring_full")
-	_, redirected := b.counterTotal("vmaxdp", "redirected")
-	const enomem, enobufs = -12, -105
-	if a := byErr[enomem]; a != nil || fillEmpty > 0 {
-		handled["XDP_REDIRECT_ERR(ENOMEM)"] = true
-		var n uint64
-		var ev []string
-		if a != nil {
-			n = a.n
-			slices.Sort(a.ev)
-			ev = a.ev
-		}
-		ev = append(append(ev, fillWhere...), redirected...)
-		out = append(out, Finding{
-			Rule: "xsk_fill_ring_empty", Severity: "error", Count: max(n, fillEmpty),
-			Title:       fmt.Sprintf("%d packets dropped: an AF_XDP queue ran out of fill-ring buffers", max(n, fillEmpty)),
-			Evidence:    ev,
-			Explanation: "The steering program redirected packets to an AF_XDP socket, but the socket's fill ring held no free frame to put them in (the kernel's -ENOMEM): the application held its frames (unread datagrams) or the queue has too few.",
-			Fix:         "Give the queue more RX buffers (VMAXDP_RX_BUFS; xsk.Options.NumFrames in Go) and have the application read its sockets faster, so that frames go back to the fill ring.",
-		})
+	for _, a := range byErr {
+		slices.Sort(a.ev)
 	}
-	if a := byErr[enobufs]; a != nil || ringFull > 0 {
-		handled["XDP_REDIRECT_ERR(ENOBUFS)"] = true
+	_, redirected := b.counterTotal("vmaxdp", "redirected")
+	var out []Finding
+	for _, c := range xskCauses {
+		total, where := b.counterTotal("xsk", c.counter)
+		a := byErr[c.errno]
+		if a == nil && total == 0 {
+			continue
+		}
 		var n uint64
 		var ev []string
 		if a != nil {
-			n = a.n
-			slices.Sort(a.ev)
-			ev = a.ev
+			n, ev = a.n, a.ev
+			delete(byErr, c.errno)
 		}
-		ev = append(ev, fullWhere...)
+		ev = append(ev, where...)
+		if c.steering {
+			ev = append(ev, redirected...)
+		}
 		out = append(out, Finding{
-			Rule: "xsk_rx_ring_full", Severity: "error", Count: max(n, ringFull),
-			Title:       fmt.Sprintf("%d packets dropped: an AF_XDP socket's RX ring was full", max(n, ringFull)),
-			Evidence:    ev,
-			Explanation: "The kernel had a frame for the packet but no room on the socket's RX ring: the engine did not drain the ring fast enough.",
-			Fix:         "Poll the queue more often (VMAXDP_RX_POLL, a dedicated polling thread) or give it a larger UMEM (VMAXDP_RX_BUFS), whose size also sets the RX ring's.",
+			Rule: c.rule, Severity: "error", Count: max(n, total),
+			Title:    fmt.Sprintf("%d packets dropped: %s", max(n, total), c.title),
+			Evidence: ev, Explanation: c.explanation, Fix: c.fix,
 		})
 	}
 	for e, a := range byErr {
-		if e == enomem || e == enobufs {
-			continue
-		}
-		slices.Sort(a.ev)
 		out = append(out, Finding{
 			Rule: "xdp_redirect_failed", Severity: "error", Count: a.n,
 			Title:       fmt.Sprintf("%d XDP redirects failed with error %d", a.n, e),
@@ -293,9 +289,6 @@ func (b *builder) ruleXSK(rep *Report, handled map[string]bool) []Finding {
 			Explanation: "An XDP program returned XDP_REDIRECT but the target refused the packet, which was dropped.",
 			Fix:         "Check that the map entry the program redirects to exists and is bound (bpftool map dump id ID) and that the target interface is up.",
 		})
-	}
-	for e := range byErr {
-		handled[b.reasonName(reasonXDPRedirectErr|uint32(-e)&0xffff)] = true
 	}
 	return out
 }
@@ -406,14 +399,10 @@ const notOffloadedMin = 10
 func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 	var out []Finding
 	for k, s := range b.counters {
-		if k.source != "vmaxdp" || k.name != "passed" {
+		if k.source != "vmaxdp" || k.name != "passed" || s.total < notOffloadedMin {
 			continue
 		}
-		if s.total < notOffloadedMin {
-			continue
-		}
-		dk, _ := vmaxdpDevice(k.device)
-		dev := b.displayDevice(k.source, k.device)
+		dev := k.device
 		var redirected uint64
 		if r := b.counters[counterKey{"vmaxdp", k.device, "redirected", k.netns}]; r != nil {
 			redirected = r.total
@@ -425,7 +414,7 @@ func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 		}
 		var flows []fl
 		for fk, r := range b.rxFlows.rows {
-			if fk.dev == dk {
+			if fk.dev.netns == k.netns && b.devName(fk.dev) == dev {
 				flows = append(flows, fl{flowString(fk.proto, fk.src.String(), fk.dst.String()), r.count})
 			}
 		}
@@ -447,7 +436,6 @@ func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 // reasonAdvice explains common kernel drop reasons (include/net/dropreason-core.h).
 var reasonAdvice = map[string][2]string{
 	"NOT_SPECIFIED":           {"The kernel freed the packet as a drop without saying why; the location says which function.", "Read the code at the location; newer kernels name more reasons."},
-	"NO_SOCKET":               {"No socket was bound to the destination port.", "Start the receiver, or fix the destination port."},
 	"PKT_TOO_SMALL":           {"The packet was shorter than its headers claim.", "Look for a sender or middlebox that truncates packets."},
 	"TCP_CSUM":                {"The TCP checksum was wrong.", "Check checksum offload on the sender (ethtool -k) and the path for corruption."},
 	"UDP_CSUM":                {"The UDP checksum was wrong.", "Check checksum offload on the sender (ethtool -k) and the path for corruption."},

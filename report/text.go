@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -74,14 +75,18 @@ func (r *Report) WriteText(w io.Writer) error {
 		if len(t.rows) == 0 {
 			continue
 		}
-		p("  %-52s %10s %10s %9s %9s  %s\n", "by "+t.name, "count", "rate/s", "first s", "last s", map[bool]string{true: "reason", false: ""}[t.name != "reason"])
+		reasonCol := "reason"
+		if t.name == "reason" {
+			reasonCol = ""
+		}
+		p("  %-52s %10s %10s %9s %9s  %s\n", "by "+t.name, "count", "rate/s", "first s", "last s", reasonCol)
 		for _, row := range t.rows {
 			p("  %-52s %10d %10.1f %9.3f %9.3f  %s\n", row.Key, row.Count, row.Rate, row.First, row.Last, row.Reason)
 		}
 	}
 	if len(d.OverTime.Counts) > 0 {
 		p("  over time, one column per %s:\n", dur(d.OverTime.Bucket))
-		for _, k := range sortedKeys(d.OverTime.Counts) {
+		for _, k := range slices.Sorted(maps.Keys(d.OverTime.Counts)) {
 			p("  %-30s %s\n", k, sparkline(d.OverTime.Counts[k]))
 		}
 	}
@@ -100,8 +105,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	if len(n.Softirq) > 0 {
 		p("  %-8s %4s %10s %10s %10s %10s %10s %12s\n", "softirq", "cpu", "raised", "runs", "p50", "p99", "max", "total time")
 		for _, s := range n.Softirq {
-			total := time.Duration(uint64(s.Time.Mean) * s.Time.Count)
-			p("  %-8s %4d %10d %10d %10s %10s %10s %12s\n", s.Vec, s.CPU, s.Raised, s.Runs, dur(s.Time.P50), dur(s.Time.P99), dur(s.Time.Max), dur(total))
+			p("  %-8s %4d %10d %10d %10s %10s %10s %12s\n", s.Vec, s.CPU, s.Raised, s.Runs, dur(s.Time.P50), dur(s.Time.P99), dur(s.Time.Max), dur(s.Time.Total))
 		}
 	}
 	if len(n.Softnet) > 0 {
@@ -131,14 +135,9 @@ func (r *Report) WriteText(w io.Writer) error {
 
 	if ivs, more := notableIntervals(r.Intervals, textIntervals); len(ivs) > 0 {
 		p("\nINTERVALS (kernel drops next to the counters of the same interval; the %d with most trouble)\n", len(ivs))
-		defer func() {
-			if more > 0 {
-				fmt.Fprintf(w, "  (%d more intervals in -json)\n", more)
-			}
-		}()
 		for _, iv := range ivs {
 			var parts []string
-			for _, k := range sortedKeys(iv.Drops) {
+			for _, k := range slices.Sorted(maps.Keys(iv.Drops)) {
 				parts = append(parts, fmt.Sprintf("%s %d", k, iv.Drops[k]))
 			}
 			drops := "no drop event"
@@ -152,6 +151,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			for _, note := range iv.Notes {
 				p("%s", wrap("                    => ", note))
 			}
+		}
+		if more > 0 {
+			p("  (%d more intervals in -json)\n", more)
 		}
 	}
 	if len(r.Counters) > 0 {
@@ -199,15 +201,6 @@ func notableIntervals(all []Interval, n int) ([]Interval, int) {
 		out[j] = all[c.i]
 	}
 	return out, more
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // wrap indents s after prefix and wraps it at textWidth.

@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -28,6 +29,23 @@ import (
 
 	vbpf "github.com/vmaxdp/vmaxdp/bpf"
 )
+
+// PinDirName names the directory, under the pin directory, of the program
+// on one interface: "<netns inode>_<ifindex>", unique on the host.
+func PinDirName(netns uint32, ifindex int) string {
+	return strconv.FormatUint(uint64(netns), 10) + "_" + strconv.Itoa(ifindex)
+}
+
+// ParsePinDirName reads a name PinDirName made.
+func ParsePinDirName(name string) (netns uint32, ifindex int, ok bool) {
+	ns, idx, ok := strings.Cut(name, "_")
+	n, err1 := strconv.ParseUint(ns, 10, 32)
+	i, err2 := strconv.ParseUint(idx, 10, 31)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return uint32(n), int(i), true
+}
 
 // DefaultPinDir is where programs and maps are pinned.
 const DefaultPinDir = "/sys/fs/bpf/vmaxdp"
@@ -171,7 +189,7 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
-	p.dir = filepath.Join(o.PinDir, fmt.Sprintf("%d_%d", ino, p.ifindex))
+	p.dir = filepath.Join(o.PinDir, PinDirName(uint32(ino), p.ifindex))
 	if err := p.claim(l); err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}

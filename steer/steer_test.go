@@ -199,3 +199,15 @@ func ifindex(t *testing.T, name string) int {
 	}
 	return int(ifr.Uint32())
 }
+
+func TestPinDirName(t *testing.T) {
+	name := steer.PinDirName(4026532246, 7)
+	if ns, idx, ok := steer.ParsePinDirName(name); !ok || ns != 4026532246 || idx != 7 {
+		t.Fatalf("ParsePinDirName(%q) = %d %d %v", name, ns, idx, ok)
+	}
+	for _, bad := range []string{"", "4026532246", "x_7", "1_y", "1_-2", "99999999999_1"} {
+		if _, _, ok := steer.ParsePinDirName(bad); ok {
+			t.Errorf("ParsePinDirName(%q) accepted", bad)
+		}
+	}
+}

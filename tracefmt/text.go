@@ -397,3 +397,14 @@ func appendAction(b []byte, act int32) []byte {
 	}
 	return appendInt(b, act)
 }
+
+// XDPAction names an XDP action as the kernel's tracepoints print it.
+func XDPAction(act int32) string { return string(appendAction(nil, act)) }
+
+// SoftirqName names a softirq vector as irq:softirq_* print it.
+func SoftirqName(vec int32) string {
+	if vec >= 0 && int(vec) < len(softirqNames) {
+		return softirqNames[vec]
+	}
+	return strconv.Itoa(int(vec))
+}

@@ -91,7 +91,7 @@ func Take(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
 	} else {
 		out = append(out, c...)
 	}
-	recs, err := vmaxdp(now)
+	recs, err := vmaxdp(now, nss)
 	out = append(out, recs...)
 	if err != nil {
 		errs = append(errs, err)
@@ -261,9 +261,9 @@ func ParseSoftnet(now uint64, b []byte) ([]tracefile.Counters, error) {
 }
 
 // vmaxdp reads the program counters of every steering program pinned under
-// steer.DefaultPinDir; Device is the pin directory's name
-// (<netns inode>_<ifindex>).
-func vmaxdp(now uint64) ([]tracefile.Counters, error) {
+// steer.DefaultPinDir, each named by its namespace and interface as the
+// other sources are ("ifindex N" when its namespace is not among nss).
+func vmaxdp(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
 	dirs, err := os.ReadDir(steer.DefaultPinDir)
 	if err != nil {
 		return nil, nil // no vmaxdp engine has run here
@@ -271,6 +271,10 @@ func vmaxdp(now uint64) ([]tracefile.Counters, error) {
 	var out []tracefile.Counters
 	var errs []error
 	for _, d := range dirs {
+		netns, ifindex, ok := steer.ParsePinDirName(d.Name())
+		if !ok {
+			continue
+		}
 		path := filepath.Join(steer.DefaultPinDir, d.Name(), "prog_stats")
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if errors.Is(err, os.ErrNotExist) {
@@ -286,9 +290,26 @@ func vmaxdp(now uint64) ([]tracefile.Counters, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", path, err))
 			continue
 		}
-		out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp", Device: d.Name(), Values: map[string]uint64{
+		out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp", Netns: netns, Device: linkName(nss, netns, ifindex), Values: map[string]uint64{
 			"passed": c.Passed, "redirected": c.Redirected, "non_ip": c.NonIP, "fragments": c.Fragments, "parse_errors": c.ParseErrors,
 		}})
 	}
 	return out, errors.Join(errs...)
+}
+
+// linkName names interface ifindex of the namespace with inode netns.
+func linkName(nss []Namespace, netns uint32, ifindex int) string {
+	name := "ifindex " + strconv.Itoa(ifindex)
+	for i := range nss {
+		if nss[i].Inode != netns {
+			continue
+		}
+		netnsutil.Do(nss[i].h, func() error {
+			if l, err := netlink.LinkByIndex(ifindex); err == nil {
+				name = l.Attrs().Name
+			}
+			return nil
+		})
+	}
+	return name
 }
