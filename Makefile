@@ -26,8 +26,10 @@ $(STAMP): Makefile
 	$(GO) mod download
 	@touch $@
 
-build: ## build bin/vmaxdp and bin/nettrace (needs no clang: the BPF objects are committed)
+build: ## build bin/vmaxdp, bin/libvmaxdp.so (vmaxdp run's preload library) and bin/nettrace (needs no clang: the BPF objects are committed)
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/vmaxdp ./cmd/vmaxdp
+	$(GO) build -buildmode=c-shared -ldflags "-X github.com/vmaxdp/vmaxdp/internal/engine.Version=$(VERSION)" -o bin/libvmaxdp.so ./preload
+	rm -f bin/libvmaxdp.h
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/nettrace ./cmd/nettrace
 
 generate: $(STAMP) ## rebuild the BPF objects and their Go bindings with clang-19

@@ -10,7 +10,10 @@ import (
 // The companion kernel socket is read and written with raw syscalls: the
 // unix wrappers allocate a Sockaddr per call.
 
-func kernelRecvFrom(fd int, b []byte) (int, netip.AddrPort, unix.Errno) {
+// KernelRecvFrom reads a datagram from a kernel UDP socket without
+// blocking or allocating; it returns the datagram's full length, which may
+// exceed len(b).
+func KernelRecvFrom(fd int, b []byte, flags int) (int, netip.AddrPort, unix.Errno) {
 	var sa unix.RawSockaddrInet4
 	sl := uint32(unsafe.Sizeof(sa))
 	var p unsafe.Pointer
@@ -18,12 +21,12 @@ func kernelRecvFrom(fd int, b []byte) (int, netip.AddrPort, unix.Errno) {
 		p = unsafe.Pointer(&b[0])
 	}
 	n, _, e := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(p), uintptr(len(b)),
-		unix.MSG_DONTWAIT|unix.MSG_TRUNC, uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&sl)))
+		uintptr(unix.MSG_DONTWAIT|unix.MSG_TRUNC|flags), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&sl)))
 	if e != 0 {
 		return 0, netip.AddrPort{}, e
 	}
 	port := uint16(sa.Port>>8) | uint16(sa.Port<<8)
-	return min(int(n), len(b)), netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), 0
+	return int(n), netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), 0
 }
 
 func kernelSendTo(fd int, b []byte, to netip.AddrPort) unix.Errno {

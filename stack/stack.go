@@ -44,8 +44,15 @@ type Options struct {
 	// (VMAXDP_RX_BYTES_MIN; default 1 MiB). A datagram beyond it is dropped
 	// and counted in RxQueueDrops.
 	RxBytesLimit int
+	// MTU caps the IP datagrams the stack sends itself (VMAXDP_MTU; 0: the
+	// interface's MTU); larger ones go through the kernel socket.
+	MTU int
 	// ResolveTimeout bounds the wait for ARP on a new neighbour (default 1 s).
 	ResolveTimeout time.Duration
+	// ReturnEINTR makes a blocking receive return unix.EINTR when a signal
+	// interrupts its sleep, as the kernel's recvfrom does; by default it
+	// sleeps on, as Go's own reads do.
+	ReturnEINTR bool
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket).
 	NewBackend func(ifname string, queue int) (backend.Backend, error)
 }
@@ -105,6 +112,12 @@ type Stack struct {
 
 	rxMu sync.Mutex
 
+	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
+	// demultiplexer writes muxEvfd when it queues a datagram while one
+	// sleeps, because the datagram left the ring they watch.
+	muxWaiters atomic.Int32
+	muxEvfd    atomic.Int32
+
 	mu     sync.Mutex // serialises socket table changes
 	socks  atomic.Pointer[map[sockKey]*UDPConn]
 	conns  map[*UDPConn]struct{}
@@ -151,6 +164,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		o.NewBackend = func(ifname string, q int) (backend.Backend, error) { return xsk.Open(ifname, q, xo) }
 	}
 	st := &Stack{opts: o, ifname: ifname, ns: -1, conns: map[*UDPConn]struct{}{}}
+	st.muxEvfd.Store(-1)
 	defer func() {
 		if err != nil {
 			st.Close()
@@ -169,6 +183,9 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	a := l.Attrs()
 	st.ifindex, st.mtu = a.Index, a.MTU
+	if o.MTU > 0 && o.MTU < st.mtu {
+		st.mtu = o.MTU
+	}
 	if len(a.HardwareAddr) != 6 {
 		return st, fmt.Errorf("not an Ethernet interface (hardware address %v)", a.HardwareAddr)
 	}
@@ -221,6 +238,47 @@ func (st *Stack) Backends() []backend.Backend {
 		out[i] = q.be
 	}
 	return out
+}
+
+// Poll drains the queues' RX rings into the sockets' queues and returns
+// how many frames it saw.
+func (st *Stack) Poll() int {
+	st.rxMu.Lock()
+	defer st.rxMu.Unlock()
+	return st.pollLocked()
+}
+
+// BeginWait announces a multiplexer about to sleep and appends what it
+// must sleep on: every queue's fd and an eventfd that the stack writes
+// when a datagram is queued meanwhile. The caller looks at its sockets
+// once more after BeginWait, sleeps, and calls EndWait.
+func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
+	if st.muxEvfd.Load() < 0 {
+		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+		if err != nil {
+			return pfds, fmt.Errorf("stack %s: eventfd: %w", st.ifname, err)
+		}
+		if !st.muxEvfd.CompareAndSwap(-1, int32(fd)) {
+			unix.Close(fd)
+		}
+	}
+	st.muxWaiters.Add(1)
+	for _, q := range st.queues {
+		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
+	}
+	return append(pfds, unix.PollFd{Fd: st.muxEvfd.Load(), Events: unix.POLLIN}), nil
+}
+
+// EndWait ends a BeginWait.
+func (st *Stack) EndWait() {
+	st.muxWaiters.Add(-1)
+	var v [8]byte
+	unix.Read(int(st.muxEvfd.Load()), v[:])
+}
+
+func (st *Stack) wakeMux() {
+	var one = [8]byte{1}
+	unix.Write(int(st.muxEvfd.Load()), one[:])
 }
 
 // pollLocked drains every queue's RX ring into socket queues and returns
@@ -351,6 +409,9 @@ func (st *Stack) Close() error {
 	if st.nl != nil {
 		st.nl.Close()
 		st.nl = nil
+	}
+	if fd := st.muxEvfd.Swap(-1); fd >= 0 {
+		unix.Close(int(fd))
 	}
 	if st.ns >= 0 {
 		st.ns.Close()

@@ -56,11 +56,14 @@ type rxItem struct {
 // net.PacketConn and net.Conn.
 type UDPConn struct {
 	st     *Stack
-	fd     int // the companion kernel socket
-	evfd   int // wakes a sleeping reader; -1 until a reader first sleeps
+	fd     int  // the companion kernel socket
+	ownFD  bool // Close closes fd (false when adopted)
+	evfd   int  // wakes a sleeping reader; -1 until a reader first sleeps
 	local  netip.AddrPort
 	remote netip.AddrPort // valid when connected
-	ttl    uint8
+	ttl    atomic.Uint32  // unicast TTL
+	mttl   atomic.Uint32  // multicast TTL
+	rxLim  atomic.Int64   // payload bytes the receive queue may hold
 
 	rules  []steer.RuleID
 	keys   []sockKey
@@ -74,6 +77,7 @@ type UDPConn struct {
 	filter  RecvFilter
 
 	waiters      atomic.Int32
+	osPolls      atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
 	closed       atomic.Bool
 	readDeadline atomic.Int64 // unix nanoseconds, 0: none
 	txq          *queue
@@ -105,8 +109,7 @@ func (st *Stack) open(laddr, raddr netip.AddrPort) (_ *UDPConn, err error) {
 	if !laddr.Addr().Is4() {
 		return nil, fmt.Errorf("udp %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
 	}
-	c := &UDPConn{st: st, fd: -1, evfd: -1, ttl: header.DefaultTTL, txq: st.queues[0],
-		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity())}
+	c := st.newConn(-1, true)
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -116,12 +119,60 @@ func (st *Stack) open(laddr, raddr netip.AddrPort) (_ *UDPConn, err error) {
 	if err := netnsutil.Do(st.ns, func() error { return c.openKernel(laddr, raddr) }); err != nil {
 		return c, err
 	}
+	return c, c.attach()
+}
+
+// Adopt serves an existing kernel UDP socket, already bound and perhaps
+// connected, with the stack: the socket's address and peer are read from
+// the kernel. The socket stays the caller's: Close leaves it open. This is
+// how an application's own socket is offloaded without changing its fd.
+func (st *Stack) Adopt(fd int) (_ *UDPConn, err error) {
+	c := st.newConn(fd, false)
+	defer func() {
+		if err != nil {
+			c.Close()
+			err = fmt.Errorf("udp fd %d: %w", fd, err)
+		}
+	}()
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return c, fmt.Errorf("getsockname: %w", err)
+	}
+	s4, ok := sa.(*unix.SockaddrInet4)
+	if !ok {
+		return c, fmt.Errorf("%w: IPv4 only", unix.EAFNOSUPPORT)
+	}
+	if s4.Port == 0 {
+		return c, fmt.Errorf("not bound: %w", unix.EINVAL)
+	}
+	c.local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
+	if pa, err := unix.Getpeername(fd); err == nil {
+		if p4, ok := pa.(*unix.SockaddrInet4); ok {
+			c.remote = netip.AddrPortFrom(netip.AddrFrom4(p4.Addr), uint16(p4.Port))
+		}
+	}
+	return c, c.attach()
+}
+
+func (st *Stack) newConn(fd int, own bool) *UDPConn {
+	c := &UDPConn{st: st, fd: fd, ownFD: own, evfd: -1, txq: st.queues[0],
+		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity())}
+	c.ttl.Store(header.DefaultTTL)
+	c.mttl.Store(1) // the kernel's IP_MULTICAST_TTL default
+	c.rxLim.Store(int64(st.opts.RxBytesLimit))
+	return c
+}
+
+// attach enters the bound (and perhaps connected) socket in the table and
+// steers its flow to the stack.
+func (c *UDPConn) attach() error {
+	st := c.st
 	rule := steer.Rule{Proto: unix.IPPROTO_UDP, Local: c.local}
 	key := sockKey{laddr: c.local.Addr().As4(), lport: c.local.Port()}
 	switch {
-	case raddr.IsValid():
-		rule.Kind, rule.Remote = steer.Rule5Tuple, raddr
-		key.raddr, key.rport = raddr.Addr().As4(), raddr.Port()
+	case c.remote.IsValid():
+		rule.Kind, rule.Remote = steer.Rule5Tuple, c.remote
+		key.raddr, key.rport = c.remote.Addr().As4(), c.remote.Port()
 	case c.local.Addr().IsMulticast():
 		rule.Kind = steer.RuleMcast
 	case c.local.Addr().IsUnspecified():
@@ -133,14 +184,14 @@ func (st *Stack) open(laddr, raddr netip.AddrPort) (_ *UDPConn, err error) {
 	// steered datagram finds no socket.
 	c.keys = append(c.keys, key)
 	if err := st.addSocket(c, key); err != nil {
-		return c, err
+		return err
 	}
 	id, err := st.prog.AddRule(rule)
 	if err != nil {
-		return c, err
+		return err
 	}
 	c.rules = append(c.rules, id)
-	return c, nil
+	return nil
 }
 
 // rxCapacity: a socket can never hold more datagrams than there are RX frames.
@@ -221,6 +272,23 @@ func (c *UDPConn) LeaveGroup(group netip.Addr) error {
 	return nil
 }
 
+// SetTTL sets the TTL of unicast (IP_TTL) or multicast (IP_MULTICAST_TTL)
+// datagrams the stack sends.
+func (c *UDPConn) SetTTL(ttl uint8, multicast bool) {
+	if multicast {
+		c.mttl.Store(uint32(ttl))
+	} else {
+		c.ttl.Store(uint32(ttl))
+	}
+}
+
+// SetRxBytesLimit caps the payload bytes queued on the socket (the
+// offloaded counterpart of SO_RCVBUF); it never goes below the stack's
+// RxBytesLimit.
+func (c *UDPConn) SetRxBytesLimit(n int) {
+	c.rxLim.Store(int64(max(n, c.st.opts.RxBytesLimit)))
+}
+
 // SetRecvFilter installs (or, with nil, removes) the receive filter.
 func (c *UDPConn) SetRecvFilter(f RecvFilter) {
 	c.st.rxMu.Lock()
@@ -237,7 +305,7 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 		return
 	}
 	n := len(p.Payload)
-	if c.rxBytes+n > c.st.opts.RxBytesLimit || c.rxLen == len(c.rxq) {
+	if int64(c.rxBytes+n) > c.rxLim.Load() || c.rxLen == len(c.rxq) {
 		c.Counters.RxQueueDrops.Add(1)
 		c.st.releaseLocked(q, b)
 		return
@@ -253,6 +321,9 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	c.Counters.RxOffloadBytes.Add(uint64(n))
 	if c.waiters.Load() > 0 {
 		c.wake()
+	}
+	if c.st.muxWaiters.Load() > 0 {
+		c.st.wakeMux()
 	}
 }
 
@@ -281,22 +352,56 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 // payload is copied into b and the frame released at once; with zc, the
 // frame is lent to zc until zc.Release.
 func (c *UDPConn) tryOffload(b []byte, zc *Datagram) (int, netip.AddrPort, bool) {
+	n, _, from, ok := c.tryOffloadFlags(b, zc, false)
+	return n, from, ok
+}
+
+// tryOffloadFlags is tryOffload that can peek, and also returns the
+// datagram's full length.
+func (c *UDPConn) tryOffloadFlags(b []byte, zc *Datagram, peek bool) (int, int, netip.AddrPort, bool) {
 	st := c.st
 	var it rxItem
 	st.rxMu.Lock()
 	defer st.rxMu.Unlock()
-	if !c.popLocked(&it) && (st.pollLocked() == 0 || !c.popLocked(&it)) {
-		return 0, netip.AddrPort{}, false
+	if c.rxLen == 0 && (st.pollLocked() == 0 || c.rxLen == 0) {
+		return 0, 0, netip.AddrPort{}, false
 	}
+	if peek {
+		it = c.rxq[c.rxHead]
+		n := copy(b, it.buf.Data[it.off:int(it.off)+int(it.n)])
+		return n, int(it.n), it.from, true
+	}
+	c.popLocked(&it)
 	payload := it.buf.Data[it.off : int(it.off)+int(it.n)]
 	if zc != nil {
 		zc.c, zc.it, zc.From, zc.Payload = c, it, it.from, payload
-		return len(payload), it.from, true
+		return len(payload), len(payload), it.from, true
 	}
 	n := copy(b, payload)
 	st.releaseLocked(it.q, it.buf)
-	return n, it.from, true
+	return n, len(payload), it.from, true
 }
+
+// Pending polls the queues and returns the length of the next queued
+// datagram (what FIONREAD reports for UDP) and whether there is one.
+func (c *UDPConn) Pending() (int, bool) {
+	st := c.st
+	st.rxMu.Lock()
+	defer st.rxMu.Unlock()
+	if c.rxLen == 0 {
+		st.pollLocked()
+	}
+	if c.rxLen == 0 {
+		return 0, false
+	}
+	return int(c.rxq[c.rxHead].n), true
+}
+
+// Stack is the stack serving the socket.
+func (c *UDPConn) Stack() *Stack { return c.st }
+
+// FD is the socket's kernel fd.
+func (c *UDPConn) FD() int { return c.fd }
 
 // Datagram is a received datagram lent by RecvZeroCopy: Payload points into
 // the receive frame until Release, which must be called exactly once.
@@ -334,55 +439,119 @@ func (c *UDPConn) RecvZeroCopy(d *Datagram) error {
 	return err
 }
 
+// RecvFlags modify RecvFrom, as recvfrom's flags do.
+type RecvFlags uint8
+
+const (
+	// RecvNonblock returns unix.EAGAIN at once when nothing is queued
+	// (MSG_DONTWAIT, O_NONBLOCK).
+	RecvNonblock RecvFlags = 1 << iota
+	// RecvPeek leaves the datagram queued (MSG_PEEK).
+	RecvPeek
+	// RecvCheckOS looks at the kernel socket before anything else, because
+	// the caller saw it readable (a multiplexer reported it).
+	RecvCheckOS
+)
+
+// RecvFrom reads a datagram like ReadFromUDPAddrPort, with flags; it also
+// returns the datagram's full length, which exceeds n when it was cut.
+// Errors are unix.EAGAIN (nonblocking and nothing queued),
+// os.ErrDeadlineExceeded, unix.EINTR (a signal arrived while it slept)
+// and net.ErrClosed, each in a *net.OpError.
+func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags) (n, full int, from netip.AddrPort, err error) {
+	return c.recvFlags(b, flags)
+}
+
 // osBuf is where zero-copy receives land when the datagram comes from the
 // kernel socket.
 const osBufLen = 65536
 
 func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
+	n, _, from, err := c.recvZC(b, zc, 0)
+	return n, from, err
+}
+
+func (c *UDPConn) recvFlags(b []byte, flags RecvFlags) (int, int, netip.AddrPort, error) {
+	return c.recvZC(b, nil, flags)
+}
+
+func (c *UDPConn) readErr(err error) error {
+	return &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: err}
+}
+
+// recvOS reads the kernel socket; ok is false when it has nothing.
+func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n, full int, from netip.AddrPort, ok bool, err error) {
+	if zc != nil {
+		if zc.osBuf == nil {
+			zc.osBuf = make([]byte, osBufLen)
+		}
+		b = zc.osBuf
+	}
+	rf := 0
+	if flags&RecvPeek != 0 {
+		rf = unix.MSG_PEEK
+	}
+	full, from, e := KernelRecvFrom(c.fd, b, rf)
+	if e == unix.EAGAIN {
+		return 0, 0, from, false, nil
+	}
+	if e != 0 {
+		return 0, 0, from, false, c.readErr(os.NewSyscallError("recvfrom", e))
+	}
+	n = min(full, len(b))
+	c.countPoll(slept)
+	c.Counters.RxOSPackets.Add(1)
+	c.Counters.RxOSBytes.Add(uint64(n))
+	if zc != nil {
+		zc.c, zc.it, zc.From, zc.Payload = c, rxItem{}, from, b[:n]
+	}
+	return n, full, from, true, nil
+}
+
+func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags) (int, int, netip.AddrPort, error) {
 	ratio := c.st.opts.RxPollOSRatio
 	slept := false
+	if flags&RecvCheckOS != 0 {
+		if n, full, from, ok, err := c.recvOS(b, zc, false, flags); ok || err != nil {
+			return n, full, from, err
+		}
+	}
 	for i := 1; ; i++ {
 		if c.closed.Load() {
-			return 0, netip.AddrPort{}, net.ErrClosed
+			return 0, 0, netip.AddrPort{}, net.ErrClosed
 		}
-		if n, from, ok := c.tryOffload(b, zc); ok {
+		if n, full, from, ok := c.tryOffloadFlags(b, zc, flags&RecvPeek != 0); ok {
 			c.countPoll(slept)
-			return n, from, nil
+			return n, full, from, nil
 		}
+		nonblock := flags&RecvNonblock != 0
 		// The kernel socket is looked at after every ratio polls, not
 		// before the first: a read whose datagram is a poll away must not
-		// pay a recvfrom syscall.
+		// pay a recvfrom syscall. Nonblocking reads count polls across
+		// calls, as VMA does, so that a spinning reader pays it as rarely.
 		sleepNext := c.st.opts.RxPoll >= 0 && i > c.st.opts.RxPoll
-		if ratio > 0 && i%ratio == 0 || sleepNext {
-			if zc != nil {
-				if zc.osBuf == nil {
-					zc.osBuf = make([]byte, osBufLen)
-				}
-				b = zc.osBuf
+		osTurn := ratio > 0 && i%ratio == 0
+		if nonblock {
+			osTurn = ratio > 0 && c.osPolls.Add(1)%uint32(ratio) == 0 || ratio == 0
+		}
+		if osTurn || sleepNext {
+			if n, full, from, ok, err := c.recvOS(b, zc, slept, flags); ok || err != nil {
+				return n, full, from, err
 			}
-			n, from, e := kernelRecvFrom(c.fd, b)
-			if e == 0 {
-				c.countPoll(slept)
-				c.Counters.RxOSPackets.Add(1)
-				c.Counters.RxOSBytes.Add(uint64(n))
-				if zc != nil {
-					zc.c, zc.it, zc.From, zc.Payload = c, rxItem{}, from, b[:n]
-				}
-				return n, from, nil
-			}
-			if e != unix.EAGAIN {
-				return 0, netip.AddrPort{}, &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: os.NewSyscallError("recvfrom", e)}
-			}
+		}
+		if nonblock {
+			c.Counters.RxEagain.Add(1)
+			return 0, 0, netip.AddrPort{}, c.readErr(unix.EAGAIN)
 		}
 		if i&63 == 0 || sleepNext {
 			if d := c.readDeadline.Load(); d != 0 && time.Now().UnixNano() >= d {
 				c.Counters.RxEagain.Add(1)
-				return 0, netip.AddrPort{}, &net.OpError{Op: "read", Net: "udp", Addr: net.UDPAddrFromAddrPort(c.local), Err: os.ErrDeadlineExceeded}
+				return 0, 0, netip.AddrPort{}, c.readErr(os.ErrDeadlineExceeded)
 			}
 		}
 		if sleepNext {
 			if err := c.sleep(); err != nil {
-				return 0, netip.AddrPort{}, err
+				return 0, 0, netip.AddrPort{}, err
 			}
 			slept = true
 			i = 0
@@ -442,6 +611,9 @@ func (c *UDPConn) sleep() error {
 		ts = &tsv
 	}
 	_, err := unix.Ppoll(pfds[:n], ts, nil)
+	if err == unix.EINTR && c.st.opts.ReturnEINTR {
+		return c.readErr(unix.EINTR)
+	}
 	if err != nil && err != unix.EINTR {
 		return fmt.Errorf("udp %s: ppoll: %w", c.local, err)
 	}
@@ -558,7 +730,10 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 	if src.IsUnspecified() || src.IsMulticast() {
 		src = hop.src
 	}
-	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TTL: c.ttl}
+	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TTL: uint8(c.ttl.Load())}
+	if to.Addr().IsMulticast() {
+		f.TTL = uint8(c.mttl.Load())
+	}
 	maxPayload := st.mtu - header.IPv4MinLen - header.UDPLen
 	q := c.txq
 	q.txMu.Lock()
@@ -677,7 +852,7 @@ func (c *UDPConn) Close() error {
 		c.evfd = -1
 	}
 	st.rxMu.Unlock()
-	if c.fd >= 0 {
+	if c.fd >= 0 && c.ownFD {
 		errs = append(errs, unix.Close(c.fd))
 	}
 	if err := errors.Join(errs...); err != nil {

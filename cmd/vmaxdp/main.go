@@ -1,6 +1,8 @@
 // Command vmaxdp is the kernel-bypass engine's command-line tool.
 //
 //	vmaxdp version
+//	vmaxdp run [flags] -- program [args...]
+//	vmaxdp params [-env]
 //	vmaxdp testbed up|down|status [flags]
 //	vmaxdp bench [rxdrop|txonly|echo|xdpcost|all] [flags]
 package main
@@ -36,6 +38,8 @@ const usage = `usage: vmaxdp <command> [arguments]
 
 commands:
   version                 print the version
+  run [flags] -- prog ... run an unmodified program with its UDP sockets offloaded
+  params [-env]           list the VMAXDP_* parameters, defaults and meanings
   testbed up|down|status  manage the veth test bed (two namespaces, 198.18.0.0/24)
   bench [kind...]         measure vmaxdp against the kernel on a test bed
                           kinds: rxdrop txonly echo xdpcost all (default all)
@@ -52,6 +56,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	case "version":
 		fmt.Fprintln(out, "vmaxdp", version)
 		return nil
+	case "run":
+		return runRun(args[1:], out)
+	case "params":
+		return runParams(args[1:], out)
 	case "testbed":
 		return runTestbed(args[1:], out)
 	case "bench":

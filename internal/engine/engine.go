@@ -1,0 +1,676 @@
+// Package engine is the offload engine that `vmaxdp run` loads into an
+// application: it keeps the application's UDP sockets, decides at bind,
+// connect, multicast join or first send whether vmaxdp serves each one
+// (the rules file, VMAXDP_OFFLOADED_SOCKETS, the interface), adopts those
+// it serves into a stack (package stack) and answers the socket calls the
+// preload library hands it, fd by fd.
+//
+// Every socket is a real kernel socket first and its fd number is the
+// application's; offload adds the fast path beside it and falling back is
+// one way and always possible. A socket that is not offloaded keeps the
+// reason, for the log and the stats tool.
+//
+// What this package must not do: call libc (the preload library wraps
+// libc's socket calls, so the engine uses raw system calls only), or block
+// a call of a socket it does not serve.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/rules"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+// MaxFD bounds the fds the engine can serve; a socket on a higher fd stays
+// on the kernel, with that reason.
+const MaxFD = 1 << 16
+
+// State is what the preload library knows about an fd.
+type State int32
+
+const (
+	// StateOS: the kernel serves the fd; the engine is never asked again.
+	StateOS State = iota
+	// StateCandidate: a UDP socket not yet decided.
+	StateCandidate
+	// StateOffloaded: the engine serves the fd's data calls.
+	StateOffloaded
+	// StateEpoll: an epoll fd some of whose members are engine sockets.
+	StateEpoll
+	// StateKernel: a socket the engine decided not to serve; the kernel
+	// serves its calls, the engine keeps its reason until close.
+	StateKernel
+)
+
+// ErrPassOS is returned (as an errno the kernel never uses) when the
+// preload library must make the call itself, on the kernel.
+const ErrPassOS = unix.Errno(4095)
+
+// Version is printed in the start-up banner; set by the linker.
+var Version = "dev"
+
+// Options configure an Engine.
+type Options struct {
+	Params  *params.Params // default: from the environment
+	Program string         // the application's path (default: os.Args[0])
+	Stderr  io.Writer      // default: os.Stderr
+	// OnState is told each decision the engine takes on its own (the first
+	// send, a fall-back), so that the caller's fd table follows.
+	OnState func(fd int, s State)
+}
+
+// Engine serves one process's offloaded sockets.
+type Engine struct {
+	p       *params.Params
+	rules   *rules.Config
+	program string
+	onState func(fd int, s State)
+	Log     *Log
+
+	mu       sync.Mutex // stacks, stackErr, epolls, Socket.refs
+	stacks   map[string]*stack.Stack
+	stackErr map[string]error
+	epolls   map[int]*epollSet
+	fds      []atomic.Pointer[Socket]
+	scratch  sync.Pool // []byte of 64 KiB, for gathers and scatters
+}
+
+// Socket is one application UDP socket.
+type Socket struct {
+	fd       int
+	conn     atomic.Pointer[stack.UDPConn]
+	nonblock atomic.Bool
+	rcvtimeo atomic.Int64 // nanoseconds, 0: none
+	osReady  atomic.Bool  // a multiplexer saw the kernel socket readable
+
+	mu     sync.Mutex // decisions and options below
+	state  State
+	reason string // why it is not offloaded
+	rcvbuf int    // SO_RCVBUF asked, 0: none
+	ttl    int    // IP_TTL asked, -1: none
+	mttl   int    // IP_MULTICAST_TTL asked, -1: none
+	refs   int    // fds naming it (dup), guarded by Engine.mu
+}
+
+// New starts an engine: it reads the parameters and the rules file, and
+// writes the start-up banner. A bad parameter or rules line is an error
+// naming it.
+func New(opts *Options) (*Engine, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	var perr error
+	if o.Params == nil {
+		o.Params, perr = params.FromEnv()
+	}
+	if o.Program == "" {
+		o.Program = os.Args[0]
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	if o.OnState == nil {
+		o.OnState = func(int, State) {}
+	}
+	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, stacks: map[string]*stack.Stack{},
+		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD)}
+	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
+	var err error
+	e.Log, err = newLog(o.Params, o.Stderr)
+	if err = errors.Join(perr, err); err != nil {
+		return nil, err
+	}
+	if e.rules, err = rules.Load(o.Params.ConfigFile); err != nil {
+		if !errors.Is(err, os.ErrNotExist) || o.Params.ConfigFile != params.Defaults().ConfigFile {
+			return nil, err
+		}
+		e.rules = nil // no default rules file: offload everything
+	}
+	e.banner()
+	return e, nil
+}
+
+func (e *Engine) banner() {
+	if !e.Log.Enabled(params.LevelInfo) {
+		return
+	}
+	var b strings.Builder
+	e.p.WriteBanner(&b, "")
+	e.Log.Printf(params.LevelInfo, "---------------------------------------------------------------------------")
+	e.Log.Printf(params.LevelInfo, "VMAXDP_VERSION: %s", Version)
+	e.Log.Printf(params.LevelInfo, "Cmd Line: %s", strings.Join(os.Args, " "))
+	e.Log.Printf(params.LevelDebug, "Pid: %d", os.Getpid())
+	e.Log.Printf(params.LevelInfo, "---------------------------------------------------------------------------")
+	for _, l := range strings.Split(strings.TrimRight(b.String(), "\n"), "\n") {
+		e.Log.Printf(params.LevelInfo, "%s", l)
+	}
+	e.Log.Printf(params.LevelInfo, "---------------------------------------------------------------------------")
+}
+
+// Params are the engine's parameters.
+func (e *Engine) Params() *params.Params { return e.p }
+
+func (e *Engine) get(fd int) *Socket {
+	if fd < 0 || fd >= MaxFD {
+		return nil
+	}
+	return e.fds[fd].Load()
+}
+
+// Socket records a new AF_INET SOCK_DGRAM socket.
+func (e *Engine) Socket(fd int, nonblock bool) State {
+	if fd >= MaxFD {
+		e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: fd beyond %d", fd, MaxFD-1)
+		return StateOS
+	}
+	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, refs: 1}
+	s.nonblock.Store(nonblock)
+	e.fds[fd].Store(s)
+	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
+	return StateCandidate
+}
+
+// Bind is called after the kernel bound fd.
+func (e *Engine) Bind(fd int) State {
+	s := e.get(fd)
+	if s == nil {
+		return StateOS
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateCandidate {
+		return s.state
+	}
+	local, _ := sockAddrs(fd)
+	return e.decide(s, rules.UDPReceiver, local, netip.AddrPort{}, "")
+}
+
+// Connect is called after the kernel connected (or, with AF_UNSPEC,
+// disconnected) fd; an offloaded socket follows its new peer.
+func (e *Engine) Connect(fd int) State {
+	s := e.get(fd)
+	if s == nil {
+		return StateOS
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	local, remote := sockAddrs(fd)
+	switch s.state {
+	case StateCandidate:
+		role := rules.UDPConnect
+		if !remote.IsValid() {
+			role = rules.UDPReceiver
+		}
+		return e.decide(s, role, local, remote, "")
+	case StateOffloaded:
+		old := s.conn.Load()
+		st := old.Stack()
+		old.Close()
+		c, err := st.Adopt(fd)
+		if err != nil {
+			return e.fallBack(s, fmt.Sprintf("re-attach after connect to %s: %v", remote, err))
+		}
+		e.applyOptions(s, c)
+		s.conn.Store(c)
+	}
+	return s.state
+}
+
+// PrepareSend is called before a send on a candidate socket: the first
+// send decides (the udp_sender role), binding the socket first as the
+// kernel would.
+func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
+	s := e.get(fd)
+	if s == nil {
+		return StateOS
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateCandidate {
+		return s.state
+	}
+	local, remote := sockAddrs(fd)
+	if remote.IsValid() {
+		to = remote
+	}
+	if !to.IsValid() || !to.Addr().Is4() {
+		return StateCandidate // the kernel answers (EDESTADDRREQ and the like)
+	}
+	if local.Port() == 0 {
+		if err := unix.Bind(fd, &unix.SockaddrInet4{}); err != nil {
+			return e.notOffloaded(s, fmt.Sprintf("bind before first send: %v", err))
+		}
+		local, _ = sockAddrs(fd)
+	}
+	role := rules.UDPSender
+	if remote.IsValid() {
+		role = rules.UDPConnect
+	}
+	return e.decide(s, role, local, to, "")
+}
+
+func sockAddrs(fd int) (local, remote netip.AddrPort) {
+	if sa, err := unix.Getsockname(fd); err == nil {
+		if s4, ok := sa.(*unix.SockaddrInet4); ok {
+			local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
+		}
+	}
+	if sa, err := unix.Getpeername(fd); err == nil {
+		if s4, ok := sa.(*unix.SockaddrInet4); ok {
+			remote = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
+		}
+	}
+	return local, remote
+}
+
+// decide applies the rules and, when they say so, offloads s. Caller
+// holds s.mu.
+func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort, ifname string) State {
+	what := fmt.Sprintf("%s %s", role, local)
+	if remote.IsValid() {
+		what = fmt.Sprintf("%s %s>%s", role, local, remote)
+	}
+	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, role, local, remote)
+	switch {
+	case matched && r.Transport == rules.OS:
+		return e.notOffloaded(s, fmt.Sprintf("%s: rule %s: %s", what, r.Where, r))
+	case !matched && !e.p.OffloadedSockets:
+		return e.notOffloaded(s, fmt.Sprintf("%s: %sOFFLOADED_SOCKETS=0 and no rule offloads it", what, params.Prefix))
+	}
+	if ifname == "" {
+		var err error
+		if ifname, err = e.pickInterface(local.Addr(), remote.Addr()); err != nil {
+			return e.notOffloaded(s, fmt.Sprintf("%s: %v", what, err))
+		}
+	}
+	st, err := e.stackFor(ifname)
+	if err != nil {
+		return e.notOffloaded(s, fmt.Sprintf("%s: %v", what, err))
+	}
+	c, err := st.Adopt(s.fd)
+	if err != nil {
+		return e.notOffloaded(s, fmt.Sprintf("%s: %v", what, err))
+	}
+	e.applyOptions(s, c)
+	s.conn.Store(c)
+	s.state = StateOffloaded
+	e.onState(s.fd, StateOffloaded)
+	by := "default"
+	if matched {
+		by = "rule " + r.Where
+	}
+	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s, %s)", s.fd, ifname, what, by)
+	return StateOffloaded
+}
+
+func (e *Engine) notOffloaded(s *Socket, reason string) State {
+	s.state, s.reason = StateKernel, reason
+	e.onState(s.fd, StateKernel)
+	e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: %s", s.fd, reason)
+	return StateKernel
+}
+
+// fallBack moves an offloaded socket to the kernel for good.
+func (e *Engine) fallBack(s *Socket, reason string) State {
+	if c := s.conn.Swap(nil); c != nil {
+		c.Close()
+	}
+	return e.notOffloaded(s, reason)
+}
+
+func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
+	if s.rcvbuf > 0 {
+		c.SetRxBytesLimit(s.rcvbuf)
+	}
+	if s.ttl >= 0 {
+		c.SetTTL(uint8(s.ttl), false)
+	}
+	if s.mttl >= 0 {
+		c.SetTTL(uint8(s.mttl), true)
+	}
+}
+
+// Reason says why fd is not offloaded ("" when it is, or is unknown).
+func (e *Engine) Reason(fd int) string {
+	s := e.get(fd)
+	if s == nil {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reason
+}
+
+// Conn is fd's stack socket, nil when the engine does not serve it.
+func (e *Engine) Conn(fd int) *stack.UDPConn {
+	if s := e.get(fd); s != nil {
+		return s.conn.Load()
+	}
+	return nil
+}
+
+// pickInterface: the interface owning local, else the route to remote, else
+// VMAXDP_INTERFACE, else the only candidate.
+func (e *Engine) pickInterface(local, remote netip.Addr) (string, error) {
+	if local.IsValid() && !local.IsUnspecified() && !local.IsMulticast() {
+		return ifaceOwning(local)
+	}
+	if e.p.Interface != "" {
+		return e.p.Interface, nil
+	}
+	if remote.IsValid() && !remote.IsUnspecified() {
+		if name, err := ifaceRoute(remote); err == nil {
+			return name, nil
+		}
+	}
+	if local.IsMulticast() {
+		if name, err := ifaceRoute(local); err == nil {
+			return name, nil
+		}
+	}
+	return onlyInterface()
+}
+
+func ifaceOwning(a netip.Addr) (string, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return "", fmt.Errorf("interface of %s: %w", a, err)
+	}
+	for _, ad := range addrs {
+		if x, ok := netip.AddrFromSlice(ad.IP.To4()); ok && x == a {
+			l, err := netlink.LinkByIndex(ad.LinkIndex)
+			if err != nil {
+				return "", fmt.Errorf("interface of %s: %w", a, err)
+			}
+			return l.Attrs().Name, nil
+		}
+	}
+	return "", fmt.Errorf("no interface has address %s", a)
+}
+
+func ifaceRoute(dst netip.Addr) (string, error) {
+	routes, err := netlink.RouteGet(dst.AsSlice())
+	if err != nil || len(routes) == 0 {
+		return "", fmt.Errorf("route to %s: %w", dst, errors.Join(err, unix.ENETUNREACH))
+	}
+	l, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return "", fmt.Errorf("route to %s: %w", dst, err)
+	}
+	return l.Attrs().Name, nil
+}
+
+func onlyInterface() (string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return "", fmt.Errorf("interfaces: %w", err)
+	}
+	var names []string
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&net.FlagLoopback != 0 || a.Flags&net.FlagUp == 0 {
+			continue
+		}
+		if addrs, err := netlink.AddrList(l, netlink.FAMILY_V4); err == nil && len(addrs) > 0 {
+			names = append(names, a.Name)
+		}
+	}
+	if len(names) != 1 {
+		return "", fmt.Errorf("bound to 0.0.0.0 and %d interfaces have IPv4 addresses (%s): set %sINTERFACE", len(names), strings.Join(names, ", "), params.Prefix)
+	}
+	return names[0], nil
+}
+
+// stackFor opens (once) the stack of ifname. A failure is remembered: the
+// interface's later sockets stay on the kernel with the same reason.
+func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if st := e.stacks[ifname]; st != nil {
+		return st, nil
+	}
+	if err := e.stackErr[ifname]; err != nil {
+		return nil, err
+	}
+	p := e.p
+	o := &stack.Options{
+		XSK:           &xsk.Options{NumFrames: uint32(p.RxBufs)},
+		Steer:         &steer.Options{Generic: p.XDPMode == "generic"},
+		RxPoll:        p.RxPoll,
+		RxPollOSRatio: p.RxUDPPollOSRatio,
+		RxBytesLimit:  p.RxBytesMin,
+		MTU:           p.MTU,
+		ReturnEINTR:   true,
+	}
+	switch p.RxPoll {
+	case -1:
+		o.RxPoll = stack.RxPollForever
+	case 0:
+		o.RxPoll = stack.RxPollNever
+	}
+	if p.RxUDPPollOSRatio == 0 {
+		o.RxPollOSRatio = stack.OSPollBeforeSleep
+	}
+	st, err := stack.Open(ifname, o)
+	if err == nil && p.XDPMode == "native" && st.Program().Mode() != steer.ModeNative {
+		st.Close()
+		err = fmt.Errorf("stack %s: %sXDP_MODE=native but the driver gave %s", ifname, params.Prefix, st.Program().Mode())
+	}
+	if err != nil {
+		e.stackErr[ifname] = err
+		return nil, err
+	}
+	e.stacks[ifname] = st
+	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues", ifname, st.Program().Mode(), len(st.Backends()))
+	return st, nil
+}
+
+// Close forgets fd. Its socket's offload ends when no other fd names it
+// (dup); when the closing fd is the one the stack reads, the socket moves
+// to a remaining fd.
+func (e *Engine) Close(fd int) {
+	if fd < 0 || fd >= MaxFD {
+		return
+	}
+	s := e.fds[fd].Swap(nil)
+	e.mu.Lock()
+	for _, set := range e.epolls {
+		set.remove(fd)
+	}
+	if set := e.epolls[fd]; set != nil {
+		delete(e.epolls, fd)
+	}
+	if s == nil {
+		e.mu.Unlock()
+		return
+	}
+	s.refs--
+	refs := s.refs
+	other := -1
+	if refs > 0 {
+		for i := range e.fds {
+			if e.fds[i].Load() == s {
+				other = i
+				break
+			}
+		}
+	}
+	e.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.conn.Load()
+	if c == nil {
+		return
+	}
+	if refs > 0 && c.FD() != fd {
+		return
+	}
+	st := c.Stack()
+	c.Close()
+	s.conn.Store(nil)
+	if other >= 0 {
+		nc, err := st.Adopt(other)
+		if err != nil {
+			e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached: %v", fd, other, err))
+			return
+		}
+		e.applyOptions(s, nc)
+		s.fd = other
+		s.conn.Store(nc)
+		return
+	}
+	e.Log.Printf(params.LevelDebug, "fd %d: closed", fd)
+}
+
+// Dup makes newfd name oldfd's socket (dup, dup2, dup3, F_DUPFD).
+func (e *Engine) Dup(oldfd, newfd int) State {
+	s := e.get(oldfd)
+	if newfd < 0 || newfd >= MaxFD {
+		if s != nil {
+			e.Log.Printf(params.LevelInfo, "fd %d: dup to fd %d beyond %d: the duplicate is served by the kernel", oldfd, newfd, MaxFD-1)
+		}
+		return StateOS
+	}
+	if e.get(newfd) != nil {
+		e.Close(newfd)
+	}
+	if s == nil {
+		return StateOS
+	}
+	e.mu.Lock()
+	s.refs++
+	e.fds[newfd].Store(s)
+	e.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// SetNonblock follows O_NONBLOCK (fcntl F_SETFL, ioctl FIONBIO).
+func (e *Engine) SetNonblock(fd int, on bool) {
+	if s := e.get(fd); s != nil {
+		s.nonblock.Store(on)
+	}
+}
+
+// SetRcvTimeo follows SO_RCVTIMEO.
+func (e *Engine) SetRcvTimeo(fd int, d time.Duration) {
+	if s := e.get(fd); s != nil {
+		s.rcvtimeo.Store(int64(d))
+	}
+}
+
+// SetRcvBuf follows SO_RCVBUF: the offloaded queue holds at least as much
+// as the kernel socket would (which doubles the asked size), and never
+// less than VMAXDP_RX_BYTES_MIN.
+func (e *Engine) SetRcvBuf(fd int, n int) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rcvbuf = 2 * n
+	if c := s.conn.Load(); c != nil {
+		c.SetRxBytesLimit(s.rcvbuf)
+	}
+}
+
+// SetTTL follows IP_TTL and IP_MULTICAST_TTL.
+func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if multicast {
+		s.mttl = ttl
+	} else {
+		s.ttl = ttl
+	}
+	if c := s.conn.Load(); c != nil {
+		c.SetTTL(uint8(ttl), multicast)
+	}
+}
+
+// Membership joins (add) or leaves a multicast group on fd. ifindex or
+// else ifaddr names the interface, as ip_mreqn does (neither: by route).
+// It returns ErrPassOS when the kernel must do it (the socket is not
+// offloaded).
+func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex int) (State, unix.Errno) {
+	s := e.get(fd)
+	if s == nil {
+		return StateOS, ErrPassOS
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == StateCandidate && add {
+		local, _ := sockAddrs(fd)
+		if local.Port() == 0 {
+			return s.state, ErrPassOS // not bound: bind decides later
+		}
+		var ifname string
+		if ifindex > 0 {
+			l, err := netlink.LinkByIndex(ifindex)
+			if err != nil {
+				return e.notOffloaded(s, fmt.Sprintf("join %s: interface %d: %v", group, ifindex, err)), ErrPassOS
+			}
+			ifname = l.Attrs().Name
+		} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
+			var err error
+			if ifname, err = ifaceOwning(ifaddr); err != nil {
+				return e.notOffloaded(s, fmt.Sprintf("join %s: %v", group, err)), ErrPassOS
+			}
+		}
+		if st := e.decide(s, rules.UDPReceiver, netip.AddrPortFrom(group, local.Port()), netip.AddrPort{}, ifname); st != StateOffloaded {
+			return st, ErrPassOS
+		}
+	}
+	c := s.conn.Load()
+	if c == nil {
+		return s.state, ErrPassOS
+	}
+	var err error
+	if add {
+		err = c.JoinGroup(group)
+	} else {
+		err = c.LeaveGroup(group)
+	}
+	return s.state, errnoOf(err)
+}
+
+// errnoOf maps an engine or stack error to the errno the application sees.
+func errnoOf(err error) unix.Errno {
+	if err == nil {
+		return 0
+	}
+	var errno unix.Errno
+	switch {
+	case errors.As(err, &errno):
+		return errno
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return unix.EAGAIN
+	case errors.Is(err, net.ErrClosed):
+		return unix.EBADF
+	}
+	return unix.EIO
+}

@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/stack"
+)
+
+// Receive flags the engine serves; any other flag (MSG_ERRQUEUE, MSG_OOB)
+// goes to the kernel.
+const recvFlagsServed = unix.MSG_DONTWAIT | unix.MSG_PEEK | unix.MSG_TRUNC | unix.MSG_WAITALL | unix.MSG_NOSIGNAL | unix.MSG_CMSG_CLOEXEC
+
+// Send flags the engine serves; any other (MSG_MORE, MSG_OOB) goes to the kernel.
+const sendFlagsServed = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL | unix.MSG_CONFIRM | unix.MSG_EOR
+
+// Recv serves a receive on fd into b: bytes copied, the datagram's full
+// length (more than n when cut) and its sender. ErrPassOS means the kernel
+// must serve it.
+func (e *Engine) Recv(fd int, b []byte, flags int) (n, full int, from netip.AddrPort, errno unix.Errno) {
+	s := e.get(fd)
+	if s == nil {
+		return 0, 0, from, ErrPassOS
+	}
+	if flags&^recvFlagsServed != 0 {
+		return 0, 0, from, ErrPassOS
+	}
+	c := s.conn.Load()
+	if c == nil {
+		return e.recvCandidate(s, b, flags)
+	}
+	var rf stack.RecvFlags
+	if s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0 {
+		rf |= stack.RecvNonblock
+	} else if t := s.rcvtimeo.Load(); t > 0 {
+		c.SetReadDeadline(time.Now().Add(time.Duration(t)))
+	}
+	if flags&unix.MSG_PEEK != 0 {
+		rf |= stack.RecvPeek
+	}
+	if s.osReady.Load() && s.osReady.CompareAndSwap(true, false) {
+		rf |= stack.RecvCheckOS
+	}
+	n, full, from, err := c.RecvFrom(b, rf)
+	return n, full, from, errnoOf(err)
+}
+
+// candidateSlice bounds each sleep of a wait that involves a candidate
+// socket: offload may attach to it meanwhile (another thread's first send)
+// and steer its datagrams away from the kernel socket the wait watches.
+const candidateSlice = 10 * time.Millisecond
+
+// recvCandidate receives on a socket not yet decided: from the kernel
+// socket, until offload attaches.
+func (e *Engine) recvCandidate(s *Socket, b []byte, flags int) (n, full int, from netip.AddrPort, errno unix.Errno) {
+	nonblock := s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
+	var deadline time.Time
+	if t := s.rcvtimeo.Load(); t > 0 && !nonblock {
+		deadline = time.Now().Add(time.Duration(t))
+	}
+	for {
+		if s.conn.Load() != nil {
+			return e.Recv(s.fd, b, flags)
+		}
+		s.mu.Lock()
+		st := s.state
+		s.mu.Unlock()
+		switch st {
+		case StateOffloaded:
+			continue // attached since the look at conn
+		case StateKernel:
+			return 0, 0, from, ErrPassOS
+		}
+		full, from, errno = stack.KernelRecvFrom(s.fd, b, flags&^unix.MSG_TRUNC)
+		if errno != unix.EAGAIN {
+			return min(full, len(b)), full, from, errno
+		}
+		if nonblock {
+			return 0, 0, from, unix.EAGAIN
+		}
+		wait := candidateSlice
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return 0, 0, from, unix.EAGAIN
+			}
+			wait = min(wait, left)
+		}
+		ts := unix.NsecToTimespec(wait.Nanoseconds())
+		pfd := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
+		if _, err := unix.Ppoll(pfd, &ts, nil); err == unix.EINTR {
+			return 0, 0, from, unix.EINTR
+		}
+	}
+}
+
+// Pending is FIONREAD: the length of fd's next datagram, or 0.
+func (e *Engine) Pending(fd int) (int, unix.Errno) {
+	c := e.Conn(fd)
+	if c == nil {
+		return 0, ErrPassOS
+	}
+	if n, ok := c.Pending(); ok {
+		return n, 0
+	}
+	return 0, ErrPassOS // the kernel socket may hold one
+}
+
+// Send serves a send of b on fd to to (zero: the connected peer). The first
+// send of a candidate socket decides its offload.
+func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, flags int) (int, unix.Errno) {
+	s := e.get(fd)
+	if s == nil || flags&^sendFlagsServed != 0 {
+		return 0, ErrPassOS
+	}
+	c := s.conn.Load()
+	if c == nil {
+		if e.PrepareSend(fd, to) != StateOffloaded {
+			return 0, ErrPassOS
+		}
+		c = s.conn.Load()
+	}
+	var err error
+	if to.IsValid() {
+		_, err = c.WriteToUDPAddrPort(b, to)
+	} else {
+		_, err = c.Write(b)
+	}
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	return len(b), 0
+}
+
+// Scratch lends a 64 KiB buffer for gathering and scattering iovecs;
+// return it with PutScratch.
+func (e *Engine) Scratch() *[]byte { return e.scratch.Get().(*[]byte) }
+
+// PutScratch returns a buffer from Scratch.
+func (e *Engine) PutScratch(b *[]byte) { e.scratch.Put(b) }

@@ -1,0 +1,328 @@
+package engine
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/stack"
+)
+
+// The multiplexers (select, poll, epoll_wait) over any mix of engine and
+// kernel fds work as VMA's do: poll the engine's sockets for
+// VMAXDP_SELECT_POLL microseconds, looking at the kernel fds once every
+// VMAXDP_SELECT_POLL_OS_RATIO polls, then sleep in the kernel on the kernel
+// fds, the queues' fds and the stacks' wake eventfds, so that nothing that
+// arrives while they sleep goes unseen.
+
+// spin runs scan until it finds something, the timeout passes or polling
+// ends, then sleeps with sleep and scans again. timeout < 0: none.
+func (e *Engine) spin(timeout time.Duration, scan func(osTurn bool) (int, unix.Errno),
+	sleep func(deadline time.Time, infinite bool) unix.Errno) (int, unix.Errno) {
+	start := time.Now()
+	infinite := timeout < 0
+	deadline := start.Add(timeout)
+	pollFor := time.Duration(e.p.SelectPoll) * time.Microsecond
+	spinning := e.p.SelectPoll != 0
+	ratio := e.p.SelectPollOSRatio
+	for i := 0; ; i++ {
+		n, errno := scan(i == 0 || ratio > 0 && i%ratio == 0)
+		if n > 0 || errno != 0 {
+			return n, errno
+		}
+		if timeout == 0 {
+			return 0, 0
+		}
+		now := time.Now()
+		if !infinite && !now.Before(deadline) {
+			return 0, 0
+		}
+		if spinning && (e.p.SelectPoll < 0 || now.Sub(start) < pollFor) {
+			continue
+		}
+		spinning = false
+		if errno := sleep(deadline, infinite); errno != 0 {
+			return 0, errno
+		}
+		// Scan with the kernel fds after a sleep, whatever the ratio.
+		if n, errno := scan(true); n > 0 || errno != 0 {
+			return n, errno
+		}
+		i = 0
+	}
+}
+
+// sleepOn sleeps in ppoll on pfds and what the stacks need watched.
+func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infinite bool, sigmask *unix.Sigset_t, ready func() bool) unix.Errno {
+	all := slices.Clone(pfds)
+	var began []*stack.Stack
+	defer func() {
+		for _, st := range began {
+			st.EndWait()
+		}
+	}()
+	for _, st := range stacks {
+		var err error
+		if all, err = st.BeginWait(all); err != nil {
+			return errnoOf(err)
+		}
+		began = append(began, st)
+	}
+	// A datagram queued between the caller's scan and BeginWait left the
+	// ring unseen by ppoll: look once more.
+	if ready() {
+		return 0
+	}
+	var ts *unix.Timespec
+	if !infinite {
+		t := unix.NsecToTimespec(max(time.Until(deadline).Nanoseconds(), 0))
+		ts = &t
+	}
+	_, err := unix.Ppoll(all, ts, sigmask)
+	if err != nil {
+		return errnoOf(err)
+	}
+	return 0
+}
+
+func (e *Engine) isCandidate(fd int) bool {
+	s := e.get(fd)
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == StateCandidate
+}
+
+// sliceDeadline cuts a sleep to candidateSlice.
+func sliceDeadline(deadline time.Time, infinite bool) (time.Time, bool) {
+	cut := time.Now().Add(candidateSlice)
+	if infinite || cut.Before(deadline) {
+		return cut, false
+	}
+	return deadline, infinite
+}
+
+func appendStack(stacks []*stack.Stack, st *stack.Stack) []*stack.Stack {
+	if slices.Contains(stacks, st) {
+		return stacks
+	}
+	return append(stacks, st)
+}
+
+// Poll serves poll and ppoll (and select through them) over pfds, some
+// of which are engine sockets. timeout < 0 waits for ever.
+func (e *Engine) Poll(pfds []unix.PollFd, timeout time.Duration, sigmask *unix.Sigset_t) (int, unix.Errno) {
+	zero := unix.Timespec{}
+	scan := func(osTurn bool) (int, unix.Errno) {
+		for i := range pfds {
+			pfds[i].Revents = 0
+		}
+		if osTurn {
+			if _, err := unix.Ppoll(pfds, &zero, nil); err != nil && err != unix.EINTR {
+				return 0, errnoOf(err)
+			}
+		}
+		n := 0
+		for i := range pfds {
+			p := &pfds[i]
+			if s := e.get(int(p.Fd)); s != nil {
+				if c := s.conn.Load(); c != nil {
+					if p.Revents&unix.POLLIN != 0 {
+						s.osReady.Store(true)
+					}
+					if p.Events&unix.POLLIN != 0 {
+						if _, ok := c.Pending(); ok {
+							p.Revents |= unix.POLLIN
+						}
+					}
+					if p.Events&unix.POLLOUT != 0 {
+						p.Revents |= unix.POLLOUT
+					}
+				}
+			}
+			if p.Revents != 0 {
+				n++
+			}
+		}
+		return n, 0
+	}
+	sleep := func(deadline time.Time, infinite bool) unix.Errno {
+		var stacks []*stack.Stack
+		for _, p := range pfds {
+			if c := e.Conn(int(p.Fd)); c != nil {
+				stacks = appendStack(stacks, c.Stack())
+			} else if e.isCandidate(int(p.Fd)) {
+				deadline, infinite = sliceDeadline(deadline, infinite)
+			}
+		}
+		return sleepOn(pfds, stacks, deadline, infinite, sigmask, func() bool { n, _ := scan(false); return n > 0 })
+	}
+	return e.spin(timeout, scan, sleep)
+}
+
+// epollSet is what the engine knows of one epoll fd: its members that are
+// engine sockets (the kernel knows them too, for their kernel sockets).
+type epollSet struct {
+	mu      sync.Mutex
+	members map[int]*epollMember
+}
+
+type epollMember struct {
+	events   uint32
+	data     [2]int32 // epoll_data, opaque
+	disabled bool     // EPOLLONESHOT fired
+}
+
+func (set *epollSet) remove(fd int) {
+	set.mu.Lock()
+	delete(set.members, fd)
+	set.mu.Unlock()
+}
+
+// EpollCtl records an epoll_ctl on an engine socket, after the kernel
+// accepted it. It returns StateEpoll while the set has engine members.
+func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
+	if e.get(fd) == nil {
+		return e.epollState(epfd)
+	}
+	e.mu.Lock()
+	set := e.epolls[epfd]
+	if set == nil {
+		set = &epollSet{members: map[int]*epollMember{}}
+		e.epolls[epfd] = set
+	}
+	e.mu.Unlock()
+	set.mu.Lock()
+	switch op {
+	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
+		set.members[fd] = &epollMember{events: ev.Events, data: [2]int32{ev.Fd, ev.Pad}}
+	case unix.EPOLL_CTL_DEL:
+		delete(set.members, fd)
+	}
+	set.mu.Unlock()
+	return e.epollState(epfd)
+}
+
+func (e *Engine) epollState(epfd int) State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if set := e.epolls[epfd]; set != nil && len(set.members) > 0 {
+		return StateEpoll
+	}
+	return StateOS
+}
+
+// EpollWait serves epoll_wait and epoll_pwait on an epoll fd with engine
+// members. Engine sockets are reported level-triggered (EPOLLET is served
+// as level-triggered; EPOLLONESHOT is honoured).
+func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duration, sigmask *unix.Sigset_t) (int, unix.Errno) {
+	e.mu.Lock()
+	set := e.epolls[epfd]
+	e.mu.Unlock()
+	if set == nil || len(out) == 0 {
+		return 0, ErrPassOS
+	}
+	scan := func(osTurn bool) (int, unix.Errno) {
+		n := 0
+		set.mu.Lock()
+		for fd, m := range set.members {
+			if n == len(out) {
+				break
+			}
+			c := e.Conn(fd)
+			if c == nil || m.disabled {
+				continue
+			}
+			var ev uint32
+			if m.events&unix.EPOLLIN != 0 {
+				if _, ok := c.Pending(); ok {
+					ev |= unix.EPOLLIN
+				}
+			}
+			if m.events&unix.EPOLLOUT != 0 {
+				ev |= unix.EPOLLOUT
+			}
+			if ev != 0 {
+				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
+				n++
+				if m.events&unix.EPOLLONESHOT != 0 {
+					m.disabled = true
+				}
+			}
+		}
+		set.mu.Unlock()
+		if !osTurn || n == len(out) {
+			return n, 0
+		}
+		k, err := unix.EpollWait(epfd, out[n:], 0)
+		if err != nil && err != unix.EINTR {
+			return n, errnoOf(err)
+		}
+		return n + e.mergeKernel(set, out[:n], out[n:n+max(k, 0)]), 0
+	}
+	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
+	sleep := func(deadline time.Time, infinite bool) unix.Errno {
+		var stacks []*stack.Stack
+		set.mu.Lock()
+		for fd := range set.members {
+			if c := e.Conn(fd); c != nil {
+				stacks = appendStack(stacks, c.Stack())
+			} else if e.isCandidate(fd) {
+				deadline, infinite = sliceDeadline(deadline, infinite)
+			}
+		}
+		set.mu.Unlock()
+		return sleepOn(pfds, stacks, deadline, infinite, sigmask, func() bool {
+			set.mu.Lock()
+			defer set.mu.Unlock()
+			for fd, m := range set.members {
+				if c := e.Conn(fd); c != nil && !m.disabled && m.events&unix.EPOLLIN != 0 {
+					if _, ok := c.Pending(); ok {
+						return true
+					}
+				}
+			}
+			return false
+		})
+	}
+	return e.spin(timeout, scan, sleep)
+}
+
+// mergeKernel folds the kernel's events for engine sockets (their kernel
+// sockets) into the engine's, marks those sockets' kernel side readable,
+// and returns how many kernel events remain in kev (compacted).
+func (e *Engine) mergeKernel(set *epollSet, ours, kev []unix.EpollEvent) int {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	kept := 0
+	for _, k := range kev {
+		dup := false
+		for fd, m := range set.members {
+			if m.data != [2]int32{k.Fd, k.Pad} {
+				continue
+			}
+			s := e.get(fd)
+			if s == nil || s.conn.Load() == nil {
+				continue
+			}
+			if k.Events&unix.EPOLLIN != 0 {
+				s.osReady.Store(true)
+			}
+			for i := range ours {
+				if ours[i].Fd == k.Fd && ours[i].Pad == k.Pad {
+					ours[i].Events |= k.Events
+					dup = true
+				}
+			}
+		}
+		if !dup {
+			kev[kept] = k
+			kept++
+		}
+	}
+	return kept
+}

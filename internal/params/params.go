@@ -1,0 +1,217 @@
+// Package params holds vmaxdp's run-time parameters: the VMAXDP_*
+// environment variables that configure an application run under
+// `vmaxdp run` (VMA's VMA_* parameters, with VMA's names and meanings where
+// they carry over). It parses and documents them; it must not act on them.
+package params
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Prefix starts every parameter's environment variable.
+const Prefix = "VMAXDP_"
+
+// DefaultApplicationID matches only the rules file's "*" blocks.
+const DefaultApplicationID = "VMAXDP_DEFAULT_APPLICATION_ID"
+
+// Params are the parsed parameters.
+type Params struct {
+	TraceLevel        int
+	LogDetails        int
+	LogFile           string
+	ConfigFile        string
+	ApplicationID     string
+	OffloadedSockets  bool
+	RxPoll            int
+	RxUDPPollOSRatio  int
+	SelectPoll        int
+	SelectPollOSRatio int
+	RxBytesMin        int
+	RxBufs            int
+	MTU               int
+	Interface         string
+	XDPMode           string
+	StatsFile         string
+	StatsFDNum        int
+	StatsDir          string
+	CPUUsageStats     bool
+}
+
+// Param describes one parameter.
+type Param struct {
+	Name    string // without Prefix
+	Title   string // as the start-up banner prints it
+	Default string
+	Help    string
+	set     func(p *Params, v string) error
+	get     func(p *Params) string
+}
+
+// Trace levels, VMA's meanings.
+const (
+	LevelPanic = iota
+	LevelError
+	LevelWarning
+	LevelInfo
+	LevelDebug
+	LevelFunc
+	LevelFuncAll
+)
+
+// LevelNames name the trace levels as log lines print them.
+var LevelNames = [...]string{"PANIC", "ERROR", "WARNING", "INFO", "DEBUG", "FUNC", "FUNC_ALL"}
+
+func intParam(name, title, def, help string, lo, hi int, f func(*Params) *int) Param {
+	return Param{Name: name, Title: title, Default: def, Help: help,
+		set: func(p *Params, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", v)
+			}
+			if n < lo || n > hi {
+				return fmt.Errorf("%d is out of range %d..%d", n, lo, hi)
+			}
+			*f(p) = n
+			return nil
+		},
+		get: func(p *Params) string { return strconv.Itoa(*f(p)) }}
+}
+
+func boolParam(name, title, def, help string, f func(*Params) *bool) Param {
+	return Param{Name: name, Title: title, Default: def, Help: help,
+		set: func(p *Params, v string) error {
+			switch strings.TrimSpace(v) {
+			case "0":
+				*f(p) = false
+			case "1":
+				*f(p) = true
+			default:
+				return fmt.Errorf("%q: want 0 or 1", v)
+			}
+			return nil
+		},
+		get: func(p *Params) string {
+			if *f(p) {
+				return "1"
+			}
+			return "0"
+		}}
+}
+
+func stringParam(name, title, def, help string, check func(string) error, f func(*Params) *string) Param {
+	return Param{Name: name, Title: title, Default: def, Help: help,
+		set: func(p *Params, v string) error {
+			if check != nil {
+				if err := check(v); err != nil {
+					return err
+				}
+			}
+			*f(p) = v
+			return nil
+		},
+		get: func(p *Params) string { return *f(p) }}
+}
+
+// All lists every parameter, in banner order.
+var All = []Param{
+	intParam("TRACELEVEL", "Log Level", "3", "Log verbosity: 0 PANIC, 1 ERROR, 2 WARNING, 3 INFO (start-up banner, sockets not offloaded), 4 DEBUG (every socket call), 5 FUNC, 6 FUNC_ALL.", 0, 6, func(p *Params) *int { return &p.TraceLevel }),
+	intParam("LOG_DETAILS", "Log Details", "0", "Details on each log line: 0 none, 1 thread id, 2 pid and thread id, 3 time (ms since start), pid and thread id.", 0, 3, func(p *Params) *int { return &p.LogDetails }),
+	stringParam("LOG_FILE", "Log File", "", "Write the log to this file instead of stderr; a single %d becomes the pid.", checkLogFile, func(p *Params) *string { return &p.LogFile }),
+	stringParam("CONFIG_FILE", "Conf File", "/etc/libvmaxdp.conf", "Rules file in libvma.conf syntax choosing which sockets are offloaded; a missing default file means offload everything.", nil, func(p *Params) *string { return &p.ConfigFile }),
+	stringParam("APPLICATION_ID", "Application ID", DefaultApplicationID, "Which application-id blocks of the rules file apply, besides those whose id is *.", nil, func(p *Params) *string { return &p.ApplicationID }),
+	boolParam("OFFLOADED_SOCKETS", "Offloaded Sockets", "1", "1: sockets are offloaded unless a rule says os; 0: only sockets a rule says vmaxdp for.", func(p *Params) *bool { return &p.OffloadedSockets }),
+	intParam("RX_POLL", "Rx Poll Loops", "100000", "Polls of the AF_XDP queues before a blocking receive sleeps: -1 forever, 0 sleep at once.", -1, 100000000, func(p *Params) *int { return &p.RxPoll }),
+	intParam("RX_UDP_POLL_OS_RATIO", "Rx UDP Poll OS Ratio", "100", "While polling, look at the kernel socket once every this many polls (0: only before sleeping).", 0, 100000000, func(p *Params) *int { return &p.RxUDPPollOSRatio }),
+	intParam("SELECT_POLL", "Select Poll (usec)", "100000", "Microseconds select, poll and epoll_wait poll the queues before they block: -1 forever, 0 block at once.", -1, 100000000, func(p *Params) *int { return &p.SelectPoll }),
+	intParam("SELECT_POLL_OS_RATIO", "Select Poll OS Ratio", "10", "While select, poll or epoll_wait polls, look at kernel fds once every this many polls (0: only before blocking).", 0, 100000000, func(p *Params) *int { return &p.SelectPollOSRatio }),
+	intParam("RX_BYTES_MIN", "Rx Byte Min Limit", "65536", "Least payload bytes an offloaded socket queues, whatever SO_RCVBUF says; datagrams beyond the limit are dropped and counted.", 1, 1<<30, func(p *Params) *int { return &p.RxBytesMin }),
+	intParam("RX_BUFS", "Rx Mem Bufs", "4096", "UMEM frames per AF_XDP queue, a power of two: half wait in the fill ring, the rest serve transmit and datagrams not yet read.", 64, 1<<20, func(p *Params) *int { return &p.RxBufs }),
+	intParam("MTU", "MTU", "0", "Largest IP datagram the engine sends itself (0: the interface's MTU); larger ones go through the kernel, which fragments them.", 0, 9000, func(p *Params) *int { return &p.MTU }),
+	stringParam("INTERFACE", "Interface", "", "Interface serving sockets bound to 0.0.0.0 (default: the only up interface with an IPv4 address other than lo).", nil, func(p *Params) *string { return &p.Interface }),
+	stringParam("XDP_MODE", "XDP Mode", "auto", "auto (native, else generic), native or generic.", checkXDPMode, func(p *Params) *string { return &p.XDPMode }),
+	stringParam("STATS_FILE", "Stats File", "", "At close, write each socket's counters to this file.", nil, func(p *Params) *string { return &p.StatsFile }),
+	intParam("STATS_FD_NUM", "Stats FD Num (max)", "0", "Most sockets whose counters are published (0: all).", 0, 1<<20, func(p *Params) *int { return &p.StatsFDNum }),
+	stringParam("STATS_DIR", "Stats Dir", "/dev/shm", "Directory of the shared-memory counters that vmaxdp stats reads.", nil, func(p *Params) *string { return &p.StatsDir }),
+	boolParam("CPU_USAGE_STATS", "Polling CPU idle usage", "0", "1: measure the CPU share spent polling in select, poll and epoll_wait.", func(p *Params) *bool { return &p.CPUUsageStats }),
+}
+
+func checkLogFile(v string) error {
+	if strings.Count(v, "%") > 1 || strings.Contains(v, "%") && !strings.Contains(v, "%d") {
+		return errors.New("only a single %d may appear")
+	}
+	return nil
+}
+
+func checkXDPMode(v string) error {
+	switch v {
+	case "auto", "native", "generic":
+		return nil
+	}
+	return fmt.Errorf("%q: want auto, native or generic", v)
+}
+
+// Defaults returns the parameters at their defaults.
+func Defaults() *Params {
+	p := &Params{}
+	for _, d := range All {
+		if err := d.set(p, d.Default); err != nil {
+			panic("params: default of " + d.Name + ": " + err.Error())
+		}
+	}
+	return p
+}
+
+// Load reads the parameters from lookup (os.LookupEnv in a process). Every
+// bad value is reported, naming the variable.
+func Load(lookup func(string) (string, bool)) (*Params, error) {
+	p := Defaults()
+	var errs []error
+	for _, d := range All {
+		if v, ok := lookup(Prefix + d.Name); ok {
+			if err := d.set(p, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s%s: %w", Prefix, d.Name, err))
+			}
+		}
+	}
+	return p, errors.Join(errs...)
+}
+
+// Value is a parameter's current value as text.
+func (p *Params) Value(d Param) string { return d.get(p) }
+
+// LogPath is LogFile with its %d replaced by pid.
+func (p *Params) LogPath(pid int) string {
+	return strings.Replace(p.LogFile, "%d", strconv.Itoa(pid), 1)
+}
+
+// WriteBanner writes the start-up banner: the trace level and log file
+// always, every other parameter only when it differs from its default, as
+// VMA's does.
+func (p *Params) WriteBanner(w io.Writer, prefix string) {
+	for _, d := range All {
+		v := d.get(p)
+		if v == d.Default && d.Name != "TRACELEVEL" && d.Name != "LOG_FILE" {
+			continue
+		}
+		fmt.Fprintf(w, "%s%-30s %-10s [%s%s]\n", prefix, d.Title, v, Prefix, d.Name)
+	}
+}
+
+// WriteDoc lists every parameter with its default and meaning (`vmaxdp params`).
+func WriteDoc(w io.Writer) {
+	for _, d := range All {
+		def := d.Default
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(w, "%s%s (default %s)\n    %s\n", Prefix, d.Name, def, d.Help)
+	}
+}
+
+// FromEnv loads the process's parameters.
+func FromEnv() (*Params, error) { return Load(os.LookupEnv) }

@@ -1,0 +1,530 @@
+/*
+ * The libc socket calls of an application run under vmaxdp. Each wrapper
+ * looks its fd up in a byte table, here in C: an fd the engine does not
+ * serve goes straight to libc and never enters Go, which costs a call
+ * across to Go (about 50 ns) only on the fds that use the engine.
+ *
+ * After fork() the child never calls into Go (its Go runtime has no
+ * threads): every fd there, offloaded ones included, is the kernel's.
+ * A child that execs loads a fresh engine through the inherited
+ * LD_PRELOAD.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include "interpose.h"
+#include "_cgo_export.h"
+
+static unsigned char vmx_state[VMX_MAXFD];
+static volatile int vmx_forked;
+
+void vmx_set_state(int fd, int state)
+{
+	if (fd >= 0 && fd < VMX_MAXFD)
+		__atomic_store_n(&vmx_state[fd], (unsigned char)state, __ATOMIC_RELEASE);
+}
+
+static inline int state(int fd);
+
+/* engine says whether the engine serves fd's receives and multiplexing:
+ * offloaded sockets, and candidates, whose offload may attach while a
+ * thread waits on them. */
+#define engine(fd) ({ int s_ = state(fd); s_ == VMX_OFFLOADED || s_ == VMX_CANDIDATE; })
+
+static inline int state(int fd)
+{
+	if ((unsigned)fd >= VMX_MAXFD || vmx_forked)
+		return VMX_OS;
+	return __atomic_load_n(&vmx_state[fd], __ATOMIC_ACQUIRE);
+}
+
+/* ret turns the Go side's -errno convention into libc's. */
+static inline long ret(long r)
+{
+	if (r < 0) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
+
+#define REAL(name) real_##name
+#define DECLARE(rt, name, ...) static rt (*real_##name)(__VA_ARGS__)
+
+DECLARE(int, socket, int, int, int);
+DECLARE(int, bind, int, const struct sockaddr *, socklen_t);
+DECLARE(int, connect, int, const struct sockaddr *, socklen_t);
+DECLARE(int, close, int);
+DECLARE(int, dup, int);
+DECLARE(int, dup2, int, int);
+DECLARE(int, dup3, int, int, int);
+DECLARE(int, fcntl, int, int, ...);
+DECLARE(int, fcntl64, int, int, ...);
+DECLARE(int, ioctl, int, unsigned long, ...);
+DECLARE(int, setsockopt, int, int, int, const void *, socklen_t);
+DECLARE(ssize_t, recv, int, void *, size_t, int);
+DECLARE(ssize_t, recvfrom, int, void *, size_t, int, struct sockaddr *, socklen_t *);
+DECLARE(ssize_t, recvmsg, int, struct msghdr *, int);
+DECLARE(int, recvmmsg, int, struct mmsghdr *, unsigned int, int, struct timespec *);
+DECLARE(ssize_t, read, int, void *, size_t);
+DECLARE(ssize_t, readv, int, const struct iovec *, int);
+DECLARE(ssize_t, send, int, const void *, size_t, int);
+DECLARE(ssize_t, sendto, int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+DECLARE(ssize_t, sendmsg, int, const struct msghdr *, int);
+DECLARE(int, sendmmsg, int, struct mmsghdr *, unsigned int, int);
+DECLARE(ssize_t, write, int, const void *, size_t);
+DECLARE(ssize_t, writev, int, const struct iovec *, int);
+DECLARE(int, poll, struct pollfd *, nfds_t, int);
+DECLARE(int, ppoll, struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
+DECLARE(int, select, int, fd_set *, fd_set *, fd_set *, struct timeval *);
+DECLARE(int, pselect, int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+DECLARE(int, epoll_ctl, int, int, int, struct epoll_event *);
+DECLARE(int, epoll_wait, int, struct epoll_event *, int, int);
+DECLARE(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *);
+DECLARE(pid_t, fork, void);
+
+static void vmx_child(void) { vmx_forked = 1; }
+
+#define RESOLVE(name) real_##name = dlsym(RTLD_NEXT, #name)
+
+__attribute__((constructor)) static void vmx_init(void)
+{
+	RESOLVE(socket); RESOLVE(bind); RESOLVE(connect); RESOLVE(close);
+	RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3); RESOLVE(fcntl); RESOLVE(fcntl64);
+	RESOLVE(ioctl); RESOLVE(setsockopt); RESOLVE(recv); RESOLVE(recvfrom);
+	RESOLVE(recvmsg); RESOLVE(recvmmsg); RESOLVE(read); RESOLVE(readv);
+	RESOLVE(send); RESOLVE(sendto); RESOLVE(sendmsg); RESOLVE(sendmmsg);
+	RESOLVE(write); RESOLVE(writev); RESOLVE(poll); RESOLVE(ppoll);
+	RESOLVE(select); RESOLVE(pselect); RESOLVE(epoll_ctl); RESOLVE(epoll_wait);
+	RESOLVE(epoll_pwait); RESOLVE(fork);
+	if (!real_fcntl64)
+		real_fcntl64 = real_fcntl;
+	pthread_atfork(NULL, NULL, vmx_child);
+	if (vmxgo_init() != 0)
+		_exit(1);
+}
+
+int socket(int domain, int type, int protocol)
+{
+	int fd = REAL(socket)(domain, type, protocol);
+	if (fd >= 0 && !vmx_forked && domain == AF_INET && (type & 0xf) == SOCK_DGRAM &&
+	    (protocol == 0 || protocol == IPPROTO_UDP))
+		vmx_set_state(fd, vmxgo_socket(fd, (type & SOCK_NONBLOCK) != 0));
+	return fd;
+}
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	int r = REAL(bind)(fd, addr, len);
+	if (r == 0 && state(fd) == VMX_CANDIDATE)
+		vmx_set_state(fd, vmxgo_bind(fd));
+	return r;
+}
+
+int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	int r = REAL(connect)(fd, addr, len);
+	int s = state(fd);
+	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED))
+		vmx_set_state(fd, vmxgo_connect(fd));
+	return r;
+}
+
+int close(int fd)
+{
+	if (state(fd) != VMX_OS) {
+		vmx_set_state(fd, VMX_OS);
+		vmxgo_close(fd);
+	}
+	return REAL(close)(fd);
+}
+
+static int after_dup(int oldfd, int newfd)
+{
+	if (newfd >= 0 && !vmx_forked) {
+		if (state(newfd) != VMX_OS) {
+			vmx_set_state(newfd, VMX_OS);
+			vmxgo_close(newfd);
+		}
+		if (state(oldfd) != VMX_OS)
+			vmx_set_state(newfd, vmxgo_dup(oldfd, newfd));
+	}
+	return newfd;
+}
+
+int dup(int fd) { return after_dup(fd, REAL(dup)(fd)); }
+
+int dup2(int oldfd, int newfd)
+{
+	if (oldfd == newfd)
+		return REAL(dup2)(oldfd, newfd);
+	return after_dup(oldfd, REAL(dup2)(oldfd, newfd));
+}
+
+int dup3(int oldfd, int newfd, int flags) { return after_dup(oldfd, REAL(dup3)(oldfd, newfd, flags)); }
+
+static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, long arg)
+{
+	int r = f(fd, cmd, arg);
+	if (r < 0 || state(fd) == VMX_OS)
+		return r;
+	if (cmd == F_SETFL)
+		vmxgo_set_nonblock(fd, (arg & O_NONBLOCK) != 0);
+	else if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+		after_dup(fd, r);
+	return r;
+}
+
+int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	return do_fcntl(REAL(fcntl), fd, cmd, arg);
+}
+
+int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	return do_fcntl(REAL(fcntl64), fd, cmd, arg);
+}
+
+int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	int s = state(fd);
+	if (s == VMX_OFFLOADED && req == FIONREAD && arg) {
+		long r = vmxgo_fionread(fd);
+		if (r != -VMX_PASS) {
+			*(int *)arg = (int)r;
+			return 0;
+		}
+	}
+	int r = REAL(ioctl)(fd, req, arg);
+	if (r == 0 && s != VMX_OS && req == FIONBIO && arg)
+		vmxgo_set_nonblock(fd, *(int *)arg != 0);
+	return r;
+}
+
+int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+	int s = state(fd);
+	if (s == VMX_OS)
+		return REAL(setsockopt)(fd, level, name, val, len);
+	if (level == IPPROTO_IP && (name == IP_ADD_MEMBERSHIP || name == IP_DROP_MEMBERSHIP) &&
+	    val && len >= sizeof(struct ip_mreq)) {
+		const struct ip_mreqn *m = val;
+		int ifindex = len >= sizeof(struct ip_mreqn) ? m->imr_ifindex : 0;
+		long r = vmxgo_membership(fd, name == IP_ADD_MEMBERSHIP, m->imr_multiaddr.s_addr,
+					  m->imr_address.s_addr, ifindex);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	int r = REAL(setsockopt)(fd, level, name, val, len);
+	if (r == 0)
+		vmxgo_setsockopt(fd, level, name, (void *)val, len);
+	return r;
+}
+
+ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src, socklen_t *alen)
+{
+	if (engine(fd)) {
+		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen);
+		if (r != -VMX_PASS)
+			return ret(r);
+	}
+	return REAL(recvfrom)(fd, buf, len, flags, src, alen);
+}
+
+ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+	if (engine(fd))
+		return recvfrom(fd, buf, len, flags, NULL, NULL);
+	return REAL(recv)(fd, buf, len, flags);
+}
+
+ssize_t read(int fd, void *buf, size_t len)
+{
+	if (engine(fd))
+		return recvfrom(fd, buf, len, 0, NULL, NULL);
+	return REAL(read)(fd, buf, len);
+}
+
+ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	if (engine(fd)) {
+		long r = vmxgo_recvmsg(fd, msg, flags);
+		if (r != -VMX_PASS)
+			return ret(r);
+	}
+	return REAL(recvmsg)(fd, msg, flags);
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	if (engine(fd)) {
+		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n};
+		return recvmsg(fd, &m, 0);
+	}
+	return REAL(readv)(fd, iov, n);
+}
+
+/* recvmmsg: the first datagram as flags say, then what is already queued.
+ * The timeout is not served for offloaded sockets. */
+int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout)
+{
+	if (!engine(fd))
+		return REAL(recvmmsg)(fd, v, n, flags, timeout);
+	unsigned int i;
+	int f = flags & ~MSG_WAITFORONE;
+	for (i = 0; i < n; i++) {
+		long r = vmxgo_recvmsg(fd, &v[i].msg_hdr, f);
+		if (r == -VMX_PASS)
+			return i ? (int)i : REAL(recvmmsg)(fd, v, n, flags, timeout);
+		if (r < 0)
+			return i ? (int)i : (int)ret(r);
+		v[i].msg_len = (unsigned int)r;
+		if (flags & MSG_WAITFORONE)
+			f |= MSG_DONTWAIT;
+		if (f & MSG_DONTWAIT)
+			continue;
+	}
+	return (int)i;
+}
+
+/* The __*_chk variants are what _FORTIFY_SOURCE builds call. */
+ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *src, socklen_t *alen)
+{
+	if (len > buflen)
+		abort();
+	return recvfrom(fd, buf, len, flags, src, alen);
+}
+
+ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
+{
+	if (len > buflen)
+		abort();
+	return recv(fd, buf, len, flags);
+}
+
+ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
+{
+	if (len > buflen)
+		abort();
+	return read(fd, buf, len);
+}
+
+ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t alen)
+{
+	int s = state(fd);
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
+		long r = vmxgo_sendto(fd, (void *)buf, len, flags, (struct sockaddr *)to, alen);
+		if (r != -VMX_PASS) {
+			return ret(r);
+		}
+	}
+	return REAL(sendto)(fd, buf, len, flags, to, alen);
+}
+
+ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+	if (state(fd) == VMX_OFFLOADED)
+		return sendto(fd, buf, len, flags, NULL, 0);
+	return REAL(send)(fd, buf, len, flags);
+}
+
+ssize_t write(int fd, const void *buf, size_t len)
+{
+	if (state(fd) == VMX_OFFLOADED)
+		return sendto(fd, buf, len, 0, NULL, 0);
+	return REAL(write)(fd, buf, len);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	int s = state(fd);
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
+		long r = vmxgo_sendmsg(fd, (struct msghdr *)msg, flags);
+		if (r != -VMX_PASS)
+			return ret(r);
+	}
+	return REAL(sendmsg)(fd, msg, flags);
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+	if (state(fd) == VMX_OFFLOADED) {
+		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n};
+		return sendmsg(fd, &m, 0);
+	}
+	return REAL(writev)(fd, iov, n);
+}
+
+int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
+{
+	int s = state(fd);
+	if (s != VMX_OFFLOADED && s != VMX_CANDIDATE)
+		return REAL(sendmmsg)(fd, v, n, flags);
+	unsigned int i;
+	for (i = 0; i < n; i++) {
+		long r = vmxgo_sendmsg(fd, &v[i].msg_hdr, flags);
+		if (r == -VMX_PASS)
+			return i ? (int)i : REAL(sendmmsg)(fd, v, n, flags);
+		if (r < 0)
+			return i ? (int)i : (int)ret(r);
+		v[i].msg_len = (unsigned int)r;
+	}
+	return (int)i;
+}
+
+/* Multiplexers: the engine serves them only when an fd in the set is one
+ * of its sockets. timeout_ns < 0 waits for ever. */
+static int any_engine_fd(const struct pollfd *fds, nfds_t n)
+{
+	for (nfds_t i = 0; i < n; i++)
+		if (engine(fds[i].fd))
+			return 1;
+	return 0;
+}
+
+int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+	if (!any_engine_fd(fds, n))
+		return REAL(poll)(fds, n, timeout);
+	return (int)ret(vmxgo_poll(fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL));
+}
+
+static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 1000000000LL + ts->tv_nsec : -1; }
+
+int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
+{
+	if (!any_engine_fd(fds, n))
+		return REAL(ppoll)(fds, n, ts, mask);
+	return (int)ret(vmxgo_poll(fds, n, ts_ns(ts), (void *)mask));
+}
+
+/* select and pselect go through poll when an engine socket is in a set. */
+static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long timeout_ns, const sigset_t *mask)
+{
+	struct pollfd stackbuf[64], *p = stackbuf;
+	int n = 0, any = 0;
+	for (int fd = 0; fd < nfds; fd++)
+		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x)))
+			n++;
+	if (n > 64 && !(p = malloc(n * sizeof(*p)))) {
+		errno = ENOMEM;
+		return -1;
+	}
+	n = 0;
+	for (int fd = 0; fd < nfds; fd++) {
+		short ev = 0;
+		if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+		if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+		if (x && FD_ISSET(fd, x)) ev |= POLLPRI;
+		if (ev) {
+			p[n].fd = fd, p[n].events = ev, p[n].revents = 0;
+			any |= engine(fd);
+			n++;
+		}
+	}
+	int res;
+	if (!any) {
+		res = -2; /* not ours */
+		goto out;
+	}
+	res = (int)ret(vmxgo_poll(p, n, timeout_ns, (void *)mask));
+	if (res < 0)
+		goto out;
+	if (r) FD_ZERO(r);
+	if (w) FD_ZERO(w);
+	if (x) FD_ZERO(x);
+	res = 0;
+	for (int i = 0; i < n; i++) {
+		short rv = p[i].revents;
+		if (rv & POLLNVAL) {
+			errno = EBADF;
+			res = -1;
+			goto out;
+		}
+		if (r && (rv & (POLLIN | POLLHUP | POLLERR)) && (p[i].events & POLLIN)) FD_SET(p[i].fd, r), res++;
+		if (w && (rv & (POLLOUT | POLLERR)) && (p[i].events & POLLOUT)) FD_SET(p[i].fd, w), res++;
+		if (x && (rv & POLLPRI)) FD_SET(p[i].fd, x), res++;
+	}
+out:
+	if (p != stackbuf)
+		free(p);
+	return res;
+}
+
+int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
+{
+	if (!vmx_forked) {
+		int res = select_engine(nfds, r, w, x, tv ? tv->tv_sec * 1000000000LL + tv->tv_usec * 1000LL : -1, NULL);
+		if (res != -2)
+			return res;
+	}
+	return REAL(select)(nfds, r, w, x, tv);
+}
+
+int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts, const sigset_t *mask)
+{
+	if (!vmx_forked) {
+		int res = select_engine(nfds, r, w, x, ts_ns(ts), mask);
+		if (res != -2)
+			return res;
+	}
+	return REAL(pselect)(nfds, r, w, x, ts, mask);
+}
+
+int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	int r = REAL(epoll_ctl)(epfd, op, fd, ev);
+	int s = state(fd);
+	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED || state(epfd) == VMX_EPOLL))
+		vmx_set_state(epfd, vmxgo_epoll_ctl(epfd, op, fd, ev));
+	return r;
+}
+
+int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
+{
+	if (state(epfd) == VMX_EPOLL) {
+		long r = vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	return REAL(epoll_pwait)(epfd, ev, max, timeout, mask);
+}
+
+int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
+{
+	if (state(epfd) == VMX_EPOLL)
+		return epoll_pwait(epfd, ev, max, timeout, NULL);
+	return REAL(epoll_wait)(epfd, ev, max, timeout);
+}
+
+/* vfork's child shares the parent's memory, engine included: run it as a
+ * fork, as VMA does. */
+pid_t vfork(void) { return REAL(fork)(); }

@@ -1,0 +1,16 @@
+/* Shared between the interposer (interpose.c) and the Go exports (main.go). */
+#ifndef VMAXDP_INTERPOSE_H
+#define VMAXDP_INTERPOSE_H
+
+/* What the interposer knows about an fd; the values of engine.State. */
+enum { VMX_OS = 0, VMX_CANDIDATE = 1, VMX_OFFLOADED = 2, VMX_EPOLL = 3, VMX_KERNEL = 4 };
+
+/* Returned (negated) by the Go side when the kernel must serve the call:
+ * engine.ErrPassOS. */
+#define VMX_PASS 4095
+
+#define VMX_MAXFD 65536
+
+void vmx_set_state(int fd, int state);
+
+#endif

@@ -1,0 +1,289 @@
+// Command preload is libvmaxdp.so, the library `vmaxdp run` preloads into an
+// application (go build -buildmode=c-shared). Its C half (interpose.c)
+// wraps libc's socket calls and sends the calls of engine sockets here; this
+// half turns C arguments into Go values for package engine and back. It
+// exports only vmxgo_* names, never libc's (golang/go#26184).
+package main
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#cgo LDFLAGS: -ldl
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include "interpose.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/engine"
+)
+
+var eng *engine.Engine
+
+func main() {}
+
+//export vmxgo_init
+func vmxgo_init() C.int {
+	var err error
+	onState := func(fd int, s engine.State) { C.vmx_set_state(C.int(fd), C.int(s)) }
+	if eng, err = engine.New(&engine.Options{OnState: onState}); err != nil {
+		fmt.Fprintf(os.Stderr, "vmaxdp: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+//export vmxgo_socket
+func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), nonblock != 0)) }
+
+//export vmxgo_bind
+func vmxgo_bind(fd C.int) C.int { return C.int(eng.Bind(int(fd))) }
+
+//export vmxgo_connect
+func vmxgo_connect(fd C.int) C.int { return C.int(eng.Connect(int(fd))) }
+
+//export vmxgo_close
+func vmxgo_close(fd C.int) { eng.Close(int(fd)) }
+
+//export vmxgo_dup
+func vmxgo_dup(oldfd, newfd C.int) C.int { return C.int(eng.Dup(int(oldfd), int(newfd))) }
+
+//export vmxgo_set_nonblock
+func vmxgo_set_nonblock(fd, on C.int) { eng.SetNonblock(int(fd), on != 0) }
+
+//export vmxgo_setsockopt
+func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) {
+	f := int(fd)
+	switch {
+	case level == unix.SOL_SOCKET && name == unix.SO_RCVTIMEO && n >= C.socklen_t(unsafe.Sizeof(unix.Timeval{})):
+		tv := (*unix.Timeval)(val)
+		eng.SetRcvTimeo(f, time.Duration(tv.Nano()))
+	case level == unix.SOL_SOCKET && (name == unix.SO_RCVBUF || name == unix.SO_RCVBUFFORCE) && n >= 4:
+		eng.SetRcvBuf(f, int(*(*int32)(val)))
+	case level == unix.IPPROTO_IP && (name == unix.IP_TTL || name == unix.IP_MULTICAST_TTL) && n >= 1:
+		ttl := int(*(*uint8)(val))
+		if n >= 4 {
+			ttl = int(*(*int32)(val))
+		}
+		eng.SetTTL(f, ttl, name == unix.IP_MULTICAST_TTL)
+	}
+}
+
+func addr4(nbo C.uint32_t) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], uint32(nbo))
+	return netip.AddrFrom4(b)
+}
+
+//export vmxgo_membership
+func vmxgo_membership(fd, add C.int, group, ifaddr C.uint32_t, ifindex C.int) C.long {
+	_, errno := eng.Membership(int(fd), add != 0, addr4(group), addr4(ifaddr), int(ifindex))
+	return -C.long(errno)
+}
+
+// putAddr writes from as a sockaddr_in into sa, cut to *alen, as the
+// kernel does, and sets *alen to its full size.
+func putAddr(sa *C.struct_sockaddr, alen *C.socklen_t, from netip.AddrPort) {
+	if sa == nil || alen == nil {
+		return
+	}
+	var raw unix.RawSockaddrInet4
+	raw.Family = unix.AF_INET
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:], from.Port())
+	raw.Addr = from.Addr().As4()
+	n := min(int(*alen), int(unsafe.Sizeof(raw)))
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(sa)), n), unsafe.Slice((*byte)(unsafe.Pointer(&raw)), n))
+	*alen = C.socklen_t(unsafe.Sizeof(raw))
+}
+
+func getAddr(sa *C.struct_sockaddr, alen C.socklen_t) (netip.AddrPort, bool) {
+	if sa == nil {
+		return netip.AddrPort{}, true
+	}
+	if alen < C.socklen_t(unsafe.Sizeof(unix.RawSockaddrInet4{})) {
+		return netip.AddrPort{}, false
+	}
+	raw := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+	if raw.Family != unix.AF_INET {
+		return netip.AddrPort{}, false
+	}
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:])
+	return netip.AddrPortFrom(netip.AddrFrom4(raw.Addr), port), true
+}
+
+func bytesOf(p unsafe.Pointer, n C.size_t) []byte {
+	if p == nil || n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(p), int(n))
+}
+
+//export vmxgo_recvfrom
+func vmxgo_recvfrom(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.long {
+	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	putAddr(sa, alen, from)
+	if flags&unix.MSG_TRUNC != 0 {
+		return C.long(full)
+	}
+	return C.long(got)
+}
+
+func iovecs(msg *C.struct_msghdr) []unix.Iovec {
+	if msg.msg_iov == nil || msg.msg_iovlen == 0 {
+		return nil
+	}
+	return unsafe.Slice((*unix.Iovec)(unsafe.Pointer(msg.msg_iov)), int(msg.msg_iovlen))
+}
+
+//export vmxgo_recvmsg
+func vmxgo_recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
+	iov := iovecs(msg)
+	var b []byte
+	var scratch *[]byte
+	switch len(iov) {
+	case 0:
+	case 1:
+		b = bytesOf(unsafe.Pointer(iov[0].Base), C.size_t(iov[0].Len))
+	default:
+		scratch = eng.Scratch()
+		defer eng.PutScratch(scratch)
+		b = *scratch
+	}
+	got, full, from, errno := eng.Recv(int(fd), b, int(flags))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	if scratch != nil {
+		rest := b[:got]
+		for _, v := range iov {
+			rest = rest[copy(bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len)), rest):]
+		}
+		if total := iovLen(iov); got > total {
+			got = total
+		}
+	}
+	alen := msg.msg_namelen
+	putAddr((*C.struct_sockaddr)(msg.msg_name), &alen, from)
+	if msg.msg_name != nil {
+		msg.msg_namelen = alen
+	}
+	msg.msg_controllen = 0
+	msg.msg_flags = 0
+	if full > got {
+		msg.msg_flags = unix.MSG_TRUNC
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		return C.long(full)
+	}
+	return C.long(got)
+}
+
+func iovLen(iov []unix.Iovec) int {
+	n := 0
+	for _, v := range iov {
+		n += int(v.Len)
+	}
+	return n
+}
+
+//export vmxgo_sendto
+func vmxgo_sendto(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen C.socklen_t) C.long {
+	to, ok := getAddr(sa, alen)
+	if !ok {
+		return -C.long(engine.ErrPassOS)
+	}
+	sent, errno := eng.Send(int(fd), bytesOf(buf, n), to, int(flags))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(sent)
+}
+
+//export vmxgo_sendmsg
+func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
+	to, ok := getAddr((*C.struct_sockaddr)(msg.msg_name), msg.msg_namelen)
+	if !ok || msg.msg_controllen != 0 {
+		return -C.long(engine.ErrPassOS) // ancillary data: the kernel's
+	}
+	iov := iovecs(msg)
+	var b []byte
+	switch len(iov) {
+	case 0:
+	case 1:
+		b = bytesOf(unsafe.Pointer(iov[0].Base), C.size_t(iov[0].Len))
+	default:
+		if iovLen(iov) > 65536 {
+			return -C.long(engine.ErrPassOS)
+		}
+		scratch := eng.Scratch()
+		defer eng.PutScratch(scratch)
+		b = (*scratch)[:0]
+		for _, v := range iov {
+			b = append(b, bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len))...)
+		}
+	}
+	sent, errno := eng.Send(int(fd), b, to, int(flags))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(sent)
+}
+
+//export vmxgo_fionread
+func vmxgo_fionread(fd C.int) C.long {
+	n, errno := eng.Pending(int(fd))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(n)
+}
+
+func timeout(ns C.longlong) time.Duration {
+	if ns < 0 {
+		return -1
+	}
+	return time.Duration(ns)
+}
+
+//export vmxgo_poll
+func vmxgo_poll(fds *C.struct_pollfd, n C.nfds_t, ns C.longlong, sigmask unsafe.Pointer) C.long {
+	pfds := unsafe.Slice((*unix.PollFd)(unsafe.Pointer(fds)), int(n))
+	got, errno := eng.Poll(pfds, timeout(ns), (*unix.Sigset_t)(sigmask))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(got)
+}
+
+//export vmxgo_epoll_ctl
+func vmxgo_epoll_ctl(epfd, op, fd C.int, ev *C.struct_epoll_event) C.int {
+	return C.int(eng.EpollCtl(int(epfd), int(op), int(fd), (*unix.EpollEvent)(unsafe.Pointer(ev))))
+}
+
+//export vmxgo_epoll_wait
+func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.longlong, sigmask unsafe.Pointer) C.long {
+	if max <= 0 {
+		return -C.long(unix.EINVAL)
+	}
+	out := unsafe.Slice((*unix.EpollEvent)(unsafe.Pointer(ev)), int(max))
+	got, errno := eng.EpollWait(int(epfd), out, timeout(ns), (*unix.Sigset_t)(sigmask))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(got)
+}
