@@ -56,7 +56,7 @@ bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by s
 
 FUZZTIME ?= 60s
 # package:target pairs, every parser of untrusted input.
-FUZZ := ./stack/header:FuzzParse ./tracefile:FuzzReader ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild
+FUZZ := ./stack/header:FuzzParse ./tracefile:FuzzReader ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse
 
 fuzz: ## fuzz every parser (FUZZTIME each, default 60s)
 	@for f in $(FUZZ); do \

@@ -242,6 +242,20 @@ func (c *UDPConn) JoinGroup(group netip.Addr) error {
 	if err := unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
 		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
 	}
+	if err := c.SteerGroup(group); err != nil {
+		unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq)
+		return err
+	}
+	return nil
+}
+
+// SteerGroup brings to the socket the datagrams of a group its kernel
+// socket has already joined (an adopted socket that joined before it was
+// bound). A socket bound to the group itself is steered already.
+func (c *UDPConn) SteerGroup(group netip.Addr) error {
+	if _, ok := c.groups[group]; ok || c.local.Addr() == group {
+		return nil
+	}
 	key := sockKey{laddr: group.As4(), lport: c.local.Port()}
 	if err := c.st.addSocket(c, key); err != nil {
 		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
@@ -258,13 +272,13 @@ func (c *UDPConn) JoinGroup(group netip.Addr) error {
 
 // LeaveGroup leaves a group joined with JoinGroup.
 func (c *UDPConn) LeaveGroup(group netip.Addr) error {
-	id, ok := c.groups[group]
-	if !ok {
+	if id, ok := c.groups[group]; ok {
+		delete(c.groups, group)
+		c.st.prog.RemoveRule(id)
+		c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
+	} else if c.local.Addr() != group {
 		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, unix.EADDRNOTAVAIL)
 	}
-	delete(c.groups, group)
-	c.st.prog.RemoveRule(id)
-	c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
 	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
 	if err := unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq); err != nil {
 		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, err)

@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,7 @@ type Socket struct {
 	rcvbuf int    // SO_RCVBUF asked, 0: none
 	ttl    int    // IP_TTL asked, -1: none
 	mttl   int    // IP_MULTICAST_TTL asked, -1: none
+	groups []netip.Addr // joined by the kernel while a candidate
 	refs   int    // fds naming it (dup), guarded by Engine.mu
 }
 
@@ -345,6 +347,13 @@ func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 	}
 	if s.mttl >= 0 {
 		c.SetTTL(uint8(s.mttl), true)
+	}
+	for _, g := range s.groups {
+		if err := c.SteerGroup(g); err != nil {
+			e.Log.Printf(params.LevelWarning, "fd %d: group %s stays on the kernel: %v", s.fd, g, err)
+		} else {
+			e.Log.Printf(params.LevelDebug, "fd %d: group %s offloaded", s.fd, g)
+		}
 	}
 }
 
@@ -626,7 +635,10 @@ func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex 
 	if s.state == StateCandidate && add {
 		local, _ := sockAddrs(fd)
 		if local.Port() == 0 {
-			return s.state, ErrPassOS // not bound: bind decides later
+			// Not bound: the kernel joins now, bind decides and steers
+			// the group then.
+			s.groups = append(s.groups, group)
+			return s.state, ErrPassOS
 		}
 		var ifname string
 		if ifindex > 0 {
@@ -647,6 +659,9 @@ func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex 
 	}
 	c := s.conn.Load()
 	if c == nil {
+		if !add {
+			s.groups = slices.DeleteFunc(s.groups, func(g netip.Addr) bool { return g == group })
+		}
 		return s.state, ErrPassOS
 	}
 	var err error

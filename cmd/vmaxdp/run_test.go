@@ -1,0 +1,353 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+func TestMain(m *testing.M) {
+	code := testutil.Main(m)
+	if toolsDir != "" {
+		os.RemoveAll(toolsDir)
+	}
+	os.Exit(code)
+}
+
+var (
+	toolsOnce sync.Once
+	toolsDir  string
+	toolsErr  error
+)
+
+// tools builds vmaxdp and libvmaxdp.so side by side (as make build does),
+// once per test binary.
+func tools(t *testing.T) (vmaxdp string) {
+	t.Helper()
+	toolsOnce.Do(func() {
+		if toolsDir, toolsErr = os.MkdirTemp("", "vmaxdp-run-test-"); toolsErr != nil {
+			return
+		}
+		for _, args := range [][]string{
+			{"build", "-o", filepath.Join(toolsDir, "vmaxdp"), "."},
+			{"build", "-buildmode=c-shared", "-o", filepath.Join(toolsDir, libName), "../../preload"},
+		} {
+			if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+				toolsErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+				return
+			}
+		}
+	})
+	if toolsErr != nil {
+		t.Fatal(toolsErr)
+	}
+	return filepath.Join(toolsDir, "vmaxdp")
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunRefusesBadInput: vmaxdp run checks parameters and the rules file
+// before it starts the program, and names what is wrong and where.
+func TestRunRefusesBadInput(t *testing.T) {
+	vmaxdp := tools(t)
+	conf := filepath.Join(t.TempDir(), "rules.conf")
+	os.WriteFile(conf, []byte("# fine\nuse vmaxdp udp_receiver *:*\nuse fast udp_receiver *:1\n"), 0o644)
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"VMAXDP_RX_POLL=lots"}, []string{"true"}, `VMAXDP_RX_POLL: "lots" is not an integer`},
+		{[]string{"VMAXDP_TRACELEVEL=9"}, []string{"true"}, "VMAXDP_TRACELEVEL: 9 is out of range 0..6"},
+		{nil, []string{"-config", conf, "true"}, conf + `:3: syntax error: transport "fast"`},
+		{nil, []string{"-config", "/nonexistent/rules.conf", "true"}, "no such file"},
+		{[]string{"VMAXDP_LIB=/nonexistent/lib.so"}, []string{"true"}, "preload library"},
+		{nil, []string{"/nonexistent/program"}, "no such file"},
+	} {
+		cmd := exec.Command(vmaxdp, append([]string{"run"}, c.args...)...)
+		cmd.Env = append(os.Environ(), c.env...)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%v run %v: err %v, output %q; want an error containing %q", c.env, c.args, err, out, c.want)
+		}
+	}
+	// The engine checks the same at start-up when preloaded without vmaxdp run.
+	cmd := exec.Command("true")
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(toolsDir, libName), "VMAXDP_CONFIG_FILE="+conf)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), conf+":3") {
+		t.Errorf("LD_PRELOAD with a bad rules file: err %v, output %q; want exit 1 naming %s:3", err, out, conf)
+	}
+}
+
+// udpInDatagrams reads Udp InDatagrams of a namespace: what the kernel
+// delivered to its sockets.
+func udpInDatagrams(t *testing.T, b *testbed.Bed, s testbed.Side) int {
+	t.Helper()
+	var n int
+	err := b.Do(s, func() error {
+		data, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var head []string
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) == 0 || f[0] != "Udp:" {
+				continue
+			}
+			if head == nil {
+				head = f
+				continue
+			}
+			for i, h := range head {
+				if h == "InDatagrams" && i < len(f) {
+					n, err = strconv.Atoi(f[i])
+					return err
+				}
+			}
+		}
+		return fmt.Errorf("no Udp InDatagrams in snmp")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func requireSockperf(t *testing.T) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("sockperf"); err != nil {
+		t.Skip(sockperf.ErrNotInstalled)
+	}
+}
+
+// TestRunSockperf is the proof of vmaxdp run: unmodified sockperf, server
+// and client in two namespaces, each I/O mode, blocking and not, unicast
+// and multicast, small and full-size messages, one side or both under
+// vmaxdp. Every run must end with no message dropped, duplicated or out of
+// order; an offloaded side must say so in its log, and an offloaded server
+// must have received (nearly) nothing through the kernel.
+func TestRunSockperf(t *testing.T) {
+	requireSockperf(t)
+	vmaxdp := tools(t)
+	b := testutil.Bed(t, nil)
+	srv := b.Addr(testbed.B).String()
+	feed := filepath.Join(t.TempDir(), "feed.txt")
+	var fb strings.Builder
+	for p := 11120; p < 11123; p++ {
+		fmt.Fprintf(&fb, "U:%s:%d\n", srv, p)
+	}
+	os.WriteFile(feed, []byte(fb.String()), 0o644)
+	one := func(port int) []string { return []string{"-i", srv, "-p", strconv.Itoa(port)} }
+	cli := func(mode string, addr []string, more ...string) []string {
+		return append(append([]string{mode}, addr...), append(more, "-t", "1")...)
+	}
+	mc := []string{"-i", "224.18.0.1", "-p", "11130"}
+	type tc struct {
+		name             string
+		server, client   []string
+		srvOff, cliOff   bool
+		throughputServer bool
+		env              []string
+	}
+	cases := []tc{
+		{"pp/recvfrom/14B", one(11111), cli("pp", one(11111), "-m", "14"), true, true, false, nil},
+		{"pp/recvfrom/1472B", one(11111), cli("pp", one(11111), "-m", "1472", "--data-integrity"), true, true, false, nil},
+		{"pp/recvfrom/nonblocked", append(one(11112), "--nonblocked"), cli("pp", one(11112), "-m", "64", "--nonblocked"), true, true, false, nil},
+		{"pp/select", []string{"-f", feed, "-F", "s"}, cli("pp", nil, "-f", feed, "-F", "s", "-m", "64"), true, true, false, nil},
+		{"pp/poll/nonblocked", []string{"-f", feed, "-F", "p", "--nonblocked"}, cli("pp", nil, "-f", feed, "-F", "p", "-m", "64", "--nonblocked"), true, true, false, nil},
+		{"pp/epoll", []string{"-f", feed, "-F", "e"}, cli("pp", nil, "-f", feed, "-F", "e", "-m", "300"), true, true, false, nil},
+		{"pp/multicast", append(mc, "--mc-rx-if", srv), cli("pp", mc, "--mc-tx-if", b.Addr(testbed.A).String(), "-m", "64"), true, true, false, nil},
+		{"pp/server-only", one(11113), cli("pp", one(11113), "-m", "64"), true, false, false, nil},
+		{"pp/client-only", one(11114), cli("pp", one(11114), "-m", "64"), false, true, false, nil},
+		// ul runs a sender and a receiver thread: with the server, three
+		// pollers on this machine's two cores starve one another, so the
+		// receivers poll less (VMA's advice when CPUs are short).
+		{"ul", one(11115), cli("ul", one(11115), "-m", "64", "--mps", "20000"), true, true, false, []string{"VMAXDP_RX_POLL=1000"}},
+		{"tp", one(11116), cli("tp", one(11116), "-m", "64", "--mps", "50000"), true, false, true, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := udpInDatagrams(t, b, testbed.B)
+			run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: c.srvOff, ClientOffload: c.cliOff,
+				Server: c.server, Client: c.client, Env: append([]string{"VMAXDP_TRACELEVEL=4"}, c.env...)}
+			res, srvLog, err := run.Do(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			kernel := udpInDatagrams(t, b, testbed.B) - before
+			if c.throughputServer {
+				if res.Sent == 0 || res.ServerReceived != res.Sent {
+					t.Errorf("tp: client sent %d, server received %d; want them equal", res.Sent, res.ServerReceived)
+				}
+			} else {
+				if res.Observations == 0 || res.Dropped+res.Duplicated+res.OOO != 0 {
+					t.Errorf("%d observations, %d dropped, %d duplicated, %d out of order\n%s", res.Observations, res.Dropped, res.Duplicated, res.OOO, res.Output)
+				}
+			}
+			messages := max(res.Sent, res.ServerReceived)
+			if c.srvOff {
+				if !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)) {
+					t.Errorf("server log says nothing of offload:\n%s", srvLog)
+				}
+				if kernel > messages/10 {
+					t.Errorf("the kernel delivered %d datagrams in the server's namespace during %d messages: not offloaded", kernel, messages)
+				}
+			} else if kernel < messages/2 {
+				t.Errorf("server on the kernel, but the kernel delivered only %d datagrams of %d", kernel, messages)
+			}
+			if c.cliOff && !strings.Contains(res.Output, "offloaded on "+b.Link(testbed.A)) {
+				t.Errorf("client log says nothing of offload:\n%s", res.Output)
+			}
+			t.Logf("avg %.3f us, p50 %.3f, p99 %.3f; sent %d, server received %d, kernel delivered %d", res.Latency, res.P50, res.P99, res.Sent, res.ServerReceived, kernel)
+		})
+	}
+}
+
+// TestRunRuleKeepsSocketOnKernel: a rules line saying os keeps sockperf's
+// socket on the kernel, and the log names the rule by file and line.
+func TestRunRuleKeepsSocketOnKernel(t *testing.T) {
+	requireSockperf(t)
+	vmaxdp := tools(t)
+	b := testutil.Bed(t, nil)
+	conf := filepath.Join(t.TempDir(), "rules.conf")
+	os.WriteFile(conf, []byte("application-id sockperf *\nuse os udp_receiver *:11117\nuse vmaxdp udp_receiver *:*\n"), 0o644)
+	srv := []string{"-i", b.Addr(testbed.B).String(), "-p", "11117"}
+	run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: true, Server: srv,
+		Client: append([]string{"pp"}, append(srv, "-t", "1", "-m", "64")...), Env: []string{"VMAXDP_CONFIG_FILE=" + conf}}
+	before := udpInDatagrams(t, b, testbed.B)
+	res, srvLog, err := run.Do(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "not offloaded: udp_receiver " + b.Addr(testbed.B).String() + ":11117: rule " + conf + ":2: use os udp_receiver *:11117"; !strings.Contains(srvLog, want) {
+		t.Errorf("server log lacks %q:\n%s", want, srvLog)
+	}
+	if res.Observations == 0 || res.Dropped != 0 {
+		t.Errorf("%d observations, %d dropped", res.Observations, res.Dropped)
+	}
+	if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel < res.Sent/2 {
+		t.Errorf("the kernel delivered %d of %d datagrams: the rule did not keep the socket on the kernel", kernel, res.Sent)
+	}
+}
+
+// TestRunForkExec: a program that forks and execs while it holds an
+// offloaded socket keeps working, and so does its child: the child's
+// inherited socket falls back to the kernel, and the program it execs gets
+// an engine of its own (which finds the queue taken and says so).
+func TestRunForkExec(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	prog := filepath.Join(t.TempDir(), "forkexec")
+	if out, err := exec.Command("cc", "-O2", "-Wall", "-o", prog, "testdata/forkexec.c").CombinedOutput(); err != nil {
+		t.Skipf("no C compiler to build the test program: %v\n%s", err, out)
+	}
+	b := testutil.Bed(t, nil)
+	const port = 11150
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
+	cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4")
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	waitFor := func(line string) error {
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), line); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("program never printed %q", line)
+			}
+		}
+		return nil
+	}
+	err := b.Do(testbed.A, func() error {
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		got := map[string]bool{} // the child's message may come with any answer
+		exchange := func(to int, msg string, want ...string) error {
+			dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(to)))
+			if _, err := c.WriteToUDP([]byte(msg), dst); err != nil {
+				return err
+			}
+			buf := make([]byte, 64)
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			for _, w := range want {
+				for !got[w] {
+					n, _, err := c.ReadFromUDP(buf)
+					if err != nil {
+						return fmt.Errorf("sent %q to port %d: no %q came back (got %v): %w", msg, to, w, got, err)
+					}
+					got[string(buf[:n])] = true
+				}
+			}
+			return nil
+		}
+		if err := waitFor("parent ready"); err != nil {
+			return err
+		}
+		if err := exchange(port, "one", "one"); err != nil {
+			return err
+		}
+		if err := exchange(port, "two", "two", "child"); err != nil {
+			return err
+		}
+		if err := waitFor("child ready"); err != nil {
+			return err
+		}
+		return exchange(port+1, "three", "three")
+	})
+	if err != nil {
+		cancel()
+		<-done
+		t.Fatalf("%v\nprogram output:\n%s", err, out.String())
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("program: %v\n%s", err, out.String())
+	}
+	log := out.String()
+	if !strings.Contains(log, "fd 3: offloaded on "+b.Link(testbed.B)) {
+		t.Errorf("the parent's socket was not offloaded:\n%s", log)
+	}
+	if !strings.Contains(log, "not offloaded") {
+		t.Errorf("the child's engine did not say why its socket stayed on the kernel:\n%s", log)
+	}
+}
