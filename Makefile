@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
-DEB_PKGS  := clang-19 llvm-19 libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium
+DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium
 STAMP     := .deps.stamp
 
 .PHONY: help deps build generate check-generate test test-short bench fuzz demo lint clean
@@ -52,6 +52,7 @@ test-short: ## tests without the fuzz pass and generate check
 bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by side with the kernel
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	./bin/vmaxdp bench -duration 3s
+	./bench/sockperf.sh -t 3
 	./bench/nettrace.sh
 
 FUZZTIME ?= 60s
@@ -64,7 +65,8 @@ fuzz: ## fuzz every parser (FUZZTIME each, default 60s)
 		out=$$($(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) "$${f%:*}" 2>&1) || { echo "$$out"; exit 1; }; \
 	done
 
-demo: $(STAMP) build ## the built-in test bed: vmaxdp and the kernel side by side
+demo: $(STAMP) build ## the built-in test bed: sockperf under vmaxdp and on the kernel side by side, then a nettrace report
+	./bench/sockperf.sh -t 2 -bed demo-sockperf
 	./bin/vmaxdp testbed up -name demo
 	./bin/vmaxdp testbed status
 	./bin/nettrace record -o demo.ntrace -netns vmx-demo-b -e drops -- ./bin/vmaxdp bench -bed demo -duration 3s all
