@@ -103,12 +103,12 @@ type Socket struct {
 
 	mu     sync.Mutex // decisions and options below
 	state  State
-	reason string // why it is not offloaded
-	rcvbuf int    // SO_RCVBUF asked, 0: none
-	ttl    int    // IP_TTL asked, -1: none
-	mttl   int    // IP_MULTICAST_TTL asked, -1: none
+	reason string       // why it is not offloaded
+	rcvbuf int          // SO_RCVBUF asked, 0: none
+	ttl    int          // IP_TTL asked, -1: none
+	mttl   int          // IP_MULTICAST_TTL asked, -1: none
 	groups []netip.Addr // joined by the kernel while a candidate
-	refs   int    // fds naming it (dup), guarded by Engine.mu
+	refs   int          // fds naming it (dup), guarded by Engine.mu
 }
 
 // New starts an engine: it reads the parameters and the rules file, and
