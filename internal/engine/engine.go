@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -140,6 +141,7 @@ func New(opts *Options) (*Engine, error) {
 	if err = errors.Join(perr, err); err != nil {
 		return nil, err
 	}
+	slog.SetDefault(slog.New(&slogHandler{l: e.Log}))
 	if e.rules, err = rules.Load(o.Params.ConfigFile); err != nil {
 		if !errors.Is(err, os.ErrNotExist) || o.Params.ConfigFile != params.Defaults().ConfigFile {
 			return nil, err

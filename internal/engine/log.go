@@ -1,9 +1,13 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,3 +64,49 @@ func (l *Log) Printf(level int, format string, args ...any) {
 	fmt.Fprintf(l.w, "vmaxdp %-7s: %s%s\n", params.LevelNames[level], prefix, fmt.Sprintf(format, args...))
 	l.mu.Unlock()
 }
+
+// slogHandler sends the log/slog lines of the packages the engine uses
+// (xsk, steer) through the engine's log, so that an application's output
+// carries one log format: their Info lines are details (DEBUG), their
+// warnings and errors keep their level.
+type slogHandler struct {
+	l     *Log
+	attrs []slog.Attr
+}
+
+func slogLevel(l slog.Level) int {
+	switch {
+	case l >= slog.LevelError:
+		return params.LevelError
+	case l >= slog.LevelWarn:
+		return params.LevelWarning
+	case l >= slog.LevelInfo:
+		return params.LevelDebug
+	}
+	return params.LevelFunc
+}
+
+func (h *slogHandler) Enabled(_ context.Context, l slog.Level) bool {
+	return h.l.Enabled(slogLevel(l))
+}
+
+func (h *slogHandler) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	add := func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	}
+	for _, a := range h.attrs {
+		add(a)
+	}
+	r.Attrs(add)
+	h.l.Printf(slogLevel(r.Level), "%s", b.String())
+	return nil
+}
+
+func (h *slogHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &slogHandler{l: h.l, attrs: append(slices.Clip(h.attrs), as...)}
+}
+
+func (h *slogHandler) WithGroup(string) slog.Handler { return h }
