@@ -59,24 +59,6 @@ func tools(t *testing.T) (vmaxdp string) {
 	return filepath.Join(toolsDir, "vmaxdp")
 }
 
-// syncBuffer collects a process's output while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunRefusesBadInput: vmaxdp run checks parameters and the rules file
 // before it starts the program, and names what is wrong and where.
 func TestRunRefusesBadInput(t *testing.T) {
@@ -281,7 +263,7 @@ func TestRunForkExec(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
 	cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4")
-	out := &syncBuffer{}
+	out := &sockperf.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -125,19 +125,19 @@ func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, args
 	return cmd
 }
 
-// lockedBuffer is a bytes.Buffer safe for a writing process and a reader.
-type lockedBuffer struct {
+// SyncBuffer collects a process's output while others read it.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *SyncBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *SyncBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
@@ -157,7 +157,7 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	srvOut := &lockedBuffer{}
+	srvOut := &SyncBuffer{}
 	srv := r.command(ctx, testbed.B, r.ServerOffload, append([]string{"sr"}, r.Server...)...)
 	srv.Stdout, srv.Stderr = srvOut, srvOut
 	if err := srv.Start(); err != nil {
