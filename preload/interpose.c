@@ -40,18 +40,20 @@ void vmx_set_state(int fd, int state)
 		__atomic_store_n(&vmx_state[fd], (unsigned char)state, __ATOMIC_RELEASE);
 }
 
-static inline int state(int fd);
-
-/* engine says whether the engine serves fd's receives and multiplexing:
- * offloaded sockets, and candidates, whose offload may attach while a
- * thread waits on them. */
-#define engine(fd) ({ int s_ = state(fd); s_ == VMX_OFFLOADED || s_ == VMX_CANDIDATE; })
-
 static inline int state(int fd)
 {
 	if ((unsigned)fd >= VMX_MAXFD || vmx_forked)
 		return VMX_OS;
 	return __atomic_load_n(&vmx_state[fd], __ATOMIC_ACQUIRE);
+}
+
+/* engine says whether the engine serves fd's receives and multiplexing:
+ * offloaded sockets, and candidates, whose offload may attach while a
+ * thread waits on them. */
+static inline int engine(int fd)
+{
+	int s = state(fd);
+	return s == VMX_OFFLOADED || s == VMX_CANDIDATE;
 }
 
 /* ret turns the Go side's -errno convention into libc's. */
@@ -155,16 +157,12 @@ int close(int fd)
 	return REAL(close)(fd);
 }
 
+/* after_dup: newfd now names oldfd's socket; whatever newfd named before
+ * (dup2 closes it) is forgotten by the engine's Dup. */
 static int after_dup(int oldfd, int newfd)
 {
-	if (newfd >= 0 && !vmx_forked) {
-		if (state(newfd) != VMX_OS) {
-			vmx_set_state(newfd, VMX_OS);
-			vmxgo_close(newfd);
-		}
-		if (state(oldfd) != VMX_OS)
-			vmx_set_state(newfd, vmxgo_dup(oldfd, newfd));
-	}
+	if (newfd >= 0 && (state(oldfd) != VMX_OS || state(newfd) != VMX_OS))
+		vmx_set_state(newfd, vmxgo_dup(oldfd, newfd));
 	return newfd;
 }
 
@@ -342,9 +340,8 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 	int s = state(fd);
 	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
 		long r = vmxgo_sendto(fd, (void *)buf, len, flags, (struct sockaddr *)to, alen);
-		if (r != -VMX_PASS) {
+		if (r != -VMX_PASS)
 			return ret(r);
-		}
 	}
 	return REAL(sendto)(fd, buf, len, flags, to, alen);
 }

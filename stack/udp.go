@@ -3,9 +3,11 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -56,9 +58,9 @@ type rxItem struct {
 // net.PacketConn and net.Conn.
 type UDPConn struct {
 	st     *Stack
-	fd     int  // the companion kernel socket
-	ownFD  bool // Close closes fd (false when adopted)
-	evfd   int  // wakes a sleeping reader; -1 until a reader first sleeps
+	kfd    atomic.Int32 // the companion kernel socket
+	ownFD  bool         // Close closes fd (false when adopted)
+	evfd   int          // wakes a sleeping reader; -1 until a reader first sleeps
 	local  netip.AddrPort
 	remote netip.AddrPort // valid when connected
 	ttl    atomic.Uint32  // unicast TTL
@@ -76,6 +78,7 @@ type UDPConn struct {
 	rxBytes int
 	filter  RecvFilter
 
+	errAgain     error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
 	waiters      atomic.Int32
 	osPolls      atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
 	closed       atomic.Bool
@@ -83,7 +86,8 @@ type UDPConn struct {
 	txq          *queue
 	hop          atomic.Pointer[nextHop] // connected sockets: cached next hop
 
-	Counters SocketCounters
+	// Counters are the socket's; Reopen hands them on with the socket.
+	Counters *SocketCounters
 }
 
 // ListenUDP opens a socket bound to laddr (port 0: the kernel picks one).
@@ -134,29 +138,93 @@ func (st *Stack) Adopt(fd int) (_ *UDPConn, err error) {
 			err = fmt.Errorf("udp fd %d: %w", fd, err)
 		}
 	}()
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		return c, fmt.Errorf("getsockname: %w", err)
+	if c.local, c.remote, err = SockAddrs(fd); err != nil {
+		return c, err
 	}
-	s4, ok := sa.(*unix.SockaddrInet4)
-	if !ok {
-		return c, fmt.Errorf("%w: IPv4 only", unix.EAFNOSUPPORT)
-	}
-	if s4.Port == 0 {
+	if c.local.Port() == 0 {
 		return c, fmt.Errorf("not bound: %w", unix.EINVAL)
-	}
-	c.local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
-	if pa, err := unix.Getpeername(fd); err == nil {
-		if p4, ok := pa.(*unix.SockaddrInet4); ok {
-			c.remote = netip.AddrPortFrom(netip.AddrFrom4(p4.Addr), uint16(p4.Port))
-		}
 	}
 	return c, c.attach()
 }
 
+// SockAddrs reads a kernel IPv4 socket's bound address and its peer (zero
+// when not connected).
+func SockAddrs(fd int) (local, remote netip.AddrPort, err error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return local, remote, fmt.Errorf("getsockname: %w", err)
+	}
+	s4, ok := sa.(*unix.SockaddrInet4)
+	if !ok {
+		return local, remote, fmt.Errorf("%w: IPv4 only", unix.EAFNOSUPPORT)
+	}
+	local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
+	if pa, err := unix.Getpeername(fd); err == nil {
+		if p4, ok := pa.(*unix.SockaddrInet4); ok {
+			remote = netip.AddrPortFrom(netip.AddrFrom4(p4.Addr), uint16(p4.Port))
+		}
+	}
+	return local, remote, nil
+}
+
+// Reopen serves the kernel socket fd (c's own after a connect or
+// disconnect, or a dup of it when c's fd is closing) with a new UDPConn
+// that takes over c's groups, options and queued datagrams, and closes c.
+// Datagrams that arrive meanwhile reach the kernel socket, which the new
+// UDPConn reads too. On error c is closed and nothing is served.
+func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
+	st := c.st
+	groups := slices.Collect(maps.Keys(c.groups))
+	c.detach()
+	n, err := st.Adopt(fd)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	for _, g := range groups {
+		if err := n.SteerGroup(g); err != nil {
+			n.Close()
+			c.Close()
+			return nil, err
+		}
+	}
+	n.Counters = c.Counters
+	n.ttl.Store(c.ttl.Load())
+	n.mttl.Store(c.mttl.Load())
+	n.rxLim.Store(c.rxLim.Load())
+	st.rxMu.Lock()
+	var it rxItem
+	for c.popLocked(&it) {
+		if n.rxLen == len(n.rxq) {
+			n.Counters.RxQueueDrops.Add(1)
+			st.releaseLocked(it.q, it.buf)
+			continue
+		}
+		n.rxq[(n.rxHead+n.rxLen)%len(n.rxq)] = it
+		n.rxLen++
+		n.rxBytes += int(it.n)
+	}
+	st.rxMu.Unlock()
+	c.Close()
+	return n, nil
+}
+
+// detach removes c's steering rules and table keys; its queue stays.
+func (c *UDPConn) detach() {
+	for _, id := range c.rules {
+		c.st.prog.RemoveRule(id)
+	}
+	for _, id := range c.groups {
+		c.st.prog.RemoveRule(id)
+	}
+	c.st.removeSocket(c, c.keys...)
+	c.rules, c.keys, c.groups = nil, nil, map[netip.Addr]steer.RuleID{}
+}
+
 func (st *Stack) newConn(fd int, own bool) *UDPConn {
-	c := &UDPConn{st: st, fd: fd, ownFD: own, evfd: -1, txq: st.queues[0],
+	c := &UDPConn{st: st, ownFD: own, Counters: &SocketCounters{}, evfd: -1, txq: st.queues[0],
 		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity())}
+	c.kfd.Store(int32(fd))
 	c.ttl.Store(header.DefaultTTL)
 	c.mttl.Store(1) // the kernel's IP_MULTICAST_TTL default
 	c.rxLim.Store(int64(st.opts.RxBytesLimit))
@@ -180,6 +248,7 @@ func (c *UDPConn) attach() error {
 	default:
 		rule.Kind = steer.Rule3Tuple
 	}
+	c.errAgain = c.readErr(unix.EAGAIN)
 	// The socket is in the table before its rule exists, so that no
 	// steered datagram finds no socket.
 	c.keys = append(c.keys, key)
@@ -208,7 +277,7 @@ func (c *UDPConn) openKernel(laddr, raddr netip.AddrPort) error {
 	if err != nil {
 		return fmt.Errorf("kernel socket: %w", err)
 	}
-	c.fd = fd
+	c.kfd.Store(int32(fd))
 	if laddr.Addr().IsMulticast() {
 		// Several receivers of one group share its port, as with the kernel.
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
@@ -220,15 +289,9 @@ func (c *UDPConn) openKernel(laddr, raddr netip.AddrPort) error {
 		if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: raddr.Addr().As4(), Port: int(raddr.Port())}); err != nil {
 			return fmt.Errorf("connect kernel socket to %s: %w", raddr, err)
 		}
-		c.remote = raddr
 	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		return fmt.Errorf("getsockname: %w", err)
-	}
-	s4 := sa.(*unix.SockaddrInet4)
-	c.local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
-	return nil
+	c.local, c.remote, err = SockAddrs(fd)
+	return err
 }
 
 // JoinGroup joins a multicast group on the stack's interface. The kernel
@@ -239,11 +302,11 @@ func (c *UDPConn) JoinGroup(group netip.Addr) error {
 		return fmt.Errorf("udp %s: join %s: not an IPv4 multicast group", c.local, group)
 	}
 	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
-	if err := unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
+	if err := unix.SetsockoptIPMreqn(c.FD(), unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
 		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
 	}
 	if err := c.SteerGroup(group); err != nil {
-		unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq)
+		unix.SetsockoptIPMreqn(c.FD(), unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq)
 		return err
 	}
 	return nil
@@ -280,7 +343,7 @@ func (c *UDPConn) LeaveGroup(group netip.Addr) error {
 		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, unix.EADDRNOTAVAIL)
 	}
 	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
-	if err := unix.SetsockoptIPMreqn(c.fd, unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq); err != nil {
+	if err := unix.SetsockoptIPMreqn(c.FD(), unix.IPPROTO_IP, unix.IP_DROP_MEMBERSHIP, mreq); err != nil {
 		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, err)
 	}
 	return nil
@@ -364,15 +427,9 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 // tryOffload takes a datagram from the socket's queue, polling the queues
 // when it is empty, all under one hold of the receive lock. With b, the
 // payload is copied into b and the frame released at once; with zc, the
-// frame is lent to zc until zc.Release.
-func (c *UDPConn) tryOffload(b []byte, zc *Datagram) (int, netip.AddrPort, bool) {
-	n, _, from, ok := c.tryOffloadFlags(b, zc, false)
-	return n, from, ok
-}
-
-// tryOffloadFlags is tryOffload that can peek, and also returns the
-// datagram's full length.
-func (c *UDPConn) tryOffloadFlags(b []byte, zc *Datagram, peek bool) (int, int, netip.AddrPort, bool) {
+// frame is lent to zc until zc.Release; with peek, the datagram stays
+// queued. It returns the bytes copied and the datagram's full length.
+func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool) (int, int, netip.AddrPort, bool) {
 	st := c.st
 	var it rxItem
 	st.rxMu.Lock()
@@ -415,7 +472,7 @@ func (c *UDPConn) Pending() (int, bool) {
 func (c *UDPConn) Stack() *Stack { return c.st }
 
 // FD is the socket's kernel fd.
-func (c *UDPConn) FD() int { return c.fd }
+func (c *UDPConn) FD() int { return int(c.kfd.Load()) }
 
 // Datagram is a received datagram lent by RecvZeroCopy: Payload points into
 // the receive frame until Release, which must be called exactly once.
@@ -473,7 +530,7 @@ const (
 // os.ErrDeadlineExceeded, unix.EINTR (a signal arrived while it slept)
 // and net.ErrClosed, each in a *net.OpError.
 func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags) (n, full int, from netip.AddrPort, err error) {
-	return c.recvFlags(b, flags)
+	return c.recvZC(b, nil, flags)
 }
 
 // osBuf is where zero-copy receives land when the datagram comes from the
@@ -483,10 +540,6 @@ const osBufLen = 65536
 func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
 	n, _, from, err := c.recvZC(b, zc, 0)
 	return n, from, err
-}
-
-func (c *UDPConn) recvFlags(b []byte, flags RecvFlags) (int, int, netip.AddrPort, error) {
-	return c.recvZC(b, nil, flags)
 }
 
 func (c *UDPConn) readErr(err error) error {
@@ -505,7 +558,7 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n
 	if flags&RecvPeek != 0 {
 		rf = unix.MSG_PEEK
 	}
-	full, from, e := KernelRecvFrom(c.fd, b, rf)
+	full, from, e := KernelRecvFrom(c.FD(), b, rf)
 	if e == unix.EAGAIN {
 		return 0, 0, from, false, nil
 	}
@@ -534,7 +587,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags) (int, int, net
 		if c.closed.Load() {
 			return 0, 0, netip.AddrPort{}, net.ErrClosed
 		}
-		if n, full, from, ok := c.tryOffloadFlags(b, zc, flags&RecvPeek != 0); ok {
+		if n, full, from, ok := c.tryOffload(b, zc, flags&RecvPeek != 0); ok {
 			c.countPoll(slept)
 			return n, full, from, nil
 		}
@@ -555,7 +608,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags) (int, int, net
 		}
 		if nonblock {
 			c.Counters.RxEagain.Add(1)
-			return 0, 0, netip.AddrPort{}, c.readErr(unix.EAGAIN)
+			return 0, 0, netip.AddrPort{}, c.errAgain
 		}
 		if i&63 == 0 || sleepNext {
 			if d := c.readDeadline.Load(); d != 0 && time.Now().UnixNano() >= d {
@@ -614,7 +667,7 @@ func (c *UDPConn) sleep() error {
 		pfds[n] = unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN}
 		n++
 	}
-	pfds[n] = unix.PollFd{Fd: int32(c.fd), Events: unix.POLLIN}
+	pfds[n] = unix.PollFd{Fd: int32(c.FD()), Events: unix.POLLIN}
 	pfds[n+1] = unix.PollFd{Fd: int32(c.evfd), Events: unix.POLLIN}
 	n += 2
 	var ts *unix.Timespec
@@ -711,7 +764,7 @@ func (c *UDPConn) hopTo(to netip.AddrPort) (nextHop, error) {
 }
 
 func (c *UDPConn) sendKernel(b []byte, to netip.AddrPort) error {
-	if e := kernelSendTo(c.fd, b, to); e != 0 {
+	if e := kernelSendTo(c.FD(), b, to); e != 0 {
 		return c.sendErr(to, os.NewSyscallError("sendto", e))
 	}
 	c.Counters.TxOSPackets.Add(1)
@@ -866,8 +919,8 @@ func (c *UDPConn) Close() error {
 		c.evfd = -1
 	}
 	st.rxMu.Unlock()
-	if c.fd >= 0 && c.ownFD {
-		errs = append(errs, unix.Close(c.fd))
+	if fd := c.FD(); fd >= 0 && c.ownFD {
+		errs = append(errs, unix.Close(fd))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("udp %s: close: %w", c.local, err)

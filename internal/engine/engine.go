@@ -86,7 +86,7 @@ type Engine struct {
 	onState func(fd int, s State)
 	Log     *Log
 
-	mu       sync.Mutex // stacks, stackErr, epolls, Socket.refs
+	mu       sync.Mutex // stacks, stackErr, epolls, Socket.fds
 	stacks   map[string]*stack.Stack
 	stackErr map[string]error
 	epolls   map[int]*epollSet
@@ -109,7 +109,7 @@ type Socket struct {
 	ttl    int          // IP_TTL asked, -1: none
 	mttl   int          // IP_MULTICAST_TTL asked, -1: none
 	groups []netip.Addr // joined by the kernel while a candidate
-	refs   int          // fds naming it (dup), guarded by Engine.mu
+	fds    []int        // the fds naming it (dup), guarded by Engine.mu
 }
 
 // New starts an engine: it reads the parameters and the rules file, and
@@ -185,7 +185,7 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: fd beyond %d", fd, MaxFD-1)
 		return StateOS
 	}
-	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, refs: 1}
+	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, fds: []int{fd}}
 	s.nonblock.Store(nonblock)
 	e.fds[fd].Store(s)
 	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
@@ -225,14 +225,11 @@ func (e *Engine) Connect(fd int) State {
 		}
 		return e.decide(s, role, local, remote, "")
 	case StateOffloaded:
-		old := s.conn.Load()
-		st := old.Stack()
-		old.Close()
-		c, err := st.Adopt(fd)
+		c, err := s.conn.Load().Reopen(fd)
 		if err != nil {
-			return e.fallBack(s, fmt.Sprintf("re-attach after connect to %s: %v", remote, err))
+			s.conn.Store(nil)
+			return e.notOffloaded(s, fmt.Sprintf("re-attach after connect to %s: %v", remote, err))
 		}
-		e.applyOptions(s, c)
 		s.conn.Store(c)
 	}
 	return s.state
@@ -271,17 +268,10 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 	return e.decide(s, role, local, to, "")
 }
 
+// sockAddrs: a socket whose addresses cannot be read is decided as
+// unbound and unconnected; the kernel reports the error on its next call.
 func sockAddrs(fd int) (local, remote netip.AddrPort) {
-	if sa, err := unix.Getsockname(fd); err == nil {
-		if s4, ok := sa.(*unix.SockaddrInet4); ok {
-			local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
-		}
-	}
-	if sa, err := unix.Getpeername(fd); err == nil {
-		if s4, ok := sa.(*unix.SockaddrInet4); ok {
-			remote = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
-		}
-	}
+	local, remote, _ = stack.SockAddrs(fd)
 	return local, remote
 }
 
@@ -330,14 +320,6 @@ func (e *Engine) notOffloaded(s *Socket, reason string) State {
 	e.onState(s.fd, StateKernel)
 	e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: %s", s.fd, reason)
 	return StateKernel
-}
-
-// fallBack moves an offloaded socket to the kernel for good.
-func (e *Engine) fallBack(s *Socket, reason string) State {
-	if c := s.conn.Swap(nil); c != nil {
-		c.Close()
-	}
-	return e.notOffloaded(s, reason)
 }
 
 func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
@@ -496,7 +478,7 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 
 // Close forgets fd. Its socket's offload ends when no other fd names it
 // (dup); when the closing fd is the one the stack reads, the socket moves
-// to a remaining fd.
+// to a remaining fd with its queued datagrams.
 func (e *Engine) Close(fd int) {
 	if fd < 0 || fd >= MaxFD {
 		return
@@ -506,49 +488,34 @@ func (e *Engine) Close(fd int) {
 	for _, set := range e.epolls {
 		set.remove(fd)
 	}
-	if set := e.epolls[fd]; set != nil {
-		delete(e.epolls, fd)
-	}
+	delete(e.epolls, fd)
 	if s == nil {
 		e.mu.Unlock()
 		return
 	}
-	s.refs--
-	refs := s.refs
-	other := -1
-	if refs > 0 {
-		for i := range e.fds {
-			if e.fds[i].Load() == s {
-				other = i
-				break
-			}
-		}
-	}
+	s.fds = slices.DeleteFunc(s.fds, func(f int) bool { return f == fd })
+	others := slices.Clone(s.fds)
 	e.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.conn.Load()
-	if c == nil {
+	if c == nil || c.FD() != fd {
+		return // a dup closes, or the kernel serves it
+	}
+	if len(others) == 0 {
+		c.Close()
+		s.conn.Store(nil)
+		e.Log.Printf(params.LevelDebug, "fd %d: closed", fd)
 		return
 	}
-	if refs > 0 && c.FD() != fd {
+	nc, err := c.Reopen(others[0])
+	if err != nil {
+		s.conn.Store(nil)
+		e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached: %v", fd, others[0], err))
 		return
 	}
-	st := c.Stack()
-	c.Close()
-	s.conn.Store(nil)
-	if other >= 0 {
-		nc, err := st.Adopt(other)
-		if err != nil {
-			e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached: %v", fd, other, err))
-			return
-		}
-		e.applyOptions(s, nc)
-		s.fd = other
-		s.conn.Store(nc)
-		return
-	}
-	e.Log.Printf(params.LevelDebug, "fd %d: closed", fd)
+	s.fd = others[0]
+	s.conn.Store(nc)
 }
 
 // Dup makes newfd name oldfd's socket (dup, dup2, dup3, F_DUPFD).
@@ -567,7 +534,7 @@ func (e *Engine) Dup(oldfd, newfd int) State {
 		return StateOS
 	}
 	e.mu.Lock()
-	s.refs++
+	s.fds = append(s.fds, newfd)
 	e.fds[newfd].Store(s)
 	e.mu.Unlock()
 	s.mu.Lock()
@@ -680,10 +647,14 @@ func errnoOf(err error) unix.Errno {
 	if err == nil {
 		return 0
 	}
-	var errno unix.Errno
+	// Unwrapped by hand: errors.As would move its target to the heap on
+	// every nonblocking receive that finds nothing.
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if errno, ok := e.(unix.Errno); ok {
+			return errno
+		}
+	}
 	switch {
-	case errors.As(err, &errno):
-		return errno
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return unix.EAGAIN
 	case errors.Is(err, net.ErrClosed):

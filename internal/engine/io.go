@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"errors"
+	"net"
 	"net/netip"
 	"time"
 
@@ -44,6 +46,11 @@ func (e *Engine) Recv(fd int, b []byte, flags int) (n, full int, from netip.Addr
 		rf |= stack.RecvCheckOS
 	}
 	n, full, from, err := c.RecvFrom(b, rf)
+	if err != nil && errors.Is(err, net.ErrClosed) && s.conn.Load() != c {
+		// Reopened (connect, or its fd closed under a dup) while this
+		// receive waited: go on with the socket's new stack socket.
+		return e.Recv(fd, b, flags)
+	}
 	return n, full, from, errnoOf(err)
 }
 

@@ -1,0 +1,209 @@
+package engine
+
+import (
+	"context"
+	"io"
+	"net/netip"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/bench"
+	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
+
+// offloaded brings up a bed and an engine with one UDP socket on side B
+// bound to port and offloaded, as the preload library would: socket, the
+// kernel's bind, then Bind.
+func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, int) {
+	tb.Helper()
+	bed := testutil.Bed(tb, nil)
+	p := params.Defaults()
+	p.RxPoll = -1 // spin: the benchmarks measure the path, not a sleep
+	p.SelectPoll = 0
+	e, err := New(&Options{Params: p, Program: "engine.test", Stderr: io.Discard})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	typ := unix.SOCK_DGRAM | unix.SOCK_CLOEXEC
+	if nonblock {
+		typ |= unix.SOCK_NONBLOCK
+	}
+	var fd int
+	err = bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, typ, 0); err != nil {
+			return err
+		}
+		e.Socket(fd, nonblock)
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: bed.Addr(testbed.B).As4(), Port: port}); err != nil {
+			return err
+		}
+		if st := e.Bind(fd); st != StateOffloaded {
+			tb.Fatalf("Bind: state %d, reason %q", st, e.Reason(fd))
+		}
+		return nil
+	})
+	testutil.SkipIfNotSupported(tb, err)
+	tb.Cleanup(func() {
+		e.Close(fd)
+		unix.Close(fd)
+		e.mu.Lock()
+		for _, st := range e.stacks {
+			st.Close()
+		}
+		e.mu.Unlock()
+	})
+	return bed, e, fd
+}
+
+func TestRecvAndDupClose(t *testing.T) {
+	bed, e, fd := offloaded(t, 9400, false)
+	if err := testutil.SendUDP(bed, 9400, 3, 64); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2048)
+	for i := range 2 {
+		if n, _, from, errno := e.Recv(fd, buf, 0); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
+			t.Fatalf("datagram %d: %d bytes from %s, errno %v", i, n, from, errno)
+		}
+	}
+	// dup, then close the original: the socket moves to the duplicate.
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dup)
+	if st := e.Dup(fd, dup); st != StateOffloaded {
+		t.Fatalf("Dup: state %d", st)
+	}
+	e.Close(fd)
+	if c := e.Conn(dup); c == nil || c.FD() != dup {
+		t.Fatalf("after closing fd %d, its dup %d is not served on itself (conn %v)", fd, dup, c)
+	}
+	if n, _, _, errno := e.Recv(dup, buf, 0); errno != 0 || n != 64 {
+		t.Fatalf("third datagram on the dup: %d bytes, errno %v", n, errno)
+	}
+	if got := e.Conn(dup).Counters.RxOffloadPackets.Load(); got != 3 {
+		t.Errorf("RxOffloadPackets after the move = %d, want 3: the socket's counters go with it", got)
+	}
+	e.Close(dup)
+	if e.Conn(dup) != nil {
+		t.Error("closing the last fd left the socket attached")
+	}
+}
+
+// The benchmarks measure the engine's side of each call the preload
+// library hands it (the C-to-Go crossing is not included); allocs/op must
+// stay 0. They run on a real bed as root.
+
+func BenchmarkRecvEmptyNonblocking(b *testing.B) {
+	_, e, fd := offloaded(b, 9401, true)
+	buf := make([]byte, 2048)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, _, errno := e.Recv(fd, buf, 0); errno != unix.EAGAIN {
+			b.Fatal(errno)
+		}
+	}
+}
+
+func BenchmarkPollEmpty(b *testing.B) {
+	_, e, fd := offloaded(b, 9402, true)
+	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if n, errno := e.Poll(pfds, 0, nil); n != 0 || errno != 0 {
+			b.Fatal(n, errno)
+		}
+	}
+}
+
+func BenchmarkEpollWaitEmpty(b *testing.B) {
+	_, e, fd := offloaded(b, 9403, true)
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(epfd)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		b.Fatal(err)
+	}
+	if e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll {
+		b.Fatal("epoll set not the engine's")
+	}
+	out := make([]unix.EpollEvent, 8)
+	b.ReportAllocs()
+	for b.Loop() {
+		if n, errno := e.EpollWait(epfd, out, 0, nil); n != 0 || errno != 0 {
+			b.Fatal(n, errno)
+		}
+	}
+}
+
+// BenchmarkRecv receives a flood of 64-byte datagrams through Poll then
+// Recv, as an epoll or poll loop does.
+func BenchmarkPollRecv(b *testing.B) {
+	bed, e, fd := offloaded(b, 9404, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bench.Flood(ctx, bed, &bench.Options{Port: 9404, Size: 64}) }()
+	b.Cleanup(func() { cancel(); <-done })
+	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	buf := make([]byte, 2048)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, errno := e.Poll(pfds, -1, nil); errno != 0 {
+			b.Fatal(errno)
+		}
+		if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 && errno != unix.EAGAIN {
+			b.Fatal(errno)
+		}
+	}
+}
+
+func BenchmarkSend(b *testing.B) {
+	bed, e, fd := offloaded(b, 9405, false)
+	to := netip.AddrPortFrom(bed.Addr(testbed.A), 9)
+	msg := make([]byte, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, errno := e.Send(fd, msg, to, 0); errno != 0 {
+			b.Fatal(errno)
+		}
+	}
+}
+
+// A connect on an offloaded socket re-steers it to its peer and keeps what
+// it had queued, as the kernel keeps its receive queue.
+func TestConnectKeepsQueue(t *testing.T) {
+	bed, e, fd := offloaded(t, 9406, false)
+	if err := testutil.SendUDP(bed, 9406, 2, 64); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2048)
+	if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	if n, ok := e.Conn(fd).Pending(); !ok || n != 64 {
+		t.Fatalf("second datagram not queued before connect (%d, %v)", n, ok)
+	}
+	peer := &unix.SockaddrInet4{Addr: bed.Addr(testbed.A).As4(), Port: 9}
+	if err := unix.Connect(fd, peer); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.Connect(fd); st != StateOffloaded {
+		t.Fatalf("Connect: state %d, reason %q", st, e.Reason(fd))
+	}
+	if c := e.Conn(fd); c.RemoteAddr() == nil || c.RemoteAddr().String() != bed.Addr(testbed.A).String()+":9" {
+		t.Fatalf("after connect the socket's peer is %v", c.RemoteAddr())
+	}
+	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT); errno != 0 || n != 64 {
+		t.Fatalf("datagram queued before connect: %d bytes, errno %v", n, errno)
+	}
+}
