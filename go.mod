@@ -11,7 +11,14 @@ require (
 
 require (
 	github.com/gopacket/gopacket v1.7.7
+	github.com/prometheus/client_model v0.6.3
+	github.com/prometheus/common v0.67.4
 	github.com/safchain/ethtool v0.7.0
+	google.golang.org/protobuf v1.36.12
 )
 
-require golang.org/x/net v0.55.0 // indirect
+require (
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	go.yaml.in/yaml/v2 v2.4.3 // indirect
+	golang.org/x/net v0.55.0 // indirect
+)

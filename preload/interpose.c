@@ -122,6 +122,15 @@ __attribute__((constructor)) static void vmx_init(void)
 		_exit(1);
 }
 
+/* At exit (not _exit, not a fatal signal): the engine writes
+ * VMAXDP_STATS_FILE for the sockets still open and removes its stats
+ * file. A forked child never ran the engine and has nothing to do. */
+__attribute__((destructor)) static void vmx_fini(void)
+{
+	if (!vmx_forked)
+		vmxgo_fini();
+}
+
 int socket(int domain, int type, int protocol)
 {
 	int fd = REAL(socket)(domain, type, protocol);
@@ -411,7 +420,7 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	if (!any_engine_fd(fds, n))
 		return REAL(poll)(fds, n, timeout);
-	return (int)ret(vmxgo_poll(fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL));
+	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL));
 }
 
 static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 1000000000LL + ts->tv_nsec : -1; }
@@ -420,7 +429,7 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_
 {
 	if (!any_engine_fd(fds, n))
 		return REAL(ppoll)(fds, n, ts, mask);
-	return (int)ret(vmxgo_poll(fds, n, ts_ns(ts), (void *)mask));
+	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask));
 }
 
 /* select and pselect go through poll when an engine socket is in a set. */
@@ -452,7 +461,7 @@ static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long ti
 		res = -2; /* not ours */
 		goto out;
 	}
-	res = (int)ret(vmxgo_poll(p, n, timeout_ns, (void *)mask));
+	res = (int)ret(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask));
 	if (res < 0)
 		goto out;
 	if (r) FD_ZERO(r);

@@ -5,6 +5,9 @@
 /* What the interposer knows about an fd; the values of engine.State. */
 enum { VMX_OS = 0, VMX_CANDIDATE = 1, VMX_OFFLOADED = 2, VMX_EPOLL = 3, VMX_KERNEL = 4 };
 
+/* Multiplexers, for their counters: the values of engine.Mux. */
+enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };
+
 /* Returned (negated) by the Go side when the kernel must serve the call:
  * engine.ErrPassOS. */
 #define VMX_PASS 4095

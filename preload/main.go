@@ -32,6 +32,18 @@ import (
 
 var eng *engine.Engine
 
+// The C enums of interpose.h mirror the engine's values: a mismatch
+// does not compile (an array index out of range).
+var (
+	_ = [1]struct{}{}[int(engine.StateCandidate)-C.VMX_CANDIDATE]
+	_ = [1]struct{}{}[int(engine.StateOffloaded)-C.VMX_OFFLOADED]
+	_ = [1]struct{}{}[int(engine.StateEpoll)-C.VMX_EPOLL]
+	_ = [1]struct{}{}[int(engine.StateKernel)-C.VMX_KERNEL]
+	_ = [1]struct{}{}[int(engine.MuxSelect)-C.VMX_MUX_SELECT]
+	_ = [1]struct{}{}[int(engine.MuxPoll)-C.VMX_MUX_POLL]
+	_ = [1]struct{}{}[int(engine.MuxEpoll)-C.VMX_MUX_EPOLL]
+)
+
 func main() {}
 
 //export vmxgo_init
@@ -44,6 +56,9 @@ func vmxgo_init() C.int {
 	}
 	return 0
 }
+
+//export vmxgo_fini
+func vmxgo_fini() { eng.Shutdown() }
 
 //export vmxgo_socket
 func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), nonblock != 0)) }
@@ -261,9 +276,9 @@ func timeout(ns C.longlong) time.Duration {
 }
 
 //export vmxgo_poll
-func vmxgo_poll(fds *C.struct_pollfd, n C.nfds_t, ns C.longlong, sigmask unsafe.Pointer) C.long {
+func vmxgo_poll(kind C.int, fds *C.struct_pollfd, n C.nfds_t, ns C.longlong, sigmask unsafe.Pointer) C.long {
 	pfds := unsafe.Slice((*unix.PollFd)(unsafe.Pointer(fds)), int(n))
-	got, errno := eng.Poll(pfds, timeout(ns), (*unix.Sigset_t)(sigmask))
+	got, errno := eng.Poll(engine.Mux(kind), pfds, timeout(ns), (*unix.Sigset_t)(sigmask))
 	if errno != 0 {
 		return -C.long(errno)
 	}

@@ -76,6 +76,16 @@ type Counters struct {
 	NeighUnresolved atomic.Uint64
 }
 
+// Zero sets every counter to zero (vmaxdp stats -z).
+func (c *Counters) Zero() {
+	c.RxFrames.Store(0)
+	for i := range c.RxDropped {
+		c.RxDropped[i].Store(0)
+	}
+	c.RxNoSocket.Store(0)
+	c.NeighUnresolved.Store(0)
+}
+
 // queue is one backend queue.
 type queue struct {
 	idx int

@@ -22,22 +22,36 @@ import (
 
 // SocketCounters are one socket's counters (vma_stats' per-socket block).
 type SocketCounters struct {
-	RxOffloadPackets atomic.Uint64
-	RxOffloadBytes   atomic.Uint64
-	RxOSPackets      atomic.Uint64
-	RxOSBytes        atomic.Uint64
-	RxQueueDrops     atomic.Uint64 // over RxBytesLimit or queue full
-	RxFiltered       atomic.Uint64 // refused by the receive filter
-	RxEagain         atomic.Uint64 // reads that timed out or found nothing
-	RxPollHit        atomic.Uint64 // reads served without sleeping
-	RxPollMiss       atomic.Uint64 // reads that had to sleep
-	RxQueueBytesMax  atomic.Uint64
-	TxOffloadPackets atomic.Uint64
-	TxOffloadBytes   atomic.Uint64
-	TxOSPackets      atomic.Uint64
-	TxOSBytes        atomic.Uint64
-	TxNoBufs         atomic.Uint64 // sends that found no transmit frame
-	TxErrors         atomic.Uint64
+	RxOffloadPackets  atomic.Uint64
+	RxOffloadBytes    atomic.Uint64
+	RxOSPackets       atomic.Uint64
+	RxOSBytes         atomic.Uint64
+	RxQueueDrops      atomic.Uint64 // over RxBytesLimit or queue full
+	RxQueueDropBytes  atomic.Uint64 // their payload bytes
+	RxFiltered        atomic.Uint64 // refused by the receive filter
+	RxEagain          atomic.Uint64 // reads that timed out or found nothing
+	RxErrors          atomic.Uint64 // reads of the kernel socket that failed
+	RxPollHit         atomic.Uint64 // reads served without sleeping
+	RxPollMiss        atomic.Uint64 // reads that had to sleep
+	RxQueueBytesMax   atomic.Uint64
+	RxQueuePacketsMax atomic.Uint64
+	TxOffloadPackets  atomic.Uint64
+	TxOffloadBytes    atomic.Uint64
+	TxOSPackets       atomic.Uint64
+	TxOSBytes         atomic.Uint64
+	TxNoBufs          atomic.Uint64 // sends that found no transmit frame
+	TxErrors          atomic.Uint64
+}
+
+// Zero sets every counter to zero (vmaxdp stats -z). Increments racing
+// with it land before or after, never lost half-way.
+func (sc *SocketCounters) Zero() {
+	for _, p := range []*atomic.Uint64{&sc.RxOffloadPackets, &sc.RxOffloadBytes, &sc.RxOSPackets, &sc.RxOSBytes,
+		&sc.RxQueueDrops, &sc.RxQueueDropBytes, &sc.RxFiltered, &sc.RxEagain, &sc.RxErrors, &sc.RxPollHit, &sc.RxPollMiss,
+		&sc.RxQueueBytesMax, &sc.RxQueuePacketsMax, &sc.TxOffloadPackets, &sc.TxOffloadBytes, &sc.TxOSPackets,
+		&sc.TxOSBytes, &sc.TxNoBufs, &sc.TxErrors} {
+		p.Store(0)
+	}
 }
 
 // RecvFilter decides whether a datagram is queued (true) or dropped and
@@ -197,6 +211,7 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	for c.popLocked(&it) {
 		if n.rxLen == len(n.rxq) {
 			n.Counters.RxQueueDrops.Add(1)
+			n.Counters.RxQueueDropBytes.Add(uint64(it.n))
 			st.releaseLocked(it.q, it.buf)
 			continue
 		}
@@ -384,6 +399,7 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	n := len(p.Payload)
 	if int64(c.rxBytes+n) > c.rxLim.Load() || c.rxLen == len(c.rxq) {
 		c.Counters.RxQueueDrops.Add(1)
+		c.Counters.RxQueueDropBytes.Add(uint64(n))
 		c.st.releaseLocked(q, b)
 		return
 	}
@@ -393,6 +409,9 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	c.rxBytes += n
 	if uint64(c.rxBytes) > c.Counters.RxQueueBytesMax.Load() {
 		c.Counters.RxQueueBytesMax.Store(uint64(c.rxBytes))
+	}
+	if uint64(c.rxLen) > c.Counters.RxQueuePacketsMax.Load() {
+		c.Counters.RxQueuePacketsMax.Store(uint64(c.rxLen))
 	}
 	c.Counters.RxOffloadPackets.Add(1)
 	c.Counters.RxOffloadBytes.Add(uint64(n))
@@ -466,6 +485,42 @@ func (c *UDPConn) Pending() (int, bool) {
 		return 0, false
 	}
 	return int(c.rxq[c.rxHead].n), true
+}
+
+// QueueLen is what the receive queue holds now.
+func (c *UDPConn) QueueLen() (packets, bytes int) {
+	c.st.rxMu.Lock()
+	defer c.st.rxMu.Unlock()
+	return c.rxLen, c.rxBytes
+}
+
+// RxBytesLimit is the payload bytes the receive queue may hold.
+func (c *UDPConn) RxBytesLimit() int { return int(c.rxLim.Load()) }
+
+// Rules are the ids of the socket's steering rules, its groups' included.
+// Like JoinGroup, it must not race the socket's own group changes.
+func (c *UDPConn) Rules() []steer.RuleID {
+	ids := slices.Clone(c.rules)
+	for _, id := range c.groups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Groups are the multicast groups the stack receives for the socket, the
+// one it is bound to included. Like JoinGroup, it must not race the
+// socket's own group changes.
+func (c *UDPConn) Groups() []netip.Addr {
+	gs := make([]netip.Addr, 0, len(c.groups)+1)
+	if c.local.Addr().IsMulticast() {
+		gs = append(gs, c.local.Addr())
+	}
+	for g := range c.groups {
+		gs = append(gs, g)
+	}
+	slices.SortFunc(gs, netip.Addr.Compare)
+	return gs
 }
 
 // Stack is the stack serving the socket.
@@ -563,6 +618,9 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n
 		return 0, 0, from, false, nil
 	}
 	if e != 0 {
+		if e != unix.EINTR {
+			c.Counters.RxErrors.Add(1)
+		}
 		return 0, 0, from, false, c.readErr(os.NewSyscallError("recvfrom", e))
 	}
 	n = min(full, len(b))

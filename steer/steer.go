@@ -439,6 +439,27 @@ func (p *Program) Counters() (ProgCounters, error) {
 	return ReadProgCounters(p.objs.ProgStats)
 }
 
+// ZeroCounters zeroes the program's counters and its rules' (vmaxdp
+// stats -z). Packets counted while it runs may survive the zeroing.
+func (p *Program) ZeroCounters() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("steer %s: zero counters: %w", p.ifname, err)
+	}
+	if err := p.objs.ProgStats.Put(uint32(0), make([]vbpf.SteerProgCounters, n)); err != nil {
+		return fmt.Errorf("steer %s: zero prog_stats: %w", p.ifname, err)
+	}
+	zero := make([]vbpf.SteerRuleCounters, n)
+	for id := range p.rules {
+		if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
+			return fmt.Errorf("steer %s: zero rule %d counters: %w", p.ifname, id, err)
+		}
+	}
+	return nil
+}
+
 // ReadProgCounters sums a prog_stats map, live or opened from its pin.
 func ReadProgCounters(m *ebpf.Map) (ProgCounters, error) {
 	var per []vbpf.SteerProgCounters

@@ -71,7 +71,24 @@ type Counters struct {
 	TxKickErrs  atomic.Uint64 // kicks answered with an error other than EAGAIN/EBUSY/ENOBUFS
 	MaxRxBatch  atomic.Uint64 // largest batch drained from the RX ring
 	TxNoBufs    atomic.Uint64 // Alloc calls that found the transmit pool empty
-	FillNoSpace atomic.Uint64 // frames Release could not put on the fill ring
+	FillNoSpace atomic.Uint64 // frames Release held back: the fill ring looked full
+}
+
+// Zero sets every counter to zero (vmaxdp stats -z).
+func (c *Counters) Zero() {
+	for _, p := range []*atomic.Uint64{&c.RxPackets, &c.TxPackets, &c.RxWakeups, &c.TxWakeups,
+		&c.TxKickErrs, &c.MaxRxBatch, &c.TxNoBufs, &c.FillNoSpace} {
+		p.Store(0)
+	}
+}
+
+// Pools describes the UMEM's two halves, one per direction.
+type Pools struct {
+	RingSize uint32 // entries of each ring
+	RxSize   uint32 // frames for receiving; free while on the fill ring
+	RxFree   uint32
+	TxSize   uint32 // frames for transmitting
+	TxFree   uint32
 }
 
 // Statistics is the kernel's XDP_STATISTICS for the socket.
@@ -98,8 +115,10 @@ type Socket struct {
 	fill, comp, rx, tx   ring
 	fillAddrs, compAddrs []uint64
 	rxDescs, txDescs     []unix.XDPDesc
-	txFree               []uint64 // stack of free transmit frame addresses
-	txOutstanding        uint32   // frames on the TX or completion ring
+	txFree               []uint64      // stack of free transmit frame addresses
+	txOutstanding        uint32        // frames on the TX or completion ring
+	txFreeN              atomic.Uint32 // len(txFree), for Pools from other goroutines
+	fillHeld             []uint64      // RX frames waiting for room on the fill ring
 	Counters             Counters
 }
 
@@ -199,10 +218,12 @@ func (s *Socket) setup(o Options) error {
 		s.fillAddrs[(s.fill.cachedProd+i)&s.fill.mask] = uint64(i) * uint64(o.FrameSize)
 	}
 	s.fill.submit(n)
+	s.fillHeld = make([]uint64, 0, half)
 	s.txFree = make([]uint64, 0, o.NumFrames-half)
 	for i := half; i < o.NumFrames; i++ {
 		s.txFree = append(s.txFree, uint64(i)*uint64(o.FrameSize))
 	}
+	s.txFreeN.Store(uint32(len(s.txFree)))
 
 	sa := &unix.SockaddrXDP{Flags: unix.XDP_USE_NEED_WAKEUP, Ifindex: uint32(s.ifindex), QueueID: uint32(s.queue)}
 	switch o.Mode {
@@ -255,6 +276,7 @@ func (s *Socket) HugePages() bool { return s.huge }
 func (s *Socket) Receive(bufs []backend.Buf) int {
 	n := s.rx.peek(uint32(len(bufs)))
 	if n == 0 {
+		s.refill()
 		if s.fill.needWakeup() {
 			s.Counters.RxWakeups.Add(1)
 			kickRx(s.fd)
@@ -275,22 +297,40 @@ func (s *Socket) Receive(bufs []backend.Buf) int {
 }
 
 // Release implements backend.Backend: frames go back on the fill ring.
+// The fill ring has a slot for every RX frame, but the kernel publishes
+// its consumer index lazily (copy mode takes frames before it says so), so
+// the ring can look full for a moment: frames that do not fit wait in
+// fillHeld for the next Release or Receive, and are counted in FillNoSpace.
 func (s *Socket) Release(bufs []backend.Buf) {
+	s.refill()
 	n := s.fill.reserve(uint32(len(bufs)))
 	prod := s.fill.cachedProd
 	for i := uint32(0); i < n; i++ {
 		s.fillAddrs[(prod+i)&s.fill.mask] = bufs[i].ID & s.frameMask
 	}
 	s.fill.submit(n)
-	if int(n) < len(bufs) {
-		// Cannot happen while the fill ring holds every RX frame; count it
-		// rather than lose track silently.
-		s.Counters.FillNoSpace.Add(uint64(len(bufs) - int(n)))
+	for _, b := range bufs[n:] {
+		s.fillHeld = append(s.fillHeld, b.ID&s.frameMask)
 	}
+	s.Counters.FillNoSpace.Add(uint64(len(bufs) - int(n)))
 	if s.fill.needWakeup() {
 		s.Counters.RxWakeups.Add(1)
 		kickRx(s.fd)
 	}
+}
+
+// refill puts the frames held back by Release on the fill ring.
+func (s *Socket) refill() {
+	if len(s.fillHeld) == 0 {
+		return
+	}
+	n := s.fill.reserve(uint32(len(s.fillHeld)))
+	prod := s.fill.cachedProd
+	for i := uint32(0); i < n; i++ {
+		s.fillAddrs[(prod+i)&s.fill.mask] = s.fillHeld[i]
+	}
+	s.fill.submit(n)
+	s.fillHeld = s.fillHeld[:copy(s.fillHeld, s.fillHeld[n:])]
 }
 
 // reap moves frames the kernel has sent back to the transmit pool.
@@ -305,6 +345,7 @@ func (s *Socket) reap() {
 	}
 	s.comp.release(n)
 	s.txOutstanding -= n
+	s.txFreeN.Store(uint32(len(s.txFree)))
 }
 
 // Alloc implements backend.Backend.
@@ -327,6 +368,7 @@ func (s *Socket) Alloc(bufs []backend.Buf) int {
 		bufs[i] = backend.Buf{Data: s.umem[a : a+uint64(s.frameSize) : a+uint64(s.frameSize)], ID: a}
 	}
 	s.txFree = s.txFree[:len(s.txFree)-n]
+	s.txFreeN.Store(uint32(len(s.txFree)))
 	return n
 }
 
@@ -373,6 +415,12 @@ func (s *Socket) Statistics() (Statistics, error) {
 // Occupancy reads how full each ring is.
 func (s *Socket) Occupancy() RingOccupancy {
 	return RingOccupancy{Rx: s.rx.occupancy(), Tx: s.tx.occupancy(), Fill: s.fill.occupancy(), Completion: s.comp.occupancy()}
+}
+
+// Pools reads the buffer pools' sizes and free frames.
+func (s *Socket) Pools() Pools {
+	return Pools{RingSize: s.fill.size, RxSize: s.fill.size, RxFree: s.fill.occupancy(),
+		TxSize: uint32(cap(s.txFree)), TxFree: s.txFreeN.Load()}
 }
 
 // Close unmaps the rings and UMEM and closes the socket.

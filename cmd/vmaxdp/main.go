@@ -3,6 +3,7 @@
 //	vmaxdp version
 //	vmaxdp run [flags] -- program [args...]
 //	vmaxdp params [-env]
+//	vmaxdp stats [vma_stats options] | vmaxdp stats serve --listen ADDR
 //	vmaxdp testbed up|down|status [flags]
 //	vmaxdp bench [rxdrop|txonly|echo|xdpcost|all] [flags]
 package main
@@ -29,6 +30,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, errNoProcess) {
+			fmt.Fprintln(os.Stderr, "vmaxdp stats:", err) // vma_stats' words
+			os.Exit(1)
+		}
 		fmt.Fprintln(os.Stderr, "vmaxdp:", err)
 		os.Exit(1)
 	}
@@ -40,6 +45,8 @@ commands:
   version                 print the version
   run [flags] -- prog ... run an unmodified program with its UDP sockets offloaded
   params [-env]           list the VMAXDP_* parameters, defaults and meanings
+  stats [options]         show the counters of running vmaxdp processes (vma_stats)
+  stats serve --listen A  serve them as Prometheus /metrics
   testbed up|down|status  manage the veth test bed (two namespaces, 198.18.0.0/24)
   bench [kind...]         measure vmaxdp against the kernel on a test bed
                           kinds: rxdrop txonly echo xdpcost all (default all)
@@ -60,6 +67,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return runRun(args[1:], out)
 	case "params":
 		return runParams(args[1:], out)
+	case "stats":
+		return runStats(ctx, args[1:], out)
 	case "testbed":
 		return runTestbed(args[1:], out)
 	case "bench":

@@ -92,6 +92,8 @@ type Engine struct {
 	epolls   map[int]*epollSet
 	fds      []atomic.Pointer[Socket]
 	scratch  sync.Pool // []byte of 64 KiB, for gathers and scatters
+	mux      [numMux]muxCounters
+	pub      *publisher
 }
 
 // Socket is one application UDP socket.
@@ -149,6 +151,9 @@ func New(opts *Options) (*Engine, error) {
 		e.rules = nil // no default rules file: offload everything
 	}
 	e.banner()
+	if err := e.startStats(); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -496,6 +501,9 @@ func (e *Engine) Close(fd int) {
 	s.fds = slices.DeleteFunc(s.fds, func(f int) bool { return f == fd })
 	others := slices.Clone(s.fds)
 	e.mu.Unlock()
+	if len(others) == 0 {
+		e.writeStatsFile(s)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.conn.Load()

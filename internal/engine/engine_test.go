@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -26,6 +27,8 @@ func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, i
 	p := params.Defaults()
 	p.RxPoll = -1 // spin: the benchmarks measure the path, not a sleep
 	p.SelectPoll = 0
+	p.StatsDir = tb.TempDir()
+	p.StatsFile = filepath.Join(p.StatsDir, "close.txt")
 	e, err := New(&Options{Params: p, Program: "engine.test", Stderr: io.Discard})
 	if err != nil {
 		tb.Fatal(err)
@@ -52,6 +55,7 @@ func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, i
 	tb.Cleanup(func() {
 		e.Close(fd)
 		unix.Close(fd)
+		e.Shutdown()
 		e.mu.Lock()
 		for _, st := range e.stacks {
 			st.Close()
@@ -117,7 +121,7 @@ func BenchmarkPollEmpty(b *testing.B) {
 	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if n, errno := e.Poll(pfds, 0, nil); n != 0 || errno != 0 {
+		if n, errno := e.Poll(MuxPoll, pfds, 0, nil); n != 0 || errno != 0 {
 			b.Fatal(n, errno)
 		}
 	}
@@ -158,7 +162,7 @@ func BenchmarkPollRecv(b *testing.B) {
 	buf := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, errno := e.Poll(pfds, -1, nil); errno != 0 {
+		if _, errno := e.Poll(MuxPoll, pfds, -1, nil); errno != 0 {
 			b.Fatal(errno)
 		}
 		if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 && errno != unix.EAGAIN {

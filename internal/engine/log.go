@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,16 +22,18 @@ import (
 type Log struct {
 	mu      sync.Mutex
 	w       io.Writer
-	level   int
-	details int
+	level   atomic.Int32 // vmaxdp stats -l changes it while the process runs
+	details atomic.Int32 // vmaxdp stats -D
 	start   time.Time
 	pid     int
 }
 
 func newLog(p *params.Params, stderr io.Writer) (*Log, error) {
-	l := &Log{w: stderr, level: p.TraceLevel, details: p.LogDetails, start: time.Now(), pid: os.Getpid()}
-	if l.level >= params.LevelDebug && l.details == 0 {
-		l.details = 2 // VMA's default at DEBUG and above
+	l := &Log{w: stderr, start: time.Now(), pid: os.Getpid()}
+	l.level.Store(int32(p.TraceLevel))
+	l.details.Store(int32(p.LogDetails))
+	if p.TraceLevel >= params.LevelDebug && p.LogDetails == 0 {
+		l.details.Store(2) // VMA's default at DEBUG and above
 	}
 	if p.LogFile != "" {
 		path := p.LogPath(l.pid)
@@ -44,15 +47,27 @@ func newLog(p *params.Params, stderr io.Writer) (*Log, error) {
 }
 
 // Enabled says whether lines of level are written.
-func (l *Log) Enabled(level int) bool { return level <= l.level }
+func (l *Log) Enabled(level int) bool { return level <= int(l.level.Load()) }
+
+// Level is the trace level.
+func (l *Log) Level() int { return int(l.level.Load()) }
+
+// Details is the log details level (VMAXDP_LOG_DETAILS).
+func (l *Log) Details() int { return int(l.details.Load()) }
+
+// SetLevel changes the trace level.
+func (l *Log) SetLevel(level int) { l.level.Store(int32(level)) }
+
+// SetDetails changes the log details level.
+func (l *Log) SetDetails(d int) { l.details.Store(int32(d)) }
 
 // Printf writes one line at level.
 func (l *Log) Printf(level int, format string, args ...any) {
-	if level > l.level {
+	if !l.Enabled(level) {
 		return
 	}
 	var prefix string
-	switch l.details {
+	switch l.details.Load() {
 	case 1:
 		prefix = fmt.Sprintf("Tid: %5d : ", unix.Gettid())
 	case 2:

@@ -18,37 +18,68 @@ import (
 // arrives while they sleep goes unseen.
 
 // spin runs scan until it finds something, the timeout passes or polling
-// ends, then sleeps with sleep and scans again. timeout < 0: none.
-func (e *Engine) spin(timeout time.Duration, scan func(osTurn bool) (int, unix.Errno),
+// ends, then sleeps with sleep and scans again. timeout < 0: none. scan
+// returns how many fds are ready and how many of those the kernel made
+// ready, for the multiplexer's counters.
+func (e *Engine) spin(kind Mux, timeout time.Duration, scan func(osTurn bool) (n, os int, errno unix.Errno),
 	sleep func(deadline time.Time, infinite bool) unix.Errno) (int, unix.Errno) {
+	mc := &e.mux[kind]
+	mc.Calls.Add(1)
 	start := time.Now()
+	polling := start // start of the current polling stretch
+	slept := false
+	done := func(n, os int, errno unix.Errno) (int, unix.Errno) {
+		if e.p.CPUUsageStats && !polling.IsZero() {
+			mc.PollingNanos.Add(uint64(time.Since(polling)))
+		}
+		switch {
+		case errno != 0:
+			mc.Errors.Add(1)
+		case n == 0:
+			mc.Timeouts.Add(1)
+		default:
+			mc.RxReadyOS.Add(uint64(os))
+			mc.RxReadyOffload.Add(uint64(n - os))
+		}
+		if slept {
+			mc.PollMiss.Add(1)
+		} else {
+			mc.PollHit.Add(1)
+		}
+		return n, errno
+	}
 	infinite := timeout < 0
 	deadline := start.Add(timeout)
 	pollFor := time.Duration(e.p.SelectPoll) * time.Microsecond
 	spinning := e.p.SelectPoll != 0
 	ratio := e.p.SelectPollOSRatio
 	for i := 0; ; i++ {
-		n, errno := scan(i == 0 || ratio > 0 && i%ratio == 0)
+		n, os, errno := scan(i == 0 || ratio > 0 && i%ratio == 0)
 		if n > 0 || errno != 0 {
-			return n, errno
+			return done(n, os, errno)
 		}
 		if timeout == 0 {
-			return 0, 0
+			return done(0, 0, 0)
 		}
 		now := time.Now()
 		if !infinite && !now.Before(deadline) {
-			return 0, 0
+			return done(0, 0, 0)
 		}
 		if spinning && (e.p.SelectPoll < 0 || now.Sub(start) < pollFor) {
 			continue
 		}
 		spinning = false
+		if e.p.CPUUsageStats {
+			mc.PollingNanos.Add(uint64(now.Sub(polling)))
+		}
+		polling = time.Time{}
+		slept = true
 		if errno := sleep(deadline, infinite); errno != 0 {
-			return 0, errno
+			return done(0, 0, errno)
 		}
 		// Scan with the kernel fds after a sleep, whatever the ratio.
-		if n, errno := scan(true); n > 0 || errno != 0 {
-			return n, errno
+		if n, os, errno := scan(true); n > 0 || errno != 0 {
+			return done(n, os, errno)
 		}
 		i = 0
 	}
@@ -115,20 +146,23 @@ func appendStack(stacks []*stack.Stack, st *stack.Stack) []*stack.Stack {
 
 // Poll serves poll and ppoll (and select through them) over pfds, some
 // of which are engine sockets. timeout < 0 waits for ever.
-func (e *Engine) Poll(pfds []unix.PollFd, timeout time.Duration, sigmask *unix.Sigset_t) (int, unix.Errno) {
+func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigmask *unix.Sigset_t) (int, unix.Errno) {
 	zero := unix.Timespec{}
-	scan := func(osTurn bool) (int, unix.Errno) {
+	scan := func(osTurn bool) (int, int, unix.Errno) {
 		for i := range pfds {
 			pfds[i].Revents = 0
 		}
 		if osTurn {
 			if _, err := unix.Ppoll(pfds, &zero, nil); err != nil && err != unix.EINTR {
-				return 0, errnoOf(err)
+				return 0, 0, errnoOf(err)
 			}
 		}
-		n := 0
+		n, os := 0, 0
 		for i := range pfds {
 			p := &pfds[i]
+			if p.Revents&unix.POLLIN != 0 {
+				os++
+			}
 			if s := e.get(int(p.Fd)); s != nil {
 				if c := s.conn.Load(); c != nil {
 					if p.Revents&unix.POLLIN != 0 {
@@ -148,7 +182,7 @@ func (e *Engine) Poll(pfds []unix.PollFd, timeout time.Duration, sigmask *unix.S
 				n++
 			}
 		}
-		return n, 0
+		return n, os, 0
 	}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
 		var stacks []*stack.Stack
@@ -159,9 +193,9 @@ func (e *Engine) Poll(pfds []unix.PollFd, timeout time.Duration, sigmask *unix.S
 				deadline, infinite = sliceDeadline(deadline, infinite)
 			}
 		}
-		return sleepOn(pfds, stacks, deadline, infinite, sigmask, func() bool { n, _ := scan(false); return n > 0 })
+		return sleepOn(pfds, stacks, deadline, infinite, sigmask, func() bool { n, _, _ := scan(false); return n > 0 })
 	}
-	return e.spin(timeout, scan, sleep)
+	return e.spin(kind, timeout, scan, sleep)
 }
 
 // epollSet is what the engine knows of one epoll fd: its members that are
@@ -226,7 +260,7 @@ func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	if set == nil || len(out) == 0 {
 		return 0, ErrPassOS
 	}
-	scan := func(osTurn bool) (int, unix.Errno) {
+	scan := func(osTurn bool) (int, int, unix.Errno) {
 		n := 0
 		set.mu.Lock()
 		for fd, m := range set.members {
@@ -256,13 +290,14 @@ func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		}
 		set.mu.Unlock()
 		if !osTurn || n == len(out) {
-			return n, 0
+			return n, 0, 0
 		}
 		k, err := unix.EpollWait(epfd, out[n:], 0)
 		if err != nil && err != unix.EINTR {
-			return n, errnoOf(err)
+			return n, 0, errnoOf(err)
 		}
-		return n + e.mergeKernel(set, out[:n], out[n:n+max(k, 0)]), 0
+		os := e.mergeKernel(set, out[:n], out[n:n+max(k, 0)])
+		return n + os, os, 0
 	}
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
@@ -289,7 +324,7 @@ func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			return false
 		})
 	}
-	return e.spin(timeout, scan, sleep)
+	return e.spin(MuxEpoll, timeout, scan, sleep)
 }
 
 // mergeKernel folds the kernel's events for engine sockets (their kernel

@@ -111,6 +111,12 @@ type Run struct {
 	Env []string
 	// Timeout bounds the whole run (default one minute).
 	Timeout time.Duration
+	// OnServer, when set, is called with the server's pid once it serves,
+	// before the client starts.
+	OnServer func(pid int)
+	// AfterClient, when set, is called with the client's result after it
+	// ended, while the server still runs; its error fails the run.
+	AfterClient func(pid int, res Result) error
 }
 
 func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, args ...string) *exec.Cmd {
@@ -185,11 +191,19 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if r.OnServer != nil {
+		r.OnServer(srv.Process.Pid)
+	}
 	cli := r.command(ctx, testbed.A, r.ClientOffload, r.Client...)
 	out, err := cli.CombinedOutput()
 	if err != nil {
 		return res, "", fmt.Errorf("sockperf %s: %w\n%s", strings.Join(r.Client, " "), err, tail(string(out), 30))
 	}
-	res, err = Parse(string(out))
+	if res, err = Parse(string(out)); err != nil {
+		return res, "", err
+	}
+	if r.AfterClient != nil {
+		err = r.AfterClient(srv.Process.Pid, res)
+	}
 	return res, "", err
 }

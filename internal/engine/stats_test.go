@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+// TestCounterNames: the published structs name their counters as the
+// atomic ones they copy, in the same order (loadCounters copies by index).
+func TestCounterNames(t *testing.T) {
+	for _, pair := range [][2]any{
+		{stack.SocketCounters{}, stats.SocketCounters{}},
+		{xsk.Counters{}, stats.QueueCounters{}},
+		{muxCounters{}, stats.Iomux{}},
+	} {
+		a, b := reflect.TypeOf(pair[0]), reflect.TypeOf(pair[1])
+		if a.NumField() != b.NumField() {
+			t.Errorf("%s has %d fields, %s %d", a, a.NumField(), b, b.NumField())
+			continue
+		}
+		for i := range a.NumField() {
+			if a.Field(i).Name != b.Field(i).Name {
+				t.Errorf("field %d: %s.%s vs %s.%s", i, a, a.Field(i).Name, b, b.Field(i).Name)
+			}
+		}
+	}
+}
+
+// readUntil reads the engine's stats file until ok accepts a snapshot.
+func readUntil(t *testing.T, r *stats.Reader, what string, ok func(*stats.Snapshot) bool) *stats.Snapshot {
+	t.Helper()
+	var s stats.Snapshot
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		err := r.Read(&s)
+		if err == nil && ok(&s) {
+			return &s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not published within 3 s (last read: %v, %+v)", what, err, s.Sockets)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestStatsPublished(t *testing.T) {
+	bed, e, fd := offloaded(t, 9407, false)
+	r, err := stats.Open(e.pub.w.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	const n = 7
+	if err := testutil.SendUDP(bed, 9407, n, 100); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2048)
+	for i := range n {
+		if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 {
+			t.Fatalf("datagram %d: %v", i, errno)
+		}
+	}
+	sock := func(s *stats.Snapshot) *stats.Socket {
+		for i := range s.Sockets {
+			if s.Sockets[i].FD == fd {
+				return &s.Sockets[i]
+			}
+		}
+		return nil
+	}
+	s := readUntil(t, r, "7 datagrams", func(s *stats.Snapshot) bool {
+		sk := sock(s)
+		return sk != nil && sk.Counters.RxOffloadPackets == n
+	})
+	sk := sock(s)
+	if !sk.Offloaded() || sk.Counters.RxOffloadBytes != n*100 || sk.Interface == "" || len(sk.Rules) != 1 {
+		t.Errorf("socket %+v: want offloaded, %d bytes, one rule", sk, n*100)
+	}
+	if s.Process.PID != os.Getpid() || s.Process.Program != "engine.test" {
+		t.Errorf("process %+v", s.Process)
+	}
+	var matched uint64
+	for _, rl := range s.Rules {
+		if rl.FD == fd && rl.ID == sk.Rules[0] {
+			matched = rl.Counters.MatchedPackets
+		}
+	}
+	if matched != n {
+		t.Errorf("the socket's rule matched %d packets, want %d (rules %+v)", matched, n, s.Rules)
+	}
+	if len(s.Queues) == 0 || s.Queues[0].Counters.RxPackets < n || s.Queues[0].RxPoolSize == 0 {
+		t.Errorf("queues %+v: want the datagrams counted and the pools sized", s.Queues)
+	}
+
+	if err := r.Zero(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, r, "zeroed counters", func(s *stats.Snapshot) bool {
+		sk := sock(s)
+		return sk != nil && sk.Counters.RxOffloadPackets == 0 && s.Rules[0].Counters.MatchedPackets == 0
+	})
+
+	// At close, VMAXDP_STATS_FILE gets the socket's report.
+	if err := testutil.SendUDP(bed, 9407, 1, 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	e.Close(fd)
+	b, err := os.ReadFile(e.p.StatsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("vmaxdp: [fd=%d]", fd) + " Rx Offload: 0 KB / 1 / 0 [bytes/packets/errors]"; !strings.Contains(string(b), want) {
+		t.Errorf("%s:\n%s\nwant a line %q", e.p.StatsFile, b, want)
+	}
+	path := e.pub.w.Path()
+	e.Shutdown()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("stats file %s after Shutdown: %v, want it removed", path, err)
+	}
+}

@@ -1,0 +1,208 @@
+// Package stats is the counters file each vmaxdp process publishes and
+// `vmaxdp stats` reads: a Snapshot of the process's sockets, queues,
+// buffer pools, steering programs and rules, written into a file of a
+// shared-memory directory (tmpfs) by the process and read by any tool
+// without stopping or slowing it.
+//
+// A counter has one name everywhere: the Go field here, its json tag, the
+// Prometheus metric (vmaxdp_<block>_<json name>[_total]) and the views of
+// `vmaxdp stats` all derive from the same struct field, and the fields
+// copy the names of the counters they publish (stack.SocketCounters,
+// xsk.Counters, steer.RuleCounters, steer.ProgCounters).
+//
+// Fields of the counter structs are counters (they only grow until zeroed)
+// unless tagged stats:"gauge" (a high-water mark); the deltas view and the
+// Prometheus types follow the tag.
+//
+// What this package must not do: touch the packet path. The publishing
+// process calls Writer.Publish from its own goroutine; nothing here is
+// called per packet, and Publish allocates nothing once warm.
+package stats
+
+import (
+	"github.com/vmaxdp/vmaxdp/steer"
+)
+
+// Snapshot is everything one process publishes.
+type Snapshot struct {
+	Process  Process   `json:"process"`
+	Sockets  []Socket  `json:"sockets"`
+	Queues   []Queue   `json:"queues"`
+	Programs []Program `json:"programs"`
+	Rules    []Rule    `json:"rules"`
+}
+
+// Process describes the publishing process.
+type Process struct {
+	PID        int    `json:"pid"`
+	Program    string `json:"program"`
+	Cmdline    string `json:"cmdline"`
+	Version    string `json:"version"`
+	Published  int64  `json:"published_unix_nano"` // when this snapshot was taken
+	LogLevel   int    `json:"log_level"`
+	LogDetails int    `json:"log_details"`
+	// SocketsHidden counts sockets left out by VMAXDP_STATS_FD_NUM.
+	SocketsHidden int `json:"sockets_hidden"`
+	// CPUUsageStats: VMAXDP_CPU_USAGE_STATS=1, the Iomux PollingNanos count.
+	CPUUsageStats bool `json:"cpu_usage_stats"`
+	// Select, Poll and Epoll are the multiplexers' counters.
+	Select Iomux `json:"select"`
+	Poll   Iomux `json:"poll"`
+	Epoll  Iomux `json:"epoll"`
+}
+
+// Iomux are the counters of one multiplexer (select, poll or epoll_wait)
+// over all its calls that watched an offloaded socket.
+type Iomux struct {
+	Calls          uint64 `json:"calls"`
+	RxReadyOS      uint64 `json:"rx_ready_os"`      // kernel fds found readable
+	RxReadyOffload uint64 `json:"rx_ready_offload"` // offloaded sockets found readable
+	Timeouts       uint64 `json:"timeouts"`
+	Errors         uint64 `json:"errors"`
+	PollHit        uint64 `json:"poll_hit"`  // calls answered without sleeping
+	PollMiss       uint64 `json:"poll_miss"` // calls that slept in the kernel
+	// PollingNanos is the time spent polling before answering or
+	// sleeping (VMAXDP_CPU_USAGE_STATS=1 only).
+	PollingNanos uint64 `json:"polling_nanos"`
+}
+
+// Socket state names, as the views print them.
+const (
+	StateOffloaded = "offloaded"
+	StateKernel    = "kernel"    // decided: not offloaded, Reason says why
+	StateCandidate = "candidate" // not decided yet (not bound, no send)
+)
+
+// Socket is one application socket.
+type Socket struct {
+	FD        int      `json:"fd"`
+	Proto     string   `json:"proto"`
+	State     string   `json:"state"`
+	Reason    string   `json:"reason,omitempty"` // why it is not offloaded
+	Interface string   `json:"ifname,omitempty"`
+	Local     string   `json:"local"`
+	Remote    string   `json:"remote,omitempty"`
+	Blocking  bool     `json:"blocking"`
+	Groups    []string `json:"groups,omitempty"`
+	Rules     []uint32 `json:"rules,omitempty"` // steering rule ids on Interface
+	// RxQueuePackets and RxQueueBytes are the receive queue now.
+	RxQueuePackets uint64         `json:"rx_queue_packets"`
+	RxQueueBytes   uint64         `json:"rx_queue_bytes"`
+	RxBytesLimit   uint64         `json:"rx_bytes_limit"`
+	Counters       SocketCounters `json:"counters"`
+}
+
+// Offloaded says whether vmaxdp serves the socket.
+func (s *Socket) Offloaded() bool { return s.State == StateOffloaded }
+
+// SocketCounters are stack.SocketCounters, field for field.
+type SocketCounters struct {
+	RxOffloadPackets  uint64 `json:"rx_offload_packets"`
+	RxOffloadBytes    uint64 `json:"rx_offload_bytes"`
+	RxOSPackets       uint64 `json:"rx_os_packets"`
+	RxOSBytes         uint64 `json:"rx_os_bytes"`
+	RxQueueDrops      uint64 `json:"rx_queue_drops"`
+	RxQueueDropBytes  uint64 `json:"rx_queue_drop_bytes"`
+	RxFiltered        uint64 `json:"rx_filtered"`
+	RxEagain          uint64 `json:"rx_eagain"`
+	RxErrors          uint64 `json:"rx_errors"`
+	RxPollHit         uint64 `json:"rx_poll_hit"`
+	RxPollMiss        uint64 `json:"rx_poll_miss"`
+	RxQueueBytesMax   uint64 `json:"rx_queue_bytes_max" stats:"gauge"`
+	RxQueuePacketsMax uint64 `json:"rx_queue_packets_max" stats:"gauge"`
+	TxOffloadPackets  uint64 `json:"tx_offload_packets"`
+	TxOffloadBytes    uint64 `json:"tx_offload_bytes"`
+	TxOSPackets       uint64 `json:"tx_os_packets"`
+	TxOSBytes         uint64 `json:"tx_os_bytes"`
+	TxNoBufs          uint64 `json:"tx_no_bufs"`
+	TxErrors          uint64 `json:"tx_errors"`
+}
+
+// Queue is one AF_XDP socket: one interface queue, its rings and its
+// UMEM's two buffer pools (VMA's RING, CQ and BUFFER_POOL blocks).
+type Queue struct {
+	Interface string `json:"ifname"`
+	Queue     int    `json:"queue"`
+	XDPMode   string `json:"xdp_mode"` // native or generic
+	ZeroCopy  bool   `json:"zero_copy"`
+	RingSize  uint64 `json:"ring_size"` // entries of each ring
+	// Ring occupancy now.
+	RxRing         uint64 `json:"rx_ring"`
+	TxRing         uint64 `json:"tx_ring"`
+	FillRing       uint64 `json:"fill_ring"`
+	CompletionRing uint64 `json:"completion_ring"`
+	// Buffer pools: the RX pool's free frames are those on the fill ring.
+	RxPoolSize uint64 `json:"rx_pool_size"`
+	RxPoolFree uint64 `json:"rx_pool_free"`
+	TxPoolSize uint64 `json:"tx_pool_size"`
+	TxPoolFree uint64 `json:"tx_pool_free"`
+	// StatisticsError is why XDP_STATISTICS could not be read ("": read).
+	StatisticsError string        `json:"statistics_error,omitempty"`
+	Counters        QueueCounters `json:"counters"`
+	Statistics      XDPStatistics `json:"xdp_statistics"`
+}
+
+// QueueCounters are xsk.Counters, field for field.
+type QueueCounters struct {
+	RxPackets   uint64 `json:"rx_packets"`
+	TxPackets   uint64 `json:"tx_packets"`
+	RxWakeups   uint64 `json:"rx_wakeups"`
+	TxWakeups   uint64 `json:"tx_wakeups"`
+	TxKickErrs  uint64 `json:"tx_kick_errs"`
+	MaxRxBatch  uint64 `json:"max_rx_batch" stats:"gauge"`
+	TxNoBufs    uint64 `json:"tx_no_bufs"`
+	FillNoSpace uint64 `json:"fill_no_space"`
+}
+
+// XDPStatistics is the kernel's XDP_STATISTICS under its field names.
+type XDPStatistics struct {
+	RxDropped            uint64 `json:"rx_dropped"`
+	RxInvalidDescs       uint64 `json:"rx_invalid_descs"`
+	TxInvalidDescs       uint64 `json:"tx_invalid_descs"`
+	RxRingFull           uint64 `json:"rx_ring_full"`
+	RxFillRingEmptyDescs uint64 `json:"rx_fill_ring_empty_descs"`
+	TxRingEmptyDescs     uint64 `json:"tx_ring_empty_descs"`
+}
+
+// Program is the steering program of one interface and the stack behind it.
+type Program struct {
+	Interface string `json:"ifname"`
+	XDPMode   string `json:"xdp_mode"`
+	PinDir    string `json:"pin_dir"`
+	// CountersError is why the BPF counters could not be read ("": read).
+	CountersError string             `json:"counters_error,omitempty"`
+	Counters      steer.ProgCounters `json:"counters"`
+	Stack         StackCounters      `json:"stack"`
+}
+
+// StackCounters are stack.Counters: frames that reached no socket.
+type StackCounters struct {
+	RxFrames        uint64 `json:"rx_frames"`
+	RxNoSocket      uint64 `json:"rx_no_socket"`
+	NeighUnresolved uint64 `json:"neigh_unresolved"`
+	// RxDropped counts the frames the parser dropped, by reason
+	// (header.Result names).
+	RxDropped []Drop `json:"rx_dropped"`
+}
+
+// Drop is a count of frames dropped for one reason.
+type Drop struct {
+	Reason  string `json:"reason"`
+	Packets uint64 `json:"packets"`
+}
+
+// Rule is one steering rule.
+type Rule struct {
+	Interface string `json:"ifname"`
+	ID        uint32 `json:"id"`
+	FD        int    `json:"fd"` // the socket that installed it
+	Rule      string `json:"rule"`
+	// CountersError is why the BPF counters could not be read ("": read).
+	CountersError string             `json:"counters_error,omitempty"`
+	Counters      steer.RuleCounters `json:"counters"`
+}
+
+// Redirected is how many matched packets reached the AF_XDP socket.
+func (r *Rule) Redirected() uint64 {
+	return r.Counters.MatchedPackets - min(r.Counters.RedirectFailures, r.Counters.MatchedPackets)
+}

@@ -1,0 +1,77 @@
+package stats
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// The basic view prints the guide's example 1 byte for byte for the same
+// counters.
+func TestViewMatchesVMA(t *testing.T) {
+	s := sample()
+	s.Sockets[0].Counters.TxOffloadPackets = 140479902
+	s.Sockets[0].Counters.TxOffloadBytes = 274502 * 1024
+	var b strings.Builder
+	WriteView(&b, s, ViewOptions{View: 1})
+	want := `fd      ------------ total offloaded -------------   ----- total os ------
+               pkt  Kbyte   eagain   error   poll%     pkt   Kbyte   error
+14  Rx:  140479898 274374        0       0   100.0       0       0       0
+    Tx:  140479902 274502        0       0               0       0       0
+`
+	if !strings.HasPrefix(b.String(), want) {
+		t.Errorf("view 1:\n%s\nwant it to start with the guide's example 1:\n%s", b.String(), want)
+	}
+	if !strings.Contains(b.String(), "\n15  not offloaded: udp_receiver 0.0.0.0:5001: rule /etc/libvmaxdp.conf:3:") {
+		t.Errorf("view 1 does not give fd 15's reason:\n%s", b.String())
+	}
+	if !strings.Contains(b.String(), "poll() Rx Ready:0/5 [os/offload]\nTimeouts:0 Errors:0 Poll:85.71%") {
+		t.Errorf("view 1 lacks the poll() lines:\n%s", b.String())
+	}
+}
+
+func TestDeltas(t *testing.T) {
+	prev, cur := sample(), sample()
+	cur.Sockets[0].Counters.RxOffloadPackets += 3000
+	cur.Sockets[0].Counters.RxQueueBytesMax = 777 // a gauge: shown as is
+	cur.Rules[0].Counters.MatchedPackets += 3000
+	d := Deltas(cur, prev, 2*time.Second)
+	if c := d.Sockets[0].Counters; c.RxOffloadPackets != 1500 || c.RxOffloadBytes != 0 || c.RxQueueBytesMax != 777 {
+		t.Errorf("socket deltas %+v: want 1500 packets/s, 0 bytes/s, max 777", c)
+	}
+	if d.Rules[0].Counters.MatchedPackets != 1500 {
+		t.Errorf("rule deltas %+v", d.Rules[0].Counters)
+	}
+	if cur.Sockets[0].Counters.RxOffloadPackets != 140479898+3000 {
+		t.Error("Deltas changed its input")
+	}
+	var b strings.Builder
+	WriteView(&b, d, ViewOptions{View: 1, Rates: true})
+	if !strings.Contains(b.String(), " 14  Rx:      1500 ") {
+		t.Errorf("deltas view:\n%s", b.String())
+	}
+}
+
+func TestPrometheusParses(t *testing.T) {
+	var b strings.Builder
+	other := sample()
+	other.Process.PID++
+	if err := WritePrometheus(&b, []*Snapshot{sample(), other}); err != nil {
+		t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(b.String()))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	mf := fams["vmaxdp_socket_rx_offload_packets_total"]
+	if mf == nil || len(mf.Metric) != 2 || mf.Metric[0].Counter.GetValue() != 140479898 {
+		t.Errorf("vmaxdp_socket_rx_offload_packets_total: %v", mf)
+	}
+	if mf := fams["vmaxdp_socket_rx_queue_bytes_max"]; mf == nil || mf.GetType().String() != "GAUGE" {
+		t.Errorf("the high-water mark is not a gauge: %v", mf)
+	}
+}
