@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stats"
@@ -64,6 +66,10 @@ func TestStatsPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 2048)
+	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if k, errno := e.Poll(MuxSelect, pfds, time.Second, nil); k != 1 || errno != 0 {
+		t.Fatalf("select: %d ready, errno %v", k, errno)
+	}
 	for i := range n {
 		if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 {
 			t.Fatalf("datagram %d: %v", i, errno)
@@ -84,6 +90,9 @@ func TestStatsPublished(t *testing.T) {
 	sk := sock(s)
 	if !sk.Offloaded() || sk.Counters.RxOffloadBytes != n*100 || sk.Interface == "" || len(sk.Rules) != 1 {
 		t.Errorf("socket %+v: want offloaded, %d bytes, one rule", sk, n*100)
+	}
+	if m := s.Process.Select; m.Calls != 1 || m.RxReadyOffload != 1 || m.PollHit+m.PollMiss != 1 || s.Process.Poll.Calls != 0 {
+		t.Errorf("select counters %+v, poll %+v: want one call, one offloaded socket ready", m, s.Process.Poll)
 	}
 	if s.Process.PID != os.Getpid() || s.Process.Program != "engine.test" {
 		t.Errorf("process %+v", s.Process)
