@@ -97,6 +97,25 @@ func StartTicks(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
+// OpenHigh opens a file for a process that runs an application: on an fd
+// near the top of the application's fd limit, so that the application's
+// own fds keep the numbers they would have without vmaxdp, and outside Go's
+// poller, which would take two more fds of its own (epoll, eventfd).
+func OpenHigh(path string, flag int, perm uint32) (*os.File, error) {
+	fd, err := unix.Open(path, flag|unix.O_CLOEXEC, perm)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur > 64 {
+		if high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, int(min(lim.Cur, 1<<20)-32)); err == nil {
+			unix.Close(fd)
+			fd = high
+		}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
 // Control is what readers asked of the process.
 type Control struct {
 	ZeroRequest uint64
@@ -125,7 +144,7 @@ func Create(dir string, pid int) (*Writer, error) {
 	}
 	path := filepath.Join(dir, FileName(pid))
 	os.Remove(path)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	f, err := OpenHigh(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
 	}

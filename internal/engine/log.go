@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/stats"
 )
 
 // Log writes VMA-style log lines ("vmaxdp WARNING: ...") at or below the
@@ -37,7 +38,7 @@ func newLog(p *params.Params, stderr io.Writer) (*Log, error) {
 	}
 	if p.LogFile != "" {
 		path := p.LogPath(l.pid)
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o644)
+		f, err := stats.OpenHigh(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o644)
 		if err != nil {
 			return l, fmt.Errorf("%sLOG_FILE %s: %w", params.Prefix, path, err)
 		}

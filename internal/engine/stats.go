@@ -73,7 +73,7 @@ func (e *Engine) startStats() error {
 		xdpBase: map[*xsk.Socket]xsk.Statistics{}}
 	e.pub = pub
 	if e.p.StatsFile != "" {
-		f, err := os.OpenFile(e.p.StatsFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o644)
+		f, err := stats.OpenHigh(e.p.StatsFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o644)
 		if err != nil {
 			return fmt.Errorf("%sSTATS_FILE %s: %w", params.Prefix, e.p.StatsFile, err)
 		}
