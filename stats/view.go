@@ -64,50 +64,48 @@ func Deltas(cur, prev *Snapshot, d time.Duration) *Snapshot {
 	pick := func(v any) reflect.Value { return reflect.ValueOf(v).Elem() }
 	for i := range out.Sockets {
 		s := &out.Sockets[i]
-		var old reflect.Value
-		for j := range prev.Sockets {
-			if prev.Sockets[j].FD == s.FD {
-				old = pick(&prev.Sockets[j].Counters)
-			}
-		}
-		rate(pick(&s.Counters), old)
+		old := find(prev.Sockets, func(p *Socket) bool { return p.FD == s.FD })
+		rate(pick(&s.Counters), field(old, func(p *Socket) any { return &p.Counters }))
 	}
 	for i := range out.Queues {
 		q := &out.Queues[i]
-		var oc, os reflect.Value
-		for j := range prev.Queues {
-			if p := &prev.Queues[j]; p.Interface == q.Interface && p.Queue == q.Queue {
-				oc, os = pick(&p.Counters), pick(&p.Statistics)
-			}
-		}
-		rate(pick(&q.Counters), oc)
-		rate(pick(&q.Statistics), os)
+		old := find(prev.Queues, func(p *Queue) bool { return p.Interface == q.Interface && p.Queue == q.Queue })
+		rate(pick(&q.Counters), field(old, func(p *Queue) any { return &p.Counters }))
+		rate(pick(&q.Statistics), field(old, func(p *Queue) any { return &p.Statistics }))
 	}
 	for i := range out.Programs {
-		p := &out.Programs[i]
-		var old reflect.Value
-		for j := range prev.Programs {
-			if prev.Programs[j].Interface == p.Interface {
-				old = pick(&prev.Programs[j].Counters)
-			}
-		}
-		rate(pick(&p.Counters), old)
+		pr := &out.Programs[i]
+		old := find(prev.Programs, func(p *Program) bool { return p.Interface == pr.Interface })
+		rate(pick(&pr.Counters), field(old, func(p *Program) any { return &p.Counters }))
 	}
 	for i := range out.Rules {
 		r := &out.Rules[i]
-		var old reflect.Value
-		for j := range prev.Rules {
-			if prev.Rules[j].Interface == r.Interface && prev.Rules[j].ID == r.ID {
-				old = pick(&prev.Rules[j].Counters)
-			}
-		}
-		rate(pick(&r.Counters), old)
+		old := find(prev.Rules, func(p *Rule) bool { return p.Interface == r.Interface && p.ID == r.ID })
+		rate(pick(&r.Counters), field(old, func(p *Rule) any { return &p.Counters }))
 	}
 	for _, m := range []struct{ cur, old *Iomux }{{&out.Process.Select, &prev.Process.Select},
 		{&out.Process.Poll, &prev.Process.Poll}, {&out.Process.Epoll, &prev.Process.Epoll}} {
 		rate(pick(m.cur), pick(m.old))
 	}
 	return out
+}
+
+// find is the element of s that match accepts, nil if none.
+func find[T any](s []T, match func(*T) bool) *T {
+	for i := range s {
+		if match(&s[i]) {
+			return &s[i]
+		}
+	}
+	return nil
+}
+
+// field is the struct get returns of p, or the invalid Value when p is nil.
+func field[T any](p *T, get func(*T) any) reflect.Value {
+	if p == nil {
+		return reflect.Value{}
+	}
+	return reflect.ValueOf(get(p)).Elem()
 }
 
 func cloneSnapshot(s *Snapshot) *Snapshot {
