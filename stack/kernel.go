@@ -39,3 +39,32 @@ func kernelSendTo(fd int, b []byte, to netip.AddrPort) unix.Errno {
 		uintptr(unsafe.Pointer(&sa)), unsafe.Sizeof(sa))
 	return e
 }
+
+// Ppoll is ppoll(2) that the Go runtime's own preemption signal (SIGURG)
+// cannot interrupt: an application's poll or blocking recvfrom served by
+// vmaxdp must not return EINTR when the application got no signal. SIGURG
+// is added to the mask (the thread's own when mask is nil) for the wait and
+// delivered when ppoll returns; every other signal interrupts it as it
+// would the application's own call. (unix.Ppoll cannot carry a mask: it
+// passes a sigsetsize of 0, which the kernel refuses with EINVAL.)
+func Ppoll(pfds []unix.PollFd, ts *unix.Timespec, mask *unix.Sigset_t) (int, error) {
+	var m unix.Sigset_t
+	if mask != nil {
+		m = *mask
+	} else if err := unix.PthreadSigmask(unix.SIG_BLOCK, nil, &m); err != nil {
+		return 0, err
+	}
+	const bits = int(unsafe.Sizeof(m.Val[0])) * 8
+	m.Val[(int(unix.SIGURG)-1)/bits] |= 1 << ((int(unix.SIGURG) - 1) % bits)
+	var p unsafe.Pointer
+	if len(pfds) > 0 {
+		p = unsafe.Pointer(&pfds[0])
+	}
+	const sigsetSize = 8 // the kernel's sigset_t: 64 signals
+	n, _, e := unix.Syscall6(unix.SYS_PPOLL, uintptr(p), uintptr(len(pfds)), uintptr(unsafe.Pointer(ts)),
+		uintptr(unsafe.Pointer(&m)), sigsetSize, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}

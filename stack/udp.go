@@ -735,7 +735,7 @@ func (c *UDPConn) sleep() error {
 		tsv = unix.NsecToTimespec(left)
 		ts = &tsv
 	}
-	_, err := unix.Ppoll(pfds[:n], ts, nil)
+	_, err := Ppoll(pfds[:n], ts, nil)
 	if err == unix.EINTR && c.st.opts.ReturnEINTR {
 		return c.readErr(unix.EINTR)
 	}

@@ -6,7 +6,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -209,5 +211,33 @@ func TestConnectKeepsQueue(t *testing.T) {
 	}
 	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT); errno != 0 || n != 64 {
 		t.Fatalf("datagram queued before connect: %d bytes, errno %v", n, errno)
+	}
+}
+
+// TestPollSleepSignals: a poll that sleeps takes the application's signal
+// mask (ppoll, pselect), and the Go runtime's preemption signal (SIGURG)
+// does not end it with an EINTR the application never caused.
+func TestPollSleepSignals(t *testing.T) {
+	_, e, fd := offloaded(t, 9408, true)
+	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	var mask unix.Sigset_t
+	if n, errno := e.Poll(MuxPoll, pfds, 20*time.Millisecond, &mask); n != 0 || errno != 0 {
+		t.Fatalf("ppoll with a signal mask, nothing ready: %d, errno %v; want a timeout", n, errno)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
+	go func() {
+		for range 5 {
+			time.Sleep(20 * time.Millisecond)
+			unix.Tgkill(os.Getpid(), tid, unix.SIGURG)
+		}
+	}()
+	start := time.Now()
+	if n, errno := e.Poll(MuxPoll, pfds, 200*time.Millisecond, nil); n != 0 || errno != 0 {
+		t.Fatalf("poll under SIGURG: %d, errno %v after %v; want a timeout", n, errno, time.Since(start))
+	}
+	if d := time.Since(start); d < 190*time.Millisecond {
+		t.Errorf("poll of 200 ms returned after %v", d)
 	}
 }

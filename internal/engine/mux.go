@@ -111,7 +111,7 @@ func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infi
 		t := unix.NsecToTimespec(max(time.Until(deadline).Nanoseconds(), 0))
 		ts = &t
 	}
-	_, err := unix.Ppoll(all, ts, sigmask)
+	_, err := stack.Ppoll(all, ts, sigmask)
 	if err != nil {
 		return errnoOf(err)
 	}
