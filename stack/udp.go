@@ -43,17 +43,6 @@ type SocketCounters struct {
 	TxErrors          atomic.Uint64
 }
 
-// Zero sets every counter to zero (vmaxdp stats -z). Increments racing
-// with it land before or after, never lost half-way.
-func (sc *SocketCounters) Zero() {
-	for _, p := range []*atomic.Uint64{&sc.RxOffloadPackets, &sc.RxOffloadBytes, &sc.RxOSPackets, &sc.RxOSBytes,
-		&sc.RxQueueDrops, &sc.RxQueueDropBytes, &sc.RxFiltered, &sc.RxEagain, &sc.RxErrors, &sc.RxPollHit, &sc.RxPollMiss,
-		&sc.RxQueueBytesMax, &sc.RxQueuePacketsMax, &sc.TxOffloadPackets, &sc.TxOffloadBytes, &sc.TxOSPackets,
-		&sc.TxOSBytes, &sc.TxNoBufs, &sc.TxErrors} {
-		p.Store(0)
-	}
-}
-
 // RecvFilter decides whether a datagram is queued (true) or dropped and
 // counted in RxFiltered (false). It runs on the receive path under the
 // stack's receive lock: it must be quick, must not block and must not use
@@ -917,6 +906,9 @@ func (c *UDPConn) RemoteAddr() net.Addr {
 
 // LocalAddrPort is the bound address.
 func (c *UDPConn) LocalAddrPort() netip.AddrPort { return c.local }
+
+// RemoteAddrPort is the peer of a connected socket (invalid when not connected).
+func (c *UDPConn) RemoteAddrPort() netip.AddrPort { return c.remote }
 
 func deadline(t time.Time) int64 {
 	if t.IsZero() {

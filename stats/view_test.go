@@ -75,3 +75,12 @@ func TestPrometheusParses(t *testing.T) {
 		t.Errorf("the high-water mark is not a gauge: %v", mf)
 	}
 }
+
+// View 4 lists group memberships as the guide's example 4.
+func TestViewGroups(t *testing.T) {
+	var b strings.Builder
+	WriteView(&b, sample(), ViewOptions{View: 4})
+	if want := "Group                fd number\n------------------------------\n[224.4.1.3]           14\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("view 4:\n%s\nwant\n%s", b.String(), want)
+	}
+}

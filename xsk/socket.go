@@ -74,14 +74,6 @@ type Counters struct {
 	FillNoSpace atomic.Uint64 // frames Release held back: the fill ring looked full
 }
 
-// Zero sets every counter to zero (vmaxdp stats -z).
-func (c *Counters) Zero() {
-	for _, p := range []*atomic.Uint64{&c.RxPackets, &c.TxPackets, &c.RxWakeups, &c.TxWakeups,
-		&c.TxKickErrs, &c.MaxRxBatch, &c.TxNoBufs, &c.FillNoSpace} {
-		p.Store(0)
-	}
-}
-
 // Pools describes the UMEM's two halves, one per direction.
 type Pools struct {
 	RingSize uint32 // entries of each ring

@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"maps"
-	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -134,11 +133,7 @@ func (e *Engine) shutdown() {
 		<-pub.done
 	}
 	if pub.statsOut != nil {
-		for fd := range e.fds {
-			if s := e.fds[fd].Load(); s != nil && s.fd == fd {
-				e.writeStatsFile(s)
-			}
-		}
+		e.eachSocket(func(s *Socket, _ int) { e.writeStatsFile(s) })
 		pub.mu.Lock()
 		pub.statsOut.Close()
 		pub.statsOut = nil
@@ -168,6 +163,23 @@ func (e *Engine) writeStatsFile(s *Socket) {
 	pub.mu.Unlock()
 }
 
+// eachSocket calls fn for each socket once, under its first fd (a dup
+// is not a socket of its own).
+func (e *Engine) eachSocket(fn func(s *Socket, fd int)) {
+	for fd := range e.fds {
+		s := e.fds[fd].Load()
+		if s == nil {
+			continue
+		}
+		s.mu.Lock()
+		first := s.fd == fd // Close moves s.fd under s.mu
+		s.mu.Unlock()
+		if first {
+			fn(s, fd)
+		}
+	}
+}
+
 // loadCounters copies atomic counters into a stats struct whose fields
 // carry the same names in the same order (TestCounterNames checks).
 func loadCounters(dst, src any) {
@@ -177,6 +189,8 @@ func loadCounters(dst, src any) {
 	}
 }
 
+// zeroCounters zeroes a struct of atomic counters (vmaxdp stats -z);
+// increments racing with it land before or after, never half-way.
 func zeroCounters(c any) {
 	v := reflect.ValueOf(c).Elem()
 	for i := range v.NumField() {
@@ -211,8 +225,8 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 	}
 	rec.Interface = c.Stack().Interface()
 	rec.Local = c.LocalAddrPort().String()
-	if r, ok := c.RemoteAddr().(interface{ AddrPort() netip.AddrPort }); ok && r.AddrPort().IsValid() {
-		rec.Remote = r.AddrPort().String()
+	if r := c.RemoteAddrPort(); r.IsValid() {
+		rec.Remote = r.String()
 	}
 	for _, g := range c.Groups() {
 		rec.Groups = append(rec.Groups, g.String())
@@ -240,14 +254,10 @@ func (e *Engine) publish() {
 	snap.Sockets = snap.Sockets[:0]
 	snap.Process.SocketsHidden = 0
 	owner := map[ruleKey]int{}
-	for fd := range e.fds {
-		s := e.fds[fd].Load()
-		if s == nil || s.fd != fd { // a dup: published under its first fd
-			continue
-		}
+	e.eachSocket(func(s *Socket, fd int) {
 		if e.p.StatsFDNum > 0 && len(snap.Sockets) >= e.p.StatsFDNum {
 			snap.Process.SocketsHidden++
-			continue
+			return
 		}
 		snap.Sockets = append(snap.Sockets, stats.Socket{})
 		rec := &snap.Sockets[len(snap.Sockets)-1]
@@ -255,7 +265,7 @@ func (e *Engine) publish() {
 		for _, id := range rec.Rules {
 			owner[ruleKey{rec.Interface, id}] = fd
 		}
-	}
+	})
 	snap.Queues, snap.Programs, snap.Rules = snap.Queues[:0], snap.Programs[:0], snap.Rules[:0]
 	for _, st := range e.openStacks() {
 		e.stackRecords(st, snap, owner)
@@ -373,13 +383,11 @@ func (e *Engine) serveRequests() {
 
 // zero zeroes every counter the engine publishes.
 func (e *Engine) zero() {
-	for fd := range e.fds {
-		if s := e.fds[fd].Load(); s != nil && s.fd == fd {
-			if c := s.conn.Load(); c != nil {
-				c.Counters.Zero()
-			}
+	e.eachSocket(func(s *Socket, _ int) {
+		if c := s.conn.Load(); c != nil {
+			zeroCounters(c.Counters)
 		}
-	}
+	})
 	for i := range e.mux {
 		zeroCounters(&e.mux[i])
 	}
@@ -393,7 +401,7 @@ func (e *Engine) zero() {
 		}
 		for _, be := range st.Backends() {
 			if x, ok := be.(*xsk.Socket); ok {
-				x.Counters.Zero()
+				zeroCounters(&x.Counters)
 				if xs, err := x.Statistics(); err == nil {
 					pub.xdpBase[x] = xs
 				}
@@ -407,10 +415,9 @@ func (e *Engine) zero() {
 func (e *Engine) dump(fd, level int) {
 	var rec stats.Socket
 	found := false
-	for f := range e.fds {
-		s := e.fds[f].Load()
-		if s == nil || s.fd != f || fd != 0 && f != fd {
-			continue
+	e.eachSocket(func(s *Socket, f int) {
+		if fd != 0 && f != fd {
+			return
 		}
 		found = true
 		e.socketRecord(s, &rec)
@@ -419,7 +426,7 @@ func (e *Engine) dump(fd, level int) {
 		for _, l := range strings.Split(strings.TrimRight(b.String(), "\n"), "\n") {
 			e.Log.Printf(level, "%s", l)
 		}
-	}
+	})
 	if !found {
 		e.Log.Printf(level, "fd dump: fd %d is not a socket vmaxdp knows", fd)
 	}
