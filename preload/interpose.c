@@ -100,10 +100,39 @@ DECLARE(int, epoll_ctl, int, int, int, struct epoll_event *);
 DECLARE(int, epoll_wait, int, struct epoll_event *, int, int);
 DECLARE(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *);
 DECLARE(pid_t, fork, void);
+DECLARE(int, sigaction, int, const struct sigaction *, struct sigaction *);
 
 static void vmx_child(void) { vmx_forked = 1; }
 
 #define RESOLVE(name) real_##name = dlsym(RTLD_NEXT, #name)
+
+/* The Go runtime's threads must never take a signal meant for the
+ * application: a process-directed signal goes to any thread that does not
+ * block it, and one taken by a runtime thread would run the default action
+ * (killing a process that waits for it with sigwait or signalfd) or the
+ * application's handler away from the thread it interrupts. Go gives every
+ * thread it makes the signal mask of the thread that started it (less the
+ * signals the runtime needs: SIGURG, the synchronous ones and SIGCHLD), and
+ * that thread is made while the library loads: so everything is blocked
+ * before the runtime starts (priority 101 runs before Go's own entry in
+ * .init_array) and the loading thread's own mask is restored once the
+ * engine is up. glibc's pthread_sigmask leaves its internal signals
+ * (SIGCANCEL, SIGSETXID) unblocked, as setuid() across threads needs. */
+static sigset_t vmx_loader_mask;
+
+__attribute__((constructor(101))) static void vmx_block_for_runtime(void)
+{
+	sigset_t all;
+	/* Go's runtime installs its handlers through libc's sigaction, which
+	 * is ours, before vmx_init runs. */
+	RESOLVE(sigaction);
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
+}
+
+/* vmx_ready: the engine is up and what calls sigaction now is the
+ * application (Go's runtime installs its own handlers before). */
+static volatile int vmx_ready;
 
 __attribute__((constructor)) static void vmx_init(void)
 {
@@ -120,7 +149,73 @@ __attribute__((constructor)) static void vmx_init(void)
 	pthread_atfork(NULL, NULL, vmx_child);
 	if (vmxgo_init() != 0)
 		_exit(1);
+	pthread_sigmask(SIG_SETMASK, &vmx_loader_mask, NULL);
+	vmx_ready = 1;
 }
+
+/* The application's signal handlers run through vmx_on_signal, which counts
+ * them in the interrupted thread's vmx_sig: a call the engine serves then
+ * returns EINTR as the kernel's would, even while it spins in user space,
+ * where no system call is there to interrupt. SA_ONSTACK is added because a
+ * handler may interrupt Go code, whose goroutine stack is too small for a C
+ * handler; Go gives the threads that run Go code a signal stack. SIGURG is
+ * left alone: Go's runtime preempts with it. The table is written before
+ * the handler is installed, so the wrapper never calls an empty slot. */
+static struct sigaction vmx_app_action[_NSIG];
+/* initial-exec: the library is loaded at start-up, and the engine's calls
+ * read it without a call to __tls_get_addr. */
+static __thread struct vmx_signals vmx_sig __attribute__((tls_model("initial-exec")));
+
+static void vmx_on_signal(int sig, siginfo_t *info, void *uc)
+{
+	const struct sigaction *a = &vmx_app_action[sig];
+	__atomic_add_fetch(&vmx_sig.any, 1, __ATOMIC_RELAXED);
+	if (!(a->sa_flags & SA_RESTART))
+		__atomic_add_fetch(&vmx_sig.intr, 1, __ATOMIC_RELAXED);
+	if (a->sa_flags & SA_SIGINFO)
+		a->sa_sigaction(sig, info, uc);
+	else
+		a->sa_handler(sig);
+}
+
+int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	if (!vmx_ready || sig <= 0 || sig >= _NSIG || sig == SIGURG)
+		return REAL(sigaction)(sig, act, old);
+	struct sigaction prev = vmx_app_action[sig];
+	int r;
+	if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
+		struct sigaction w = *act;
+		w.sa_sigaction = vmx_on_signal;
+		w.sa_flags |= SA_SIGINFO | SA_ONSTACK;
+		vmx_app_action[sig] = *act;
+		r = REAL(sigaction)(sig, &w, old);
+		if (r != 0)
+			vmx_app_action[sig] = prev;
+	} else {
+		r = REAL(sigaction)(sig, act, old);
+	}
+	/* The application sees its own handler, never the wrapper. */
+	if (r == 0 && old && (old->sa_flags & SA_SIGINFO) && old->sa_sigaction == vmx_on_signal)
+		*old = prev;
+	return r;
+}
+
+/* glibc's signal functions call its internal sigaction, not ours. */
+static sighandler_t set_handler(int sig, sighandler_t h, int flags)
+{
+	struct sigaction a = {.sa_handler = h, .sa_flags = flags}, old;
+	sigemptyset(&a.sa_mask);
+	if (!(flags & SA_NODEFER))
+		sigaddset(&a.sa_mask, sig);
+	if (sigaction(sig, &a, &old) < 0)
+		return SIG_ERR;
+	return old.sa_handler;
+}
+
+sighandler_t signal(int sig, sighandler_t h) { return set_handler(sig, h, SA_RESTART); }
+sighandler_t bsd_signal(int sig, sighandler_t h) { return set_handler(sig, h, SA_RESTART); }
+sighandler_t sysv_signal(int sig, sighandler_t h) { return set_handler(sig, h, SA_RESETHAND | SA_NODEFER); }
 
 /* At exit (not _exit, not a fatal signal): the engine writes
  * VMAXDP_STATS_FILE for the sockets still open and removes its stats
@@ -259,7 +354,7 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src, socklen_t *alen)
 {
 	if (engine(fd)) {
-		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen);
+		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen, &vmx_sig);
 		if (r != -VMX_PASS)
 			return ret(r);
 	}
@@ -283,7 +378,7 @@ ssize_t read(int fd, void *buf, size_t len)
 ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
 	if (engine(fd)) {
-		long r = vmxgo_recvmsg(fd, msg, flags);
+		long r = vmxgo_recvmsg(fd, msg, flags, &vmx_sig);
 		if (r != -VMX_PASS)
 			return ret(r);
 	}
@@ -308,7 +403,7 @@ int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timesp
 	unsigned int i;
 	int f = flags & ~MSG_WAITFORONE;
 	for (i = 0; i < n; i++) {
-		long r = vmxgo_recvmsg(fd, &v[i].msg_hdr, f);
+		long r = vmxgo_recvmsg(fd, &v[i].msg_hdr, f, &vmx_sig);
 		if (r == -VMX_PASS)
 			return i ? (int)i : REAL(recvmmsg)(fd, v, n, flags, timeout);
 		if (r < 0)
@@ -420,7 +515,7 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	if (!any_engine_fd(fds, n))
 		return REAL(poll)(fds, n, timeout);
-	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL));
+	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, &vmx_sig));
 }
 
 static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 1000000000LL + ts->tv_nsec : -1; }
@@ -429,7 +524,7 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_
 {
 	if (!any_engine_fd(fds, n))
 		return REAL(ppoll)(fds, n, ts, mask);
-	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask));
+	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, &vmx_sig));
 }
 
 /* select and pselect go through poll when an engine socket is in a set. */
@@ -461,7 +556,7 @@ static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long ti
 		res = -2; /* not ours */
 		goto out;
 	}
-	res = (int)ret(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask));
+	res = (int)ret(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask, &vmx_sig));
 	if (res < 0)
 		goto out;
 	if (r) FD_ZERO(r);
@@ -517,7 +612,7 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
 {
 	if (state(epfd) == VMX_EPOLL) {
-		long r = vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask);
+		long r = vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask, &vmx_sig);
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}

@@ -14,6 +14,12 @@ enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };
 
 #define VMX_MAXFD 65536
 
+/* The signal handlers that ran on one thread: stack.Signals. */
+struct vmx_signals {
+	unsigned long long any;  /* every handler */
+	unsigned long long intr; /* handlers without SA_RESTART */
+};
+
 void vmx_set_state(int fd, int state);
 
 #endif

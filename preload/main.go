@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/engine"
+	"github.com/vmaxdp/vmaxdp/stack"
 )
 
 var eng *engine.Engine
@@ -42,6 +43,8 @@ var (
 	_ = [1]struct{}{}[int(engine.MuxSelect)-C.VMX_MUX_SELECT]
 	_ = [1]struct{}{}[int(engine.MuxPoll)-C.VMX_MUX_POLL]
 	_ = [1]struct{}{}[int(engine.MuxEpoll)-C.VMX_MUX_EPOLL]
+	_ = [1]struct{}{}[unsafe.Sizeof(stack.Signals{})-C.sizeof_struct_vmx_signals]
+	_ = [1]struct{}{}[unsafe.Offsetof(stack.Signals{}.Intr)-unsafe.Offsetof(C.struct_vmx_signals{}.intr)]
 )
 
 func main() {}
@@ -138,6 +141,10 @@ func getAddr(sa *C.struct_sockaddr, alen C.socklen_t) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(netip.AddrFrom4(raw.Addr), port), true
 }
 
+// signals is the calling thread's count of signal handlers, kept by the
+// interposer's handler wrapper.
+func signals(p *C.struct_vmx_signals) *stack.Signals { return (*stack.Signals)(unsafe.Pointer(p)) }
+
 func bytesOf(p unsafe.Pointer, n C.size_t) []byte {
 	if p == nil || n == 0 {
 		return nil
@@ -146,8 +153,8 @@ func bytesOf(p unsafe.Pointer, n C.size_t) []byte {
 }
 
 //export vmxgo_recvfrom
-func vmxgo_recvfrom(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.long {
-	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags))
+func vmxgo_recvfrom(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen *C.socklen_t, sig *C.struct_vmx_signals) C.long {
+	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags), signals(sig))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -166,7 +173,7 @@ func iovecs(msg *C.struct_msghdr) []unix.Iovec {
 }
 
 //export vmxgo_recvmsg
-func vmxgo_recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
+func vmxgo_recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, sig *C.struct_vmx_signals) C.long {
 	iov := iovecs(msg)
 	var b []byte
 	var scratch *[]byte
@@ -179,7 +186,7 @@ func vmxgo_recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 		defer eng.PutScratch(scratch)
 		b = *scratch
 	}
-	got, full, from, errno := eng.Recv(int(fd), b, int(flags))
+	got, full, from, errno := eng.Recv(int(fd), b, int(flags), signals(sig))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -276,9 +283,9 @@ func timeout(ns C.longlong) time.Duration {
 }
 
 //export vmxgo_poll
-func vmxgo_poll(kind C.int, fds *C.struct_pollfd, n C.nfds_t, ns C.longlong, sigmask unsafe.Pointer) C.long {
+func vmxgo_poll(kind C.int, fds *C.struct_pollfd, n C.nfds_t, ns C.longlong, sigmask unsafe.Pointer, sig *C.struct_vmx_signals) C.long {
 	pfds := unsafe.Slice((*unix.PollFd)(unsafe.Pointer(fds)), int(n))
-	got, errno := eng.Poll(engine.Mux(kind), pfds, timeout(ns), (*unix.Sigset_t)(sigmask))
+	got, errno := eng.Poll(engine.Mux(kind), pfds, timeout(ns), (*unix.Sigset_t)(sigmask), signals(sig))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -291,12 +298,12 @@ func vmxgo_epoll_ctl(epfd, op, fd C.int, ev *C.struct_epoll_event) C.int {
 }
 
 //export vmxgo_epoll_wait
-func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.longlong, sigmask unsafe.Pointer) C.long {
+func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.longlong, sigmask unsafe.Pointer, sig *C.struct_vmx_signals) C.long {
 	if max <= 0 {
 		return -C.long(unix.EINVAL)
 	}
 	out := unsafe.Slice((*unix.EpollEvent)(unsafe.Pointer(ev)), int(max))
-	got, errno := eng.EpollWait(int(epfd), out, timeout(ns), (*unix.Sigset_t)(sigmask))
+	got, errno := eng.EpollWait(int(epfd), out, timeout(ns), (*unix.Sigset_t)(sigmask), signals(sig))
 	if errno != 0 {
 		return -C.long(errno)
 	}

@@ -49,10 +49,6 @@ type Options struct {
 	MTU int
 	// ResolveTimeout bounds the wait for ARP on a new neighbour (default 1 s).
 	ResolveTimeout time.Duration
-	// ReturnEINTR makes a blocking receive return unix.EINTR when a signal
-	// interrupts its sleep, as the kernel's recvfrom does; by default it
-	// sleeps on, as Go's own reads do.
-	ReturnEINTR bool
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket).
 	NewBackend func(ifname string, queue int) (backend.Backend, error)
 }

@@ -572,9 +572,11 @@ const (
 // returns the datagram's full length, which exceeds n when it was cut.
 // Errors are unix.EAGAIN (nonblocking and nothing queued),
 // os.ErrDeadlineExceeded, unix.EINTR (a signal arrived while it slept)
-// and net.ErrClosed, each in a *net.OpError.
-func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags) (n, full int, from netip.AddrPort, err error) {
-	return c.recvZC(b, nil, flags)
+// and net.ErrClosed, each in a *net.OpError. A blocking receive returns
+// unix.EINTR when a handler counted in sig ends it (sig may be nil: Go's
+// own reads are never interrupted).
+func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, sig *Signals) (n, full int, from netip.AddrPort, err error) {
+	return c.recvZC(b, nil, flags, sig)
 }
 
 // osBuf is where zero-copy receives land when the datagram comes from the
@@ -582,7 +584,7 @@ func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags) (n, full int, from netip.A
 const osBufLen = 65536
 
 func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
-	n, _, from, err := c.recvZC(b, zc, 0)
+	n, _, from, err := c.recvZC(b, zc, 0, nil)
 	return n, from, err
 }
 
@@ -622,9 +624,13 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n
 	return n, full, from, true, nil
 }
 
-func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags) (int, int, netip.AddrPort, error) {
+func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, sig *Signals) (int, int, netip.AddrPort, error) {
 	ratio := c.st.opts.RxPollOSRatio
 	slept := false
+	var sw SignalWait
+	if flags&RecvNonblock == 0 {
+		sw = sig.Begin(c.readDeadline.Load() == 0)
+	}
 	if flags&RecvCheckOS != 0 {
 		if n, full, from, ok, err := c.recvOS(b, zc, false, flags); ok || err != nil {
 			return n, full, from, err
@@ -662,9 +668,12 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags) (int, int, net
 				c.Counters.RxEagain.Add(1)
 				return 0, 0, netip.AddrPort{}, c.readErr(os.ErrDeadlineExceeded)
 			}
+			if sw.Interrupted() {
+				return 0, 0, netip.AddrPort{}, c.readErr(unix.EINTR)
+			}
 		}
 		if sleepNext {
-			if err := c.sleep(); err != nil {
+			if err := c.sleep(&sw); err != nil {
 				return 0, 0, netip.AddrPort{}, err
 			}
 			slept = true
@@ -681,11 +690,11 @@ func (c *UDPConn) countPoll(slept bool) {
 	}
 }
 
-// sleep blocks until a queue, the kernel socket or a wakeup has work, or
-// the read deadline passes. The waiter is announced before the last look
-// at the queue, and the demultiplexer looks at waiters after queueing, so
-// no datagram can arrive unseen between the two.
-func (c *UDPConn) sleep() error {
+// sleep blocks until a queue, the kernel socket or a wakeup has work, the
+// read deadline passes or a signal ends sw. The waiter is announced before
+// the last look at the queue, and the demultiplexer looks at waiters after
+// queueing, so no datagram can arrive unseen between the two.
+func (c *UDPConn) sleep(sw *SignalWait) error {
 	st := c.st
 	if c.evfd < 0 {
 		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
@@ -724,8 +733,8 @@ func (c *UDPConn) sleep() error {
 		tsv = unix.NsecToTimespec(left)
 		ts = &tsv
 	}
-	_, err := Ppoll(pfds[:n], ts, nil)
-	if err == unix.EINTR && c.st.opts.ReturnEINTR {
+	_, err := sw.Ppoll(pfds[:n], ts, nil)
+	if err == unix.EINTR && sw.s != nil {
 		return c.readErr(unix.EINTR)
 	}
 	if err != nil && err != unix.EINTR {

@@ -59,6 +59,16 @@ func tools(t *testing.T) (vmaxdp string) {
 	return filepath.Join(toolsDir, "vmaxdp")
 }
 
+// buildC builds testdata/NAME.c.
+func buildC(t *testing.T, name string) string {
+	t.Helper()
+	prog := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("cc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/"+name+".c").CombinedOutput(); err != nil {
+		t.Skipf("no C compiler to build the test program: %v\n%s", err, out)
+	}
+	return prog
+}
+
 // TestRunRefusesBadInput: vmaxdp run checks parameters and the rules file
 // before it starts the program, and names what is wrong and where.
 func TestRunRefusesBadInput(t *testing.T) {
@@ -253,10 +263,7 @@ func TestRunRuleKeepsSocketOnKernel(t *testing.T) {
 func TestRunForkExec(t *testing.T) {
 	testutil.RequireRoot(t)
 	vmaxdp := tools(t)
-	prog := filepath.Join(t.TempDir(), "forkexec")
-	if out, err := exec.Command("cc", "-O2", "-Wall", "-o", prog, "testdata/forkexec.c").CombinedOutput(); err != nil {
-		t.Skipf("no C compiler to build the test program: %v\n%s", err, out)
-	}
+	prog := buildC(t, "forkexec")
 	b := testutil.Bed(t, nil)
 	const port = 11150
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -331,5 +338,66 @@ func TestRunForkExec(t *testing.T) {
 	}
 	if !strings.Contains(log, "not offloaded") {
 		t.Errorf("the child's engine did not say why its socket stayed on the kernel:\n%s", log)
+	}
+}
+
+// TestRunSignals: an application's signals under vmaxdp run (see
+// testdata/signals.c): none is lost to vmaxdp's threads, a handler ends a
+// blocking call with EINTR as in the kernel (restarted after SA_RESTART),
+// while the call spins as well as while it sleeps, and the application
+// reads back its own handlers.
+func TestRunSignals(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	prog := buildC(t, "signals")
+	b := testutil.Bed(t, nil)
+	for i, mode := range []struct{ name, poll string }{{"spinning", "-1"}, {"sleeping", "0"}} {
+		t.Run(mode.name, func(t *testing.T) {
+			port := 11160 + i
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
+			cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4", "VMAXDP_RX_POLL="+mode.poll, "VMAXDP_SELECT_POLL="+mode.poll)
+			out := &sockperf.SyncBuffer{}
+			cmd.Stdout, cmd.Stderr = out, out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			// The restart check waits for a datagram sent after its
+			// alarm (50 ms) has come.
+			for deadline := time.Now().Add(20 * time.Second); !strings.Contains(out.String(), "restart waiting"); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) || strings.Contains(out.String(), "FAIL watchdog") {
+					break
+				}
+			}
+			time.Sleep(300 * time.Millisecond)
+			err := b.Do(testbed.A, func() error {
+				c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte("wake"))
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = <-done
+			log := out.String()
+			if !strings.Contains(log, fmt.Sprintf("fd 3: offloaded on %s", b.Link(testbed.B))) {
+				t.Errorf("the socket was not offloaded: the checks did not reach the engine")
+			}
+			for _, check := range []string{"sigwait", "sigaction", "signal", "recvfrom", "poll", "select", "epoll_wait", "ppoll", "restart"} {
+				if !strings.Contains(log, "ok "+check+"\n") {
+					t.Errorf("check %s did not pass", check)
+				}
+			}
+			if err != nil || t.Failed() {
+				t.Errorf("program: %v\n%s", err, log)
+			}
+		})
 	}
 }

@@ -456,7 +456,6 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 		RxPollOSRatio: p.RxUDPPollOSRatio,
 		RxBytesLimit:  p.RxBytesMin,
 		MTU:           p.MTU,
-		ReturnEINTR:   true,
 	}
 	switch p.RxPoll {
 	case -1:

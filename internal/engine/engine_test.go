@@ -74,7 +74,7 @@ func TestRecvAndDupClose(t *testing.T) {
 	}
 	buf := make([]byte, 2048)
 	for i := range 2 {
-		if n, _, from, errno := e.Recv(fd, buf, 0); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
+		if n, _, from, errno := e.Recv(fd, buf, 0, nil); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
 			t.Fatalf("datagram %d: %d bytes from %s, errno %v", i, n, from, errno)
 		}
 	}
@@ -91,7 +91,7 @@ func TestRecvAndDupClose(t *testing.T) {
 	if c := e.Conn(dup); c == nil || c.FD() != dup {
 		t.Fatalf("after closing fd %d, its dup %d is not served on itself (conn %v)", fd, dup, c)
 	}
-	if n, _, _, errno := e.Recv(dup, buf, 0); errno != 0 || n != 64 {
+	if n, _, _, errno := e.Recv(dup, buf, 0, nil); errno != 0 || n != 64 {
 		t.Fatalf("third datagram on the dup: %d bytes, errno %v", n, errno)
 	}
 	if got := e.Conn(dup).Counters.RxOffloadPackets.Load(); got != 3 {
@@ -112,7 +112,7 @@ func BenchmarkRecvEmptyNonblocking(b *testing.B) {
 	buf := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, _, errno := e.Recv(fd, buf, 0); errno != unix.EAGAIN {
+		if _, _, _, errno := e.Recv(fd, buf, 0, nil); errno != unix.EAGAIN {
 			b.Fatal(errno)
 		}
 	}
@@ -123,7 +123,7 @@ func BenchmarkPollEmpty(b *testing.B) {
 	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if n, errno := e.Poll(MuxPoll, pfds, 0, nil); n != 0 || errno != 0 {
+		if n, errno := e.Poll(MuxPoll, pfds, 0, nil, nil); n != 0 || errno != 0 {
 			b.Fatal(n, errno)
 		}
 	}
@@ -146,7 +146,7 @@ func BenchmarkEpollWaitEmpty(b *testing.B) {
 	out := make([]unix.EpollEvent, 8)
 	b.ReportAllocs()
 	for b.Loop() {
-		if n, errno := e.EpollWait(epfd, out, 0, nil); n != 0 || errno != 0 {
+		if n, errno := e.EpollWait(epfd, out, 0, nil, nil); n != 0 || errno != 0 {
 			b.Fatal(n, errno)
 		}
 	}
@@ -164,10 +164,10 @@ func BenchmarkPollRecv(b *testing.B) {
 	buf := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, errno := e.Poll(MuxPoll, pfds, -1, nil); errno != 0 {
+		if _, errno := e.Poll(MuxPoll, pfds, -1, nil, nil); errno != 0 {
 			b.Fatal(errno)
 		}
-		if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 && errno != unix.EAGAIN {
+		if _, _, _, errno := e.Recv(fd, buf, 0, nil); errno != 0 && errno != unix.EAGAIN {
 			b.Fatal(errno)
 		}
 	}
@@ -193,7 +193,7 @@ func TestConnectKeepsQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 2048)
-	if _, _, _, errno := e.Recv(fd, buf, 0); errno != 0 {
+	if _, _, _, errno := e.Recv(fd, buf, 0, nil); errno != 0 {
 		t.Fatal(errno)
 	}
 	if n, ok := e.Conn(fd).Pending(); !ok || n != 64 {
@@ -209,7 +209,7 @@ func TestConnectKeepsQueue(t *testing.T) {
 	if c := e.Conn(fd); c.RemoteAddr() == nil || c.RemoteAddr().String() != bed.Addr(testbed.A).String()+":9" {
 		t.Fatalf("after connect the socket's peer is %v", c.RemoteAddr())
 	}
-	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT); errno != 0 || n != 64 {
+	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT, nil); errno != 0 || n != 64 {
 		t.Fatalf("datagram queued before connect: %d bytes, errno %v", n, errno)
 	}
 }
@@ -221,7 +221,7 @@ func TestPollSleepSignals(t *testing.T) {
 	_, e, fd := offloaded(t, 9408, true)
 	pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	var mask unix.Sigset_t
-	if n, errno := e.Poll(MuxPoll, pfds, 20*time.Millisecond, &mask); n != 0 || errno != 0 {
+	if n, errno := e.Poll(MuxPoll, pfds, 20*time.Millisecond, &mask, nil); n != 0 || errno != 0 {
 		t.Fatalf("ppoll with a signal mask, nothing ready: %d, errno %v; want a timeout", n, errno)
 	}
 	runtime.LockOSThread()
@@ -234,7 +234,7 @@ func TestPollSleepSignals(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	if n, errno := e.Poll(MuxPoll, pfds, 200*time.Millisecond, nil); n != 0 || errno != 0 {
+	if n, errno := e.Poll(MuxPoll, pfds, 200*time.Millisecond, nil, nil); n != 0 || errno != 0 {
 		t.Fatalf("poll under SIGURG: %d, errno %v after %v; want a timeout", n, errno, time.Since(start))
 	}
 	if d := time.Since(start); d < 190*time.Millisecond {

@@ -20,8 +20,9 @@ const sendFlagsServed = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL | unix.MSG_CONFIRM
 
 // Recv serves a receive on fd into b: bytes copied, the datagram's full
 // length (more than n when cut) and its sender. ErrPassOS means the kernel
-// must serve it.
-func (e *Engine) Recv(fd int, b []byte, flags int) (n, full int, from netip.AddrPort, errno unix.Errno) {
+// must serve it. sig counts the handlers of the calling thread's signals
+// (nil: none return EINTR).
+func (e *Engine) Recv(fd int, b []byte, flags int, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	s := e.get(fd)
 	if s == nil {
 		return 0, 0, from, ErrPassOS
@@ -31,7 +32,7 @@ func (e *Engine) Recv(fd int, b []byte, flags int) (n, full int, from netip.Addr
 	}
 	c := s.conn.Load()
 	if c == nil {
-		return e.recvCandidate(s, b, flags)
+		return e.recvCandidate(s, b, flags, sig)
 	}
 	var rf stack.RecvFlags
 	if s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0 {
@@ -45,11 +46,11 @@ func (e *Engine) Recv(fd int, b []byte, flags int) (n, full int, from netip.Addr
 	if s.osReady.Load() && s.osReady.CompareAndSwap(true, false) {
 		rf |= stack.RecvCheckOS
 	}
-	n, full, from, err := c.RecvFrom(b, rf)
+	n, full, from, err := c.RecvFrom(b, rf, sig)
 	if err != nil && errors.Is(err, net.ErrClosed) && s.conn.Load() != c {
 		// Reopened (connect, or its fd closed under a dup) while this
 		// receive waited: go on with the socket's new stack socket.
-		return e.Recv(fd, b, flags)
+		return e.Recv(fd, b, flags, sig)
 	}
 	return n, full, from, errnoOf(err)
 }
@@ -61,15 +62,16 @@ const candidateSlice = 10 * time.Millisecond
 
 // recvCandidate receives on a socket not yet decided: from the kernel
 // socket, until offload attaches.
-func (e *Engine) recvCandidate(s *Socket, b []byte, flags int) (n, full int, from netip.AddrPort, errno unix.Errno) {
+func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	nonblock := s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
 	var deadline time.Time
 	if t := s.rcvtimeo.Load(); t > 0 && !nonblock {
 		deadline = time.Now().Add(time.Duration(t))
 	}
+	sw := sig.Begin(deadline.IsZero())
 	for {
 		if s.conn.Load() != nil {
-			return e.Recv(s.fd, b, flags)
+			return e.Recv(s.fd, b, flags, sig)
 		}
 		s.mu.Lock()
 		st := s.state
@@ -97,7 +99,7 @@ func (e *Engine) recvCandidate(s *Socket, b []byte, flags int) (n, full int, fro
 		}
 		ts := unix.NsecToTimespec(wait.Nanoseconds())
 		pfd := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
-		if _, err := unix.Ppoll(pfd, &ts, nil); err == unix.EINTR {
+		if _, err := sw.Ppoll(pfd, &ts, nil); err == unix.EINTR {
 			return 0, 0, from, unix.EINTR
 		}
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -17,11 +18,11 @@ import (
 // fds, the queues' fds and the stacks' wake eventfds, so that nothing that
 // arrives while they sleep goes unseen.
 
-// spin runs scan until it finds something, the timeout passes or polling
-// ends, then sleeps with sleep and scans again. timeout < 0: none. scan
-// returns how many fds are ready and how many of those the kernel made
-// ready, for the multiplexer's counters.
-func (e *Engine) spin(kind Mux, timeout time.Duration, scan func(osTurn bool) (n, os int, errno unix.Errno),
+// spin runs scan until it finds something, the timeout passes, a signal
+// ends sw or polling ends, then sleeps with sleep and scans again.
+// timeout < 0: none. scan returns how many fds are ready and how many of
+// those the kernel made ready, for the multiplexer's counters.
+func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, scan func(osTurn bool) (n, os int, errno unix.Errno),
 	sleep func(deadline time.Time, infinite bool) unix.Errno) (int, unix.Errno) {
 	mc := &e.mux[kind]
 	mc.Calls.Add(1)
@@ -61,6 +62,9 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, scan func(osTurn bool) (n
 		if timeout == 0 {
 			return done(0, 0, 0)
 		}
+		if sw.Interrupted() {
+			return done(0, 0, unix.EINTR)
+		}
 		now := time.Now()
 		if !infinite && !now.Before(deadline) {
 			return done(0, 0, 0)
@@ -86,7 +90,7 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, scan func(osTurn bool) (n
 }
 
 // sleepOn sleeps in ppoll on pfds and what the stacks need watched.
-func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infinite bool, sigmask *unix.Sigset_t, ready func() bool) unix.Errno {
+func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) unix.Errno {
 	all := slices.Clone(pfds)
 	var began []*stack.Stack
 	defer func() {
@@ -111,7 +115,7 @@ func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infi
 		t := unix.NsecToTimespec(max(time.Until(deadline).Nanoseconds(), 0))
 		ts = &t
 	}
-	_, err := stack.Ppoll(all, ts, sigmask)
+	_, err := sw.Ppoll(all, ts, nil)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -144,9 +148,44 @@ func appendStack(stacks []*stack.Stack, st *stack.Stack) []*stack.Stack {
 	return append(stacks, st)
 }
 
+// setMask sets the thread's signal mask to sigmask (ppoll, pselect,
+// epoll_pwait) for a whole call and not only its sleep, so that a signal
+// sigmask lets through ends the spinning too; restoreMask undoes it.
+func setMask(sigmask *unix.Sigset_t) (old unix.Sigset_t, errno unix.Errno) {
+	if sigmask == nil {
+		return old, 0
+	}
+	runtime.LockOSThread() // the mask is the thread's
+	if err := unix.PthreadSigmask(unix.SIG_SETMASK, sigmask, &old); err != nil {
+		runtime.UnlockOSThread()
+		return old, errnoOf(err)
+	}
+	return old, 0
+}
+
+func restoreMask(sigmask *unix.Sigset_t, old *unix.Sigset_t) {
+	if sigmask != nil {
+		unix.PthreadSigmask(unix.SIG_SETMASK, old, nil)
+		runtime.UnlockOSThread()
+	}
+}
+
 // Poll serves poll and ppoll (and select through them) over pfds, some
-// of which are engine sockets. timeout < 0 waits for ever.
-func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigmask *unix.Sigset_t) (int, unix.Errno) {
+// of which are engine sockets. timeout < 0 waits for ever. sig counts the
+// handlers of the calling thread's signals (nil: none end the wait).
+func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigmask *unix.Sigset_t, sig *stack.Signals) (int, unix.Errno) {
+	// Begin first: a signal that setting the mask unblocks is taken at
+	// once and must count.
+	sw := sig.Begin(false)
+	old, errno := setMask(sigmask)
+	if errno != 0 {
+		return 0, errno
+	}
+	defer restoreMask(sigmask, &old)
+	return e.poll(kind, pfds, timeout, &sw)
+}
+
+func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *stack.SignalWait) (int, unix.Errno) {
 	zero := unix.Timespec{}
 	scan := func(osTurn bool) (int, int, unix.Errno) {
 		for i := range pfds {
@@ -193,9 +232,9 @@ func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigma
 				deadline, infinite = sliceDeadline(deadline, infinite)
 			}
 		}
-		return sleepOn(pfds, stacks, deadline, infinite, sigmask, func() bool { n, _, _ := scan(false); return n > 0 })
+		return sleepOn(pfds, stacks, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
 	}
-	return e.spin(kind, timeout, scan, sleep)
+	return e.spin(kind, timeout, sw, scan, sleep)
 }
 
 // epollSet is what the engine knows of one epoll fd: its members that are
@@ -253,7 +292,17 @@ func (e *Engine) epollState(epfd int) State {
 // EpollWait serves epoll_wait and epoll_pwait on an epoll fd with engine
 // members. Engine sockets are reported level-triggered (EPOLLET is served
 // as level-triggered; EPOLLONESHOT is honoured).
-func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duration, sigmask *unix.Sigset_t) (int, unix.Errno) {
+func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duration, sigmask *unix.Sigset_t, sig *stack.Signals) (int, unix.Errno) {
+	sw := sig.Begin(false)
+	old, errno := setMask(sigmask)
+	if errno != 0 {
+		return 0, errno
+	}
+	defer restoreMask(sigmask, &old)
+	return e.epollWait(epfd, out, timeout, &sw)
+}
+
+func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duration, sw *stack.SignalWait) (int, unix.Errno) {
 	e.mu.Lock()
 	set := e.epolls[epfd]
 	e.mu.Unlock()
@@ -311,7 +360,7 @@ func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			}
 		}
 		set.mu.Unlock()
-		return sleepOn(pfds, stacks, deadline, infinite, sigmask, func() bool {
+		return sleepOn(pfds, stacks, deadline, infinite, sw, func() bool {
 			set.mu.Lock()
 			defer set.mu.Unlock()
 			for fd, m := range set.members {
@@ -324,7 +373,7 @@ func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			return false
 		})
 	}
-	return e.spin(MuxEpoll, timeout, scan, sleep)
+	return e.spin(MuxEpoll, timeout, sw, scan, sleep)
 }
 
 // mergeKernel folds the kernel's events for engine sockets (their kernel

@@ -1,0 +1,84 @@
+package stack
+
+import (
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Signals counts the signal handlers that ran on one application thread,
+// so that a blocking call made on that thread returns EINTR when a handler
+// runs during it, as the kernel's call would, even while it spins in user
+// space where no system call can be interrupted. The preload library's
+// handler wrapper keeps one per thread (its layout is the C struct
+// vmx_signals). Go programs have no use for it: their calls take nil and
+// never return EINTR.
+type Signals struct {
+	// Any counts every handler.
+	Any atomic.Uint64
+	// Intr counts the handlers installed without SA_RESTART; after the
+	// others a receive without a timeout goes on waiting, as the kernel
+	// restarts recvfrom (signal(7)).
+	Intr atomic.Uint64
+}
+
+// SignalWait is one blocking call's view of its thread's Signals.
+type SignalWait struct {
+	s             *Signals
+	watch         *atomic.Uint64
+	seen, seenAny uint64
+}
+
+// Begin starts a wait. restartable is true for a receive without a
+// timeout, which SA_RESTART handlers do not end; multiplexers and receives
+// with a timeout are never restarted. s may be nil.
+func (s *Signals) Begin(restartable bool) SignalWait {
+	if s == nil {
+		return SignalWait{}
+	}
+	w := SignalWait{s: s, watch: &s.Any, seenAny: s.Any.Load()}
+	if restartable {
+		w.watch = &s.Intr
+	}
+	w.seen = w.watch.Load()
+	return w
+}
+
+// Interrupted reports whether a handler that ends the wait has run.
+func (w *SignalWait) Interrupted() bool { return w.s != nil && w.watch.Load() != w.seen }
+
+// Ppoll sleeps in ppoll(2) (see Ppoll for mask) unless the wait is already
+// interrupted. Every signal is blocked from the last look at the counters
+// to the ppoll, which unblocks them atomically: a signal that comes after
+// the look still ends the sleep. It returns unix.EINTR when the wait is
+// interrupted, and nil when only restarting handlers ended the sleep. With
+// no Signals it is Ppoll.
+func (w *SignalWait) Ppoll(pfds []unix.PollFd, ts *unix.Timespec, mask *unix.Sigset_t) (int, error) {
+	if w.s == nil {
+		return Ppoll(pfds, ts, mask)
+	}
+	runtime.LockOSThread() // the mask is the thread's
+	defer runtime.UnlockOSThread()
+	var all, old unix.Sigset_t
+	for i := range all.Val {
+		all.Val[i] = ^all.Val[i]
+	}
+	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &all, &old); err != nil {
+		return 0, err
+	}
+	defer unix.PthreadSigmask(unix.SIG_SETMASK, &old, nil)
+	if w.Interrupted() {
+		return 0, unix.EINTR
+	}
+	if mask == nil {
+		mask = &old
+	}
+	n, err := Ppoll(pfds, ts, mask)
+	// A handler vmaxdp does not wrap (installed by a raw system call) is
+	// not counted: its EINTR stands.
+	if err == unix.EINTR && !w.Interrupted() && w.s.Any.Load() != w.seenAny {
+		return 0, nil
+	}
+	return n, err
+}
