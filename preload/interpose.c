@@ -22,8 +22,10 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -120,7 +122,48 @@ static void vmx_child(void) { vmx_forked = 1; }
  * (SIGCANCEL, SIGSETXID) unblocked, as setuid() across threads needs. */
 static sigset_t vmx_loader_mask;
 
-__attribute__((constructor(101))) static void vmx_block_for_runtime(void)
+/* The fds Go's runtime makes as it starts (its poller's epoll fd and
+ * eventfd) would take the lowest free numbers, which are the application's
+ * next ones: its first socket would not be fd 3, and a dup2 onto such a
+ * number would close the runtime's poller. So every free number below
+ * VMX_HELD_FDS is held (raw system calls: the libc names are ours, not yet
+ * resolved) until the engine is up, and the runtime's fds land above. */
+#define VMX_HELD_FDS 1024
+static int vmx_held[VMX_HELD_FDS], vmx_nheld;
+
+static void hold_low_fds(void)
+{
+	struct rlimit lim;
+	long top = VMX_HELD_FDS;
+	if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < (rlim_t)top + 64)
+		top = (long)lim.rlim_cur - 64;
+	long null = syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDONLY | O_CLOEXEC);
+	if (null < 0)
+		return;
+	if (null >= top) {
+		syscall(SYS_close, null);
+		return;
+	}
+	vmx_held[vmx_nheld++] = (int)null;
+	while (vmx_nheld < VMX_HELD_FDS) {
+		long fd = syscall(SYS_fcntl, null, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			break;
+		if (fd >= top) {
+			syscall(SYS_close, fd);
+			break;
+		}
+		vmx_held[vmx_nheld++] = (int)fd;
+	}
+}
+
+static void release_low_fds(void)
+{
+	while (vmx_nheld > 0)
+		syscall(SYS_close, vmx_held[--vmx_nheld]);
+}
+
+__attribute__((constructor(101))) static void vmx_before_runtime(void)
 {
 	sigset_t all;
 	/* Go's runtime installs its handlers through libc's sigaction, which
@@ -128,6 +171,7 @@ __attribute__((constructor(101))) static void vmx_block_for_runtime(void)
 	RESOLVE(sigaction);
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
+	hold_low_fds();
 }
 
 /* vmx_ready: the engine is up and what calls sigaction now is the
@@ -150,6 +194,7 @@ __attribute__((constructor)) static void vmx_init(void)
 	if (vmxgo_init() != 0)
 		_exit(1);
 	pthread_sigmask(SIG_SETMASK, &vmx_loader_mask, NULL);
+	release_low_fds();
 	vmx_ready = 1;
 }
 
@@ -394,27 +439,14 @@ ssize_t readv(int fd, const struct iovec *iov, int n)
 	return REAL(readv)(fd, iov, n);
 }
 
-/* recvmmsg: the first datagram as flags say, then what is already queued.
- * The timeout is not served for offloaded sockets. */
 int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout)
 {
-	if (!engine(fd))
-		return REAL(recvmmsg)(fd, v, n, flags, timeout);
-	unsigned int i;
-	int f = flags & ~MSG_WAITFORONE;
-	for (i = 0; i < n; i++) {
-		long r = vmxgo_recvmsg(fd, &v[i].msg_hdr, f, &vmx_sig);
-		if (r == -VMX_PASS)
-			return i ? (int)i : REAL(recvmmsg)(fd, v, n, flags, timeout);
-		if (r < 0)
-			return i ? (int)i : (int)ret(r);
-		v[i].msg_len = (unsigned int)r;
-		if (flags & MSG_WAITFORONE)
-			f |= MSG_DONTWAIT;
-		if (f & MSG_DONTWAIT)
-			continue;
+	if (engine(fd)) {
+		long r = vmxgo_recvmmsg(fd, v, n, flags, timeout, &vmx_sig);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
 	}
-	return (int)i;
+	return REAL(recvmmsg)(fd, v, n, flags, timeout);
 }
 
 /* The __*_chk variants are what _FORTIFY_SOURCE builds call. */

@@ -3,11 +3,17 @@
 // wraps libc's socket calls and sends the calls of engine sockets here; this
 // half turns C arguments into Go values for package engine and back. It
 // exports only vmxgo_* names, never libc's (golang/go#26184).
+//
+// containermaxprocs=0: with it on, Go's runtime keeps two cgroup files open
+// for the life of the process, fds the application did not ask for.
+//
+//go:debug containermaxprocs=0
 package main
 
 /*
 #cgo CFLAGS: -O2 -Wall
 #cgo LDFLAGS: -ldl
+#define _GNU_SOURCE // struct mmsghdr
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -154,7 +160,7 @@ func bytesOf(p unsafe.Pointer, n C.size_t) []byte {
 
 //export vmxgo_recvfrom
 func vmxgo_recvfrom(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen *C.socklen_t, sig *C.struct_vmx_signals) C.long {
-	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags), signals(sig))
+	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags), time.Time{}, signals(sig))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -174,6 +180,54 @@ func iovecs(msg *C.struct_msghdr) []unix.Iovec {
 
 //export vmxgo_recvmsg
 func vmxgo_recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, sig *C.struct_vmx_signals) C.long {
+	return recvmsg(fd, msg, flags, time.Time{}, sig)
+}
+
+// vmxgo_recvmmsg serves recvmmsg in one crossing. As in the kernel, the
+// first datagram waits as the socket and flags say, later ones until
+// vlen have come, MSG_WAITFORONE makes those non-blocking, and the time
+// left of timeout is written back. Unlike the kernel (recvmmsg(2), BUGS),
+// the timeout also bounds the waits for the later datagrams.
+//
+//export vmxgo_recvmmsg
+func vmxgo_recvmmsg(fd C.int, v unsafe.Pointer, n C.uint, flags C.int, ts *C.struct_timespec, sig *C.struct_vmx_signals) C.long {
+	// v is a struct mmsghdr *, which the export header cannot name.
+	msgs := unsafe.Slice((*C.struct_mmsghdr)(v), int(n))
+	var end time.Time
+	if ts != nil {
+		end = time.Now().Add(time.Duration(ts.tv_sec)*time.Second + time.Duration(ts.tv_nsec))
+	}
+	f := flags &^ unix.MSG_WAITFORONE
+	got := 0
+	for i := range msgs {
+		var deadline time.Time
+		if i > 0 {
+			deadline = end
+		}
+		r := recvmsg(fd, &msgs[i].msg_hdr, f, deadline, sig)
+		if r < 0 {
+			if got == 0 {
+				return r // ErrPassOS included: the kernel serves the whole call
+			}
+			break
+		}
+		msgs[i].msg_len = C.uint(r)
+		got++
+		if flags&unix.MSG_WAITFORONE != 0 {
+			f |= unix.MSG_DONTWAIT
+		}
+		if ts != nil && !time.Now().Before(end) {
+			break
+		}
+	}
+	if ts != nil {
+		left := max(time.Until(end), 0)
+		ts.tv_sec, ts.tv_nsec = C.long(left/time.Second), C.long(left%time.Second)
+	}
+	return C.long(got)
+}
+
+func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, sig *C.struct_vmx_signals) C.long {
 	iov := iovecs(msg)
 	var b []byte
 	var scratch *[]byte
@@ -186,7 +240,7 @@ func vmxgo_recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, sig *C.struct_vm
 		defer eng.PutScratch(scratch)
 		b = *scratch
 	}
-	got, full, from, errno := eng.Recv(int(fd), b, int(flags), signals(sig))
+	got, full, from, errno := eng.Recv(int(fd), b, int(flags), deadline, signals(sig))
 	if errno != 0 {
 		return -C.long(errno)
 	}

@@ -572,11 +572,16 @@ const (
 // returns the datagram's full length, which exceeds n when it was cut.
 // Errors are unix.EAGAIN (nonblocking and nothing queued),
 // os.ErrDeadlineExceeded, unix.EINTR (a signal arrived while it slept)
-// and net.ErrClosed, each in a *net.OpError. A blocking receive returns
-// unix.EINTR when a handler counted in sig ends it (sig may be nil: Go's
-// own reads are never interrupted).
-func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, sig *Signals) (n, full int, from netip.AddrPort, err error) {
-	return c.recvZC(b, nil, flags, sig)
+// and net.ErrClosed, each in a *net.OpError. deadline bounds a blocking
+// receive instead of the socket's read deadline (zero: that one). A
+// blocking receive returns unix.EINTR when a handler counted in sig ends it
+// (sig may be nil: Go's own reads are never interrupted).
+func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, deadline time.Time, sig *Signals) (n, full int, from netip.AddrPort, err error) {
+	var d int64
+	if !deadline.IsZero() {
+		d = deadline.UnixNano()
+	}
+	return c.recvZC(b, nil, flags, d, sig)
 }
 
 // osBuf is where zero-copy receives land when the datagram comes from the
@@ -584,7 +589,7 @@ func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, sig *Signals) (n, full int
 const osBufLen = 65536
 
 func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
-	n, _, from, err := c.recvZC(b, zc, 0, nil)
+	n, _, from, err := c.recvZC(b, zc, 0, 0, nil)
 	return n, from, err
 }
 
@@ -624,12 +629,24 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n
 	return n, full, from, true, nil
 }
 
-func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, sig *Signals) (int, int, netip.AddrPort, error) {
+// deadlineOf is a receive's deadline in unix nanoseconds (0: none): fixed,
+// or when that is 0 the socket's read deadline, read each time because
+// SetReadDeadline moves it under a waiting reader.
+func (c *UDPConn) deadlineOf(fixed int64) int64 {
+	if fixed != 0 {
+		return fixed
+	}
+	return c.readDeadline.Load()
+}
+
+// recvZC receives into b or lends the frame to zc, by deadline (see
+// deadlineOf).
+func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64, sig *Signals) (int, int, netip.AddrPort, error) {
 	ratio := c.st.opts.RxPollOSRatio
 	slept := false
 	var sw SignalWait
 	if flags&RecvNonblock == 0 {
-		sw = sig.Begin(c.readDeadline.Load() == 0)
+		sw = sig.Begin(c.deadlineOf(deadline) == 0)
 	}
 	if flags&RecvCheckOS != 0 {
 		if n, full, from, ok, err := c.recvOS(b, zc, false, flags); ok || err != nil {
@@ -664,7 +681,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, sig *Signals) 
 			return 0, 0, netip.AddrPort{}, c.errAgain
 		}
 		if i&63 == 0 || sleepNext {
-			if d := c.readDeadline.Load(); d != 0 && time.Now().UnixNano() >= d {
+			if d := c.deadlineOf(deadline); d != 0 && time.Now().UnixNano() >= d {
 				c.Counters.RxEagain.Add(1)
 				return 0, 0, netip.AddrPort{}, c.readErr(os.ErrDeadlineExceeded)
 			}
@@ -673,7 +690,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, sig *Signals) 
 			}
 		}
 		if sleepNext {
-			if err := c.sleep(&sw); err != nil {
+			if err := c.sleep(deadline, &sw); err != nil {
 				return 0, 0, netip.AddrPort{}, err
 			}
 			slept = true
@@ -694,7 +711,7 @@ func (c *UDPConn) countPoll(slept bool) {
 // read deadline passes or a signal ends sw. The waiter is announced before
 // the last look at the queue, and the demultiplexer looks at waiters after
 // queueing, so no datagram can arrive unseen between the two.
-func (c *UDPConn) sleep(sw *SignalWait) error {
+func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	st := c.st
 	if c.evfd < 0 {
 		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
@@ -728,7 +745,7 @@ func (c *UDPConn) sleep(sw *SignalWait) error {
 	n += 2
 	var ts *unix.Timespec
 	var tsv unix.Timespec
-	if d := c.readDeadline.Load(); d != 0 {
+	if d := c.deadlineOf(deadline); d != 0 {
 		left := max(d-time.Now().UnixNano(), 0)
 		tsv = unix.NsecToTimespec(left)
 		ts = &tsv

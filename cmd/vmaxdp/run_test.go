@@ -401,3 +401,64 @@ func TestRunSignals(t *testing.T) {
 		})
 	}
 }
+
+// TestRunRecvmmsg: recvmmsg on an offloaded socket honours its timeout
+// (for every datagram after the first, which the kernel does not: see
+// testdata/recvmmsg.c) and MSG_WAITFORONE.
+func TestRunRecvmmsg(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	prog := buildC(t, "recvmmsg")
+	b := testutil.Bed(t, nil)
+	const port = 11170
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
+	cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4")
+	out := &sockperf.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	send := func(after string, msgs ...string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), after+"\n"); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("program never printed %q:\n%s", after, out.String())
+			}
+		}
+		err := b.Do(testbed.A, func() error {
+			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			for _, m := range msgs {
+				if _, err := c.Write(append([]byte(m), 0)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("ready", "one", "two", "thr")
+	send("waitforone", "four", "five")
+	err := <-done
+	log := out.String()
+	if !strings.Contains(log, "fd 3: offloaded on "+b.Link(testbed.B)) {
+		t.Errorf("the socket was not offloaded")
+	}
+	for _, check := range []string{"timeout", "waitforone"} {
+		if !strings.Contains(log, "ok "+check+":") {
+			t.Errorf("check %s did not pass", check)
+		}
+	}
+	if err != nil || t.Failed() {
+		t.Errorf("program: %v\n%s", err, log)
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -74,7 +75,7 @@ func TestRecvAndDupClose(t *testing.T) {
 	}
 	buf := make([]byte, 2048)
 	for i := range 2 {
-		if n, _, from, errno := e.Recv(fd, buf, 0, nil); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
+		if n, _, from, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
 			t.Fatalf("datagram %d: %d bytes from %s, errno %v", i, n, from, errno)
 		}
 	}
@@ -91,7 +92,7 @@ func TestRecvAndDupClose(t *testing.T) {
 	if c := e.Conn(dup); c == nil || c.FD() != dup {
 		t.Fatalf("after closing fd %d, its dup %d is not served on itself (conn %v)", fd, dup, c)
 	}
-	if n, _, _, errno := e.Recv(dup, buf, 0, nil); errno != 0 || n != 64 {
+	if n, _, _, errno := e.Recv(dup, buf, 0, time.Time{}, nil); errno != 0 || n != 64 {
 		t.Fatalf("third datagram on the dup: %d bytes, errno %v", n, errno)
 	}
 	if got := e.Conn(dup).Counters.RxOffloadPackets.Load(); got != 3 {
@@ -112,7 +113,7 @@ func BenchmarkRecvEmptyNonblocking(b *testing.B) {
 	buf := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, _, errno := e.Recv(fd, buf, 0, nil); errno != unix.EAGAIN {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != unix.EAGAIN {
 			b.Fatal(errno)
 		}
 	}
@@ -167,7 +168,7 @@ func BenchmarkPollRecv(b *testing.B) {
 		if _, errno := e.Poll(MuxPoll, pfds, -1, nil, nil); errno != 0 {
 			b.Fatal(errno)
 		}
-		if _, _, _, errno := e.Recv(fd, buf, 0, nil); errno != 0 && errno != unix.EAGAIN {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 && errno != unix.EAGAIN {
 			b.Fatal(errno)
 		}
 	}
@@ -193,7 +194,7 @@ func TestConnectKeepsQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 2048)
-	if _, _, _, errno := e.Recv(fd, buf, 0, nil); errno != 0 {
+	if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 {
 		t.Fatal(errno)
 	}
 	if n, ok := e.Conn(fd).Pending(); !ok || n != 64 {
@@ -209,7 +210,7 @@ func TestConnectKeepsQueue(t *testing.T) {
 	if c := e.Conn(fd); c.RemoteAddr() == nil || c.RemoteAddr().String() != bed.Addr(testbed.A).String()+":9" {
 		t.Fatalf("after connect the socket's peer is %v", c.RemoteAddr())
 	}
-	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT, nil); errno != 0 || n != 64 {
+	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT, time.Time{}, nil); errno != 0 || n != 64 {
 		t.Fatalf("datagram queued before connect: %d bytes, errno %v", n, errno)
 	}
 }
@@ -240,4 +241,61 @@ func TestPollSleepSignals(t *testing.T) {
 	if d := time.Since(start); d < 190*time.Millisecond {
 		t.Errorf("poll of 200 ms returned after %v", d)
 	}
+}
+
+// TestEpollEdgeTriggered: an EPOLLET member is reported once per arrival
+// (and once after EPOLL_CTL_ADD/MOD), not while its datagrams stay queued;
+// a level-triggered member is reported as long as they do.
+func TestEpollEdgeTriggered(t *testing.T) {
+	bed, e, fd := offloaded(t, 9410, true)
+	epoll := func(events uint32) int {
+		epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(epfd) })
+		ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll {
+			t.Fatal("epoll set not the engine's")
+		}
+		return epfd
+	}
+	et, lt := epoll(unix.EPOLLIN|unix.EPOLLET), epoll(unix.EPOLLIN)
+	out := make([]unix.EpollEvent, 4)
+	wait := func(what string, epfd int, timeout time.Duration, want int) {
+		t.Helper()
+		start := time.Now()
+		n, errno := e.EpollWait(epfd, out, timeout, nil, nil)
+		if errno != 0 || n != want {
+			t.Fatalf("%s: %d events, errno %v; want %d", what, n, errno, want)
+		}
+		if want == 1 && (out[0].Events != unix.EPOLLIN || out[0].Fd != int32(fd)) {
+			t.Fatalf("%s: event %#x on fd %d", what, out[0].Events, out[0].Fd)
+		}
+		if want == 0 && time.Since(start) < timeout*9/10 {
+			t.Fatalf("%s: returned after %v of a %v timeout", what, time.Since(start), timeout)
+		}
+	}
+	wait("ET, nothing arrived, after ADD", et, 0, 0)
+	for i := range 2 {
+		if err := testutil.SendUDP(bed, 9410, 1, 64); err != nil {
+			t.Fatal(err)
+		}
+		wait(fmt.Sprintf("ET, datagram %d arrives", i+1), et, time.Second, 1)
+		wait("ET, it stays queued", et, 50*time.Millisecond, 0)
+		wait("LT, it stays queued", lt, 0, 1)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(fd)}
+	e.EpollCtl(et, unix.EPOLL_CTL_MOD, fd, &ev)
+	wait("ET after MOD, datagrams queued", et, 0, 1)
+	buf := make([]byte, 2048)
+	for range 2 {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 {
+			t.Fatal(errno)
+		}
+	}
+	wait("LT, drained", lt, 0, 0)
 }

@@ -20,9 +20,10 @@ const sendFlagsServed = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL | unix.MSG_CONFIRM
 
 // Recv serves a receive on fd into b: bytes copied, the datagram's full
 // length (more than n when cut) and its sender. ErrPassOS means the kernel
-// must serve it. sig counts the handlers of the calling thread's signals
-// (nil: none return EINTR).
-func (e *Engine) Recv(fd int, b []byte, flags int, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
+// must serve it. A blocking receive ends by deadline, or when that is zero
+// by the socket's SO_RCVTIMEO. sig counts the handlers of the calling
+// thread's signals (nil: none return EINTR).
+func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	s := e.get(fd)
 	if s == nil {
 		return 0, 0, from, ErrPassOS
@@ -32,13 +33,13 @@ func (e *Engine) Recv(fd int, b []byte, flags int, sig *stack.Signals) (n, full 
 	}
 	c := s.conn.Load()
 	if c == nil {
-		return e.recvCandidate(s, b, flags, sig)
+		return e.recvCandidate(s, b, flags, deadline, sig)
 	}
 	var rf stack.RecvFlags
 	if s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0 {
 		rf |= stack.RecvNonblock
-	} else if t := s.rcvtimeo.Load(); t > 0 {
-		c.SetReadDeadline(time.Now().Add(time.Duration(t)))
+	} else if t := s.rcvtimeo.Load(); t > 0 && deadline.IsZero() {
+		deadline = time.Now().Add(time.Duration(t))
 	}
 	if flags&unix.MSG_PEEK != 0 {
 		rf |= stack.RecvPeek
@@ -46,11 +47,11 @@ func (e *Engine) Recv(fd int, b []byte, flags int, sig *stack.Signals) (n, full 
 	if s.osReady.Load() && s.osReady.CompareAndSwap(true, false) {
 		rf |= stack.RecvCheckOS
 	}
-	n, full, from, err := c.RecvFrom(b, rf, sig)
+	n, full, from, err := c.RecvFrom(b, rf, deadline, sig)
 	if err != nil && errors.Is(err, net.ErrClosed) && s.conn.Load() != c {
 		// Reopened (connect, or its fd closed under a dup) while this
 		// receive waited: go on with the socket's new stack socket.
-		return e.Recv(fd, b, flags, sig)
+		return e.Recv(fd, b, flags, deadline, sig)
 	}
 	return n, full, from, errnoOf(err)
 }
@@ -62,16 +63,15 @@ const candidateSlice = 10 * time.Millisecond
 
 // recvCandidate receives on a socket not yet decided: from the kernel
 // socket, until offload attaches.
-func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
+func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, deadline time.Time, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	nonblock := s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
-	var deadline time.Time
-	if t := s.rcvtimeo.Load(); t > 0 && !nonblock {
+	if t := s.rcvtimeo.Load(); t > 0 && !nonblock && deadline.IsZero() {
 		deadline = time.Now().Add(time.Duration(t))
 	}
 	sw := sig.Begin(deadline.IsZero())
 	for {
 		if s.conn.Load() != nil {
-			return e.Recv(s.fd, b, flags, sig)
+			return e.Recv(s.fd, b, flags, deadline, sig)
 		}
 		s.mu.Lock()
 		st := s.state

@@ -248,6 +248,46 @@ type epollMember struct {
 	events   uint32
 	data     [2]int32 // epoll_data, opaque
 	disabled bool     // EPOLLONESHOT fired
+	// EPOLLET: reported is set once the member was reported, and seenRx is
+	// the socket's count of queued datagrams then.
+	reported bool
+	seenRx   uint64
+}
+
+// poll is what m would report on c now, and c's count of queued datagrams
+// (RxOffloadPackets) for mark. Level-triggered: what c is ready for.
+// Edge-triggered (EPOLLET): the same, but only when a datagram was queued
+// since the last report, or once after EPOLL_CTL_ADD/MOD, as the kernel
+// does; a zeroed count (vmaxdp stats -z) makes one extra report.
+func (m *epollMember) poll(c *stack.UDPConn) (ev uint32, rx uint64) {
+	if m.disabled {
+		return 0, 0
+	}
+	if m.events&unix.EPOLLET != 0 {
+		// Datagrams count once they leave the ring, whatever c holds.
+		c.Stack().Poll()
+		rx = c.Counters.RxOffloadPackets.Load()
+		if m.reported && rx == m.seenRx {
+			return 0, rx
+		}
+	}
+	if m.events&unix.EPOLLIN != 0 {
+		if _, ok := c.Pending(); ok {
+			ev |= unix.EPOLLIN
+		}
+	}
+	if m.events&unix.EPOLLOUT != 0 {
+		ev |= unix.EPOLLOUT
+	}
+	return ev, rx
+}
+
+// mark records that m was reported.
+func (m *epollMember) mark(rx uint64) {
+	m.reported, m.seenRx = true, rx
+	if m.events&unix.EPOLLONESHOT != 0 {
+		m.disabled = true
+	}
 }
 
 func (set *epollSet) remove(fd int) {
@@ -290,8 +330,7 @@ func (e *Engine) epollState(epfd int) State {
 }
 
 // EpollWait serves epoll_wait and epoll_pwait on an epoll fd with engine
-// members. Engine sockets are reported level-triggered (EPOLLET is served
-// as level-triggered; EPOLLONESHOT is honoured).
+// members, with EPOLLET and EPOLLONESHOT as the kernel serves them.
 func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duration, sigmask *unix.Sigset_t, sig *stack.Signals) (int, unix.Errno) {
 	sw := sig.Begin(false)
 	old, errno := setMask(sigmask)
@@ -317,24 +356,13 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 				break
 			}
 			c := e.Conn(fd)
-			if c == nil || m.disabled {
+			if c == nil {
 				continue
 			}
-			var ev uint32
-			if m.events&unix.EPOLLIN != 0 {
-				if _, ok := c.Pending(); ok {
-					ev |= unix.EPOLLIN
-				}
-			}
-			if m.events&unix.EPOLLOUT != 0 {
-				ev |= unix.EPOLLOUT
-			}
-			if ev != 0 {
+			if ev, rx := m.poll(c); ev != 0 {
 				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
 				n++
-				if m.events&unix.EPOLLONESHOT != 0 {
-					m.disabled = true
-				}
+				m.mark(rx)
 			}
 		}
 		set.mu.Unlock()
@@ -364,8 +392,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			set.mu.Lock()
 			defer set.mu.Unlock()
 			for fd, m := range set.members {
-				if c := e.Conn(fd); c != nil && !m.disabled && m.events&unix.EPOLLIN != 0 {
-					if _, ok := c.Pending(); ok {
+				if c := e.Conn(fd); c != nil {
+					if ev, _ := m.poll(c); ev&unix.EPOLLIN != 0 {
 						return true
 					}
 				}
