@@ -37,7 +37,7 @@ var (
 
 // tools builds vmaxdp and libvmaxdp.so side by side (as make build does),
 // once per test binary.
-func tools(t *testing.T) (vmaxdp string) {
+func tools(t testing.TB) (vmaxdp string) {
 	t.Helper()
 	toolsOnce.Do(func() {
 		if toolsDir, toolsErr = os.MkdirTemp("", "vmaxdp-run-test-"); toolsErr != nil {
@@ -60,7 +60,7 @@ func tools(t *testing.T) (vmaxdp string) {
 }
 
 // buildC builds testdata/NAME.c.
-func buildC(t *testing.T, name string) string {
+func buildC(t testing.TB, name string) string {
 	t.Helper()
 	prog := filepath.Join(t.TempDir(), name)
 	if out, err := exec.Command("cc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/"+name+".c").CombinedOutput(); err != nil {
@@ -460,5 +460,49 @@ func TestRunRecvmmsg(t *testing.T) {
 	}
 	if err != nil || t.Failed() {
 		t.Errorf("program: %v\n%s", err, log)
+	}
+}
+
+// BenchmarkCrossing measures what a call costs an application by the path
+// it takes (testdata/crossing.c), as metrics:
+//   - kernel-ns: a non-blocking recvfrom on a kernel socket, no vmaxdp;
+//   - threaded-ns: the same in a process with a second thread, as every
+//     process under vmaxdp is (glibc's calls cost more there);
+//   - passthrough-ns: the same under vmaxdp run on a socket that stays on
+//     the kernel, which the interposer sends to libc without entering Go:
+//     its cost over threaded-ns is the interposer's;
+//   - offloaded-ns: the same on an offloaded socket, a crossing into Go and
+//     the engine's look at the queue (BenchmarkRecvEmptyNonblocking in
+//     internal/engine, without the crossing).
+//
+// go test -run '^$' -bench Crossing ./cmd/vmaxdp
+func BenchmarkCrossing(b *testing.B) {
+	testutil.RequireRoot(b)
+	vmaxdp := tools(b)
+	prog := buildC(b, "crossing")
+	bed := testutil.Bed(b, nil)
+	run := func(args ...string) map[string]float64 {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", bed.NSName(testbed.B)}, args...)...)
+		cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=1")
+		out, err := cmd.Output()
+		if err != nil {
+			b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		m := map[string]float64{}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if f := strings.Fields(line); len(f) == 2 {
+				m[f[0]], _ = strconv.ParseFloat(f[1], 64)
+			}
+		}
+		return m
+	}
+	addr, port := bed.Addr(testbed.B).String(), "11180"
+	for b.Loop() {
+		kernel := run(prog, addr, port)
+		under := run(vmaxdp, "run", "--", prog, addr, port)
+		b.ReportMetric(kernel["loopback"], "kernel-ns")
+		b.ReportMetric(kernel["threaded"], "threaded-ns")
+		b.ReportMetric(under["loopback"], "passthrough-ns")
+		b.ReportMetric(under["offloaded"], "offloaded-ns")
 	}
 }
