@@ -96,6 +96,23 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 		eng.SetRcvTimeo(f, time.Duration(tv.Nano()))
 	case level == unix.SOL_SOCKET && (name == unix.SO_RCVBUF || name == unix.SO_RCVBUFFORCE) && n >= 4:
 		eng.SetRcvBuf(f, int(*(*int32)(val)))
+	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_LOOP && n >= 1:
+		on := *(*uint8)(val) != 0
+		if n >= 4 {
+			on = *(*int32)(val) != 0
+		}
+		eng.SetMulticastLoop(f, on)
+	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_IF && n >= 4:
+		// struct in_addr, ip_mreq or ip_mreqn, as the kernel takes them.
+		ifindex := 0
+		addr := (*[4]byte)(val)
+		if n >= C.socklen_t(unsafe.Sizeof(unix.IPMreq{})) {
+			addr = &(*unix.IPMreqn)(val).Address
+		}
+		if n >= C.socklen_t(unsafe.Sizeof(unix.IPMreqn{})) {
+			ifindex = int((*unix.IPMreqn)(val).Ifindex)
+		}
+		eng.SetMulticastIf(f, netip.AddrFrom4(*addr), ifindex)
 	case level == unix.IPPROTO_IP && (name == unix.IP_TTL || name == unix.IP_MULTICAST_TTL) && n >= 1:
 		ttl := int(*(*uint8)(val))
 		if n >= 4 {

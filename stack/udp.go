@@ -68,6 +68,10 @@ type UDPConn struct {
 	remote netip.AddrPort // valid when connected
 	ttl    atomic.Uint32  // unicast TTL
 	mttl   atomic.Uint32  // multicast TTL
+	// mcKernel sends multicast through the kernel socket: for the
+	// kernel's loopback copy to this host's receivers (IP_MULTICAST_LOOP),
+	// or another interface (IP_MULTICAST_IF).
+	mcKernel atomic.Bool
 	rxLim  atomic.Int64   // payload bytes the receive queue may hold
 
 	rules  []steer.RuleID
@@ -194,6 +198,7 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	n.Counters = c.Counters
 	n.ttl.Store(c.ttl.Load())
 	n.mttl.Store(c.mttl.Load())
+	n.mcKernel.Store(c.mcKernel.Load())
 	n.rxLim.Store(c.rxLim.Load())
 	st.rxMu.Lock()
 	var it rxItem
@@ -857,8 +862,9 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 	if err != nil {
 		return 0, c.sendErr(to, err)
 	}
-	if hop.viaKernel {
-		// Not behind our interface: the kernel routes it.
+	if hop.viaKernel || to.Addr().IsMulticast() && c.mcKernel.Load() {
+		// Not behind our interface, or multicast the kernel must loop
+		// back: the kernel sends it.
 		for i, b := range msgs {
 			if err := c.sendKernel(b, to); err != nil {
 				return i, err
@@ -918,6 +924,13 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 	}
 	return sent, nil
 }
+
+// SetMulticastViaKernel makes the socket's multicast go through its kernel
+// socket (on) or the stack (off, the default). The stack's own multicast
+// reaches the wire only: a receiver on this host gets no copy, which the
+// kernel makes when IP_MULTICAST_LOOP is on; and it leaves by the stack's
+// interface, whatever IP_MULTICAST_IF names.
+func (c *UDPConn) SetMulticastViaKernel(on bool) { c.mcKernel.Store(on) }
 
 // LocalAddr implements net.PacketConn.
 func (c *UDPConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.local) }

@@ -110,6 +110,8 @@ type Socket struct {
 	rcvbuf int          // SO_RCVBUF asked, 0: none
 	ttl    int          // IP_TTL asked, -1: none
 	mttl   int          // IP_MULTICAST_TTL asked, -1: none
+	mcLoop bool         // IP_MULTICAST_LOOP
+	mcIf   string       // IP_MULTICAST_IF's interface, "": by route
 	groups []netip.Addr // joined by the kernel while a candidate
 	fds    []int        // the fds naming it (dup), guarded by Engine.mu
 }
@@ -190,7 +192,12 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: fd beyond %d", fd, MaxFD-1)
 		return StateOS
 	}
-	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, fds: []int{fd}}
+	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, mcLoop: e.p.TxMCLoopback, fds: []int{fd}}
+	if !s.mcLoop {
+		// The kernel socket's default follows the parameter too, so that
+		// getsockopt and the kernel's own sends agree with it.
+		unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 0)
+	}
 	s.nonblock.Store(nonblock)
 	e.fds[fd].Store(s)
 	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
@@ -327,7 +334,12 @@ func (e *Engine) notOffloaded(s *Socket, reason string) State {
 	return StateKernel
 }
 
+func (e *Engine) applyMulticast(s *Socket, c *stack.UDPConn) {
+	c.SetMulticastViaKernel(s.mcLoop || s.mcIf != "" && s.mcIf != c.Stack().Interface())
+}
+
 func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
+	e.applyMulticast(s, c)
 	if s.rcvbuf > 0 {
 		c.SetRxBytesLimit(s.rcvbuf)
 	}
@@ -594,6 +606,45 @@ func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
 	}
 	if c := s.conn.Load(); c != nil {
 		c.SetTTL(uint8(ttl), multicast)
+	}
+}
+
+// SetMulticastLoop follows IP_MULTICAST_LOOP: while it is on, the socket's
+// multicast goes through the kernel, which loops a copy back to this host.
+func (e *Engine) SetMulticastLoop(fd int, on bool) {
+	e.setMulticast(fd, func(s *Socket) { s.mcLoop = on })
+}
+
+// SetMulticastIf follows IP_MULTICAST_IF: ifindex, else ifaddr, names the
+// interface (neither: back to the route's). Multicast for an interface
+// other than the socket's stack's goes through the kernel.
+func (e *Engine) SetMulticastIf(fd int, ifaddr netip.Addr, ifindex int) {
+	var name string
+	if ifindex > 0 {
+		if l, err := netlink.LinkByIndex(ifindex); err == nil {
+			name = l.Attrs().Name
+		} else {
+			name = fmt.Sprintf("ifindex %d", ifindex) // matches no stack
+		}
+	} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
+		var err error
+		if name, err = ifaceOwning(ifaddr); err != nil {
+			name = ifaddr.String()
+		}
+	}
+	e.setMulticast(fd, func(s *Socket) { s.mcIf = name })
+}
+
+func (e *Engine) setMulticast(fd int, set func(*Socket)) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set(s)
+	if c := s.conn.Load(); c != nil {
+		e.applyMulticast(s, c)
 	}
 }
 

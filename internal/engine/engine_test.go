@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -298,4 +299,72 @@ func TestEpollEdgeTriggered(t *testing.T) {
 		}
 	}
 	wait("LT, drained", lt, 0, 0)
+}
+
+// TestMulticastLoopback: with IP_MULTICAST_LOOP on (VMAXDP_TX_MC_LOOPBACK's
+// default) the multicast an offloaded socket sends goes through the kernel,
+// so a receiver on the same host gets it as well as the one across the
+// wire; with it off the engine sends it, and only the wire sees it.
+func TestMulticastLoopback(t *testing.T) {
+	bed, e, fd := offloaded(t, 9420, false)
+	group := netip.MustParseAddr("224.18.0.9")
+	listen := func(side testbed.Side) *net.UDPConn {
+		var c *net.UDPConn
+		err := bed.Do(side, func() error {
+			ifi, err := net.InterfaceByName(bed.Link(side))
+			if err != nil {
+				return err
+			}
+			c, err = net.ListenMulticastUDP("udp4", ifi, net.UDPAddrFromAddrPort(netip.AddrPortFrom(group, 9421)))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	local, remote := listen(testbed.B), listen(testbed.A)
+	got := func(c *net.UDPConn, want int, what string) {
+		t.Helper()
+		buf := make([]byte, 2048)
+		n := 0
+		for {
+			c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if _, err := c.Read(buf); err != nil {
+				break
+			}
+			n++
+		}
+		if n != want {
+			t.Errorf("%s got %d datagrams, want %d", what, n, want)
+		}
+	}
+	c := e.Conn(fd)
+	send := func() {
+		t.Helper()
+		for range 5 {
+			if _, errno := e.Send(fd, make([]byte, 64), netip.AddrPortFrom(group, 9421), 0); errno != 0 {
+				t.Fatal(errno)
+			}
+		}
+	}
+	send()
+	got(local, 5, "loop on: the receiver on this host")
+	got(remote, 5, "loop on: the receiver across the wire")
+	if n := c.Counters.TxOSPackets.Load(); n != 5 {
+		t.Errorf("loop on: %d datagrams through the kernel, want 5", n)
+	}
+	e.SetMulticastLoop(fd, false)
+	send()
+	got(local, 0, "loop off: the receiver on this host")
+	got(remote, 5, "loop off: the receiver across the wire")
+	if n := c.Counters.TxOffloadPackets.Load(); n != 5 {
+		t.Errorf("loop off: %d datagrams offloaded, want 5", n)
+	}
+	e.SetMulticastIf(fd, netip.MustParseAddr("127.0.0.1"), 0)
+	send()
+	if n := c.Counters.TxOSPackets.Load(); n != 10 {
+		t.Errorf("IP_MULTICAST_IF lo: %d datagrams through the kernel, want 10", n)
+	}
 }
