@@ -72,7 +72,7 @@ type UDPConn struct {
 	// kernel's loopback copy to this host's receivers (IP_MULTICAST_LOOP),
 	// or another interface (IP_MULTICAST_IF).
 	mcKernel atomic.Bool
-	rxLim  atomic.Int64   // payload bytes the receive queue may hold
+	rxLim    atomic.Int64 // payload bytes the receive queue may hold
 
 	rules  []steer.RuleID
 	keys   []sockKey

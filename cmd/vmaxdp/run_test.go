@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,6 +68,82 @@ func buildC(t testing.TB, name string) string {
 		t.Skipf("no C compiler to build the test program: %v\n%s", err, out)
 	}
 	return prog
+}
+
+// cProgram is a C test program running under vmaxdp run in side B of a bed.
+type cProgram struct {
+	out  *sockperf.SyncBuffer
+	done chan error
+}
+
+// startC starts prog with args under vmaxdp run in b's side B, env added
+// to the environment, for at most 30 s.
+func startC(t *testing.T, b *testbed.Bed, prog string, env []string, args ...string) *cProgram {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", b.NSName(testbed.B), tools(t), "run", "--", prog}, args...)...)
+	cmd.Env = append(append(os.Environ(), "VMAXDP_TRACELEVEL=4"), env...)
+	p := &cProgram{out: &sockperf.SyncBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() { cancel(); <-p.done; p.done <- nil })
+	return p
+}
+
+// waitFor waits up to 10 s for the program to print line.
+func (p *cProgram) waitFor(line string) error {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.out.String(), line); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("program never printed %q", line)
+		}
+	}
+	return nil
+}
+
+// wait waits for the program to exit and checks that its socket was
+// offloaded (as fd 3: vmaxdp must not shift the application's fd
+// numbers) and that each of checks printed "ok CHECK".
+func (p *cProgram) wait(t *testing.T, b *testbed.Bed, checks ...string) {
+	t.Helper()
+	err := <-p.done
+	p.done <- err
+	log := p.out.String()
+	if !strings.Contains(log, "fd 3: offloaded on "+b.Link(testbed.B)) {
+		t.Errorf("the socket was not offloaded as fd 3: the checks did not reach the engine")
+	}
+	for _, check := range checks {
+		if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(check) + `\b`).MatchString(log) {
+			t.Errorf("check %s did not pass", check)
+		}
+	}
+	if err != nil || t.Failed() {
+		t.Errorf("program: %v\n%s", err, log)
+	}
+}
+
+// sendFromA sends each of msgs from side A to port on side B.
+func sendFromA(t *testing.T, b *testbed.Bed, port int, msgs ...string) {
+	t.Helper()
+	err := b.Do(testbed.A, func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for _, m := range msgs {
+			if _, err := c.Write([]byte(m)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestRunRefusesBadInput: vmaxdp run checks parameters and the rules file
@@ -262,29 +339,11 @@ func TestRunRuleKeepsSocketOnKernel(t *testing.T) {
 // an engine of its own (which finds the queue taken and says so).
 func TestRunForkExec(t *testing.T) {
 	testutil.RequireRoot(t)
-	vmaxdp := tools(t)
 	prog := buildC(t, "forkexec")
 	b := testutil.Bed(t, nil)
 	const port = 11150
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
-	cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4")
-	out := &sockperf.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	waitFor := func(line string) error {
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), line); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("program never printed %q", line)
-			}
-		}
-		return nil
-	}
+	p := startC(t, b, prog, nil, strconv.Itoa(port))
+	waitFor := p.waitFor
 	err := b.Do(testbed.A, func() error {
 		c, err := net.ListenUDP("udp4", nil)
 		if err != nil {
@@ -325,19 +384,11 @@ func TestRunForkExec(t *testing.T) {
 		return exchange(port+1, "three", "three")
 	})
 	if err != nil {
-		cancel()
-		<-done
-		t.Fatalf("%v\nprogram output:\n%s", err, out.String())
+		t.Fatalf("%v\nprogram output:\n%s", err, p.out.String())
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("program: %v\n%s", err, out.String())
-	}
-	log := out.String()
-	if !strings.Contains(log, "fd 3: offloaded on "+b.Link(testbed.B)) {
-		t.Errorf("the parent's socket was not offloaded:\n%s", log)
-	}
-	if !strings.Contains(log, "not offloaded") {
-		t.Errorf("the child's engine did not say why its socket stayed on the kernel:\n%s", log)
+	p.wait(t, b)
+	if !strings.Contains(p.out.String(), "not offloaded") {
+		t.Errorf("the child's engine did not say why its socket stayed on the kernel:\n%s", p.out.String())
 	}
 }
 
@@ -348,56 +399,19 @@ func TestRunForkExec(t *testing.T) {
 // reads back its own handlers.
 func TestRunSignals(t *testing.T) {
 	testutil.RequireRoot(t)
-	vmaxdp := tools(t)
 	prog := buildC(t, "signals")
 	b := testutil.Bed(t, nil)
 	for i, mode := range []struct{ name, poll string }{{"spinning", "-1"}, {"sleeping", "0"}} {
 		t.Run(mode.name, func(t *testing.T) {
 			port := 11160 + i
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
-			cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4", "VMAXDP_RX_POLL="+mode.poll, "VMAXDP_SELECT_POLL="+mode.poll)
-			out := &sockperf.SyncBuffer{}
-			cmd.Stdout, cmd.Stderr = out, out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
+			p := startC(t, b, prog, []string{"VMAXDP_RX_POLL=" + mode.poll, "VMAXDP_SELECT_POLL=" + mode.poll}, strconv.Itoa(port))
 			// The restart check waits for a datagram sent after its
 			// alarm (50 ms) has come.
-			for deadline := time.Now().Add(20 * time.Second); !strings.Contains(out.String(), "restart waiting"); time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) || strings.Contains(out.String(), "FAIL watchdog") {
-					break
-				}
+			if err := p.waitFor("restart waiting"); err == nil {
+				time.Sleep(300 * time.Millisecond)
+				sendFromA(t, b, port, "wake")
 			}
-			time.Sleep(300 * time.Millisecond)
-			err := b.Do(testbed.A, func() error {
-				c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))))
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				_, err = c.Write([]byte("wake"))
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = <-done
-			log := out.String()
-			if !strings.Contains(log, fmt.Sprintf("fd 3: offloaded on %s", b.Link(testbed.B))) {
-				t.Errorf("the socket was not offloaded: the checks did not reach the engine")
-			}
-			for _, check := range []string{"sigwait", "sigaction", "signal", "recvfrom", "poll", "select", "epoll_wait", "ppoll", "restart"} {
-				if !strings.Contains(log, "ok "+check+"\n") {
-					t.Errorf("check %s did not pass", check)
-				}
-			}
-			if err != nil || t.Failed() {
-				t.Errorf("program: %v\n%s", err, log)
-			}
+			p.wait(t, b, "sigwait", "sigaction", "signal", "recvfrom", "poll", "select", "epoll_wait", "ppoll", "restart")
 		})
 	}
 }
@@ -407,60 +421,20 @@ func TestRunSignals(t *testing.T) {
 // testdata/recvmmsg.c) and MSG_WAITFORONE.
 func TestRunRecvmmsg(t *testing.T) {
 	testutil.RequireRoot(t)
-	vmaxdp := tools(t)
 	prog := buildC(t, "recvmmsg")
 	b := testutil.Bed(t, nil)
 	const port = 11170
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", b.NSName(testbed.B), vmaxdp, "run", "--", prog, strconv.Itoa(port))
-	cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4")
-	out := &sockperf.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	send := func(after string, msgs ...string) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), after+"\n"); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("program never printed %q:\n%s", after, out.String())
-			}
-		}
-		err := b.Do(testbed.A, func() error {
-			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			for _, m := range msgs {
-				if _, err := c.Write(append([]byte(m), 0)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
+	p := startC(t, b, prog, nil, strconv.Itoa(port))
+	for _, step := range []struct {
+		after string
+		msgs  []string
+	}{{"ready\n", []string{"one\x00", "two\x00", "thr\x00"}}, {"waitforone\n", []string{"four\x00", "five\x00"}}} {
+		if err := p.waitFor(step.after); err != nil {
 			t.Fatal(err)
 		}
+		sendFromA(t, b, port, step.msgs...)
 	}
-	send("ready", "one", "two", "thr")
-	send("waitforone", "four", "five")
-	err := <-done
-	log := out.String()
-	if !strings.Contains(log, "fd 3: offloaded on "+b.Link(testbed.B)) {
-		t.Errorf("the socket was not offloaded")
-	}
-	for _, check := range []string{"timeout", "waitforone"} {
-		if !strings.Contains(log, "ok "+check+":") {
-			t.Errorf("check %s did not pass", check)
-		}
-	}
-	if err != nil || t.Failed() {
-		t.Errorf("program: %v\n%s", err, log)
-	}
+	p.wait(t, b, "timeout", "waitforone")
 }
 
 // BenchmarkCrossing measures what a call costs an application by the path

@@ -148,19 +148,22 @@ func appendStack(stacks []*stack.Stack, st *stack.Stack) []*stack.Stack {
 	return append(stacks, st)
 }
 
-// setMask sets the thread's signal mask to sigmask (ppoll, pselect,
-// epoll_pwait) for a whole call and not only its sleep, so that a signal
-// sigmask lets through ends the spinning too; restoreMask undoes it.
-func setMask(sigmask *unix.Sigset_t) (old unix.Sigset_t, errno unix.Errno) {
+// beginMux starts a multiplexer's wait: it sets the thread's signal mask
+// to sigmask (ppoll, pselect, epoll_pwait) for the whole call and not only
+// its sleep, so that a signal sigmask lets through ends the spinning too;
+// restoreMask undoes it. The wait begins first: a signal that setting the
+// mask unblocks is taken at once and must count.
+func beginMux(sigmask *unix.Sigset_t, sig *stack.Signals) (sw stack.SignalWait, old unix.Sigset_t, errno unix.Errno) {
+	sw = sig.Begin(false)
 	if sigmask == nil {
-		return old, 0
+		return sw, old, 0
 	}
 	runtime.LockOSThread() // the mask is the thread's
 	if err := unix.PthreadSigmask(unix.SIG_SETMASK, sigmask, &old); err != nil {
 		runtime.UnlockOSThread()
-		return old, errnoOf(err)
+		return sw, old, errnoOf(err)
 	}
-	return old, 0
+	return sw, old, 0
 }
 
 func restoreMask(sigmask *unix.Sigset_t, old *unix.Sigset_t) {
@@ -174,10 +177,7 @@ func restoreMask(sigmask *unix.Sigset_t, old *unix.Sigset_t) {
 // of which are engine sockets. timeout < 0 waits for ever. sig counts the
 // handlers of the calling thread's signals (nil: none end the wait).
 func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigmask *unix.Sigset_t, sig *stack.Signals) (int, unix.Errno) {
-	// Begin first: a signal that setting the mask unblocks is taken at
-	// once and must count.
-	sw := sig.Begin(false)
-	old, errno := setMask(sigmask)
+	sw, old, errno := beginMux(sigmask, sig)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -332,8 +332,7 @@ func (e *Engine) epollState(epfd int) State {
 // EpollWait serves epoll_wait and epoll_pwait on an epoll fd with engine
 // members, with EPOLLET and EPOLLONESHOT as the kernel serves them.
 func (e *Engine) EpollWait(epfd int, out []unix.EpollEvent, timeout time.Duration, sigmask *unix.Sigset_t, sig *stack.Signals) (int, unix.Errno) {
-	sw := sig.Begin(false)
-	old, errno := setMask(sigmask)
+	sw, old, errno := beginMux(sigmask, sig)
 	if errno != 0 {
 		return 0, errno
 	}
