@@ -40,14 +40,14 @@ func kernelSendTo(fd int, b []byte, to netip.AddrPort) unix.Errno {
 	return e
 }
 
-// Ppoll is ppoll(2) that the Go runtime's own preemption signal (SIGURG)
+// ppoll is ppoll(2) that the Go runtime's own preemption signal (SIGURG)
 // cannot interrupt: an application's poll or blocking recvfrom served by
 // vmaxdp must not return EINTR when the application got no signal. SIGURG
 // is added to the mask (the thread's own when mask is nil) for the wait and
 // delivered when ppoll returns; every other signal interrupts it as it
 // would the application's own call. (unix.Ppoll cannot carry a mask: it
 // passes a sigsetsize of 0, which the kernel refuses with EINVAL.)
-func Ppoll(pfds []unix.PollFd, ts *unix.Timespec, mask *unix.Sigset_t) (int, error) {
+func ppoll(pfds []unix.PollFd, ts *unix.Timespec, mask *unix.Sigset_t) (int, error) {
 	var m unix.Sigset_t
 	if mask != nil {
 		m = *mask

@@ -48,21 +48,23 @@ func (s *Signals) Begin(restartable bool) SignalWait {
 // Interrupted reports whether a handler that ends the wait has run.
 func (w *SignalWait) Interrupted() bool { return w.s != nil && w.watch.Load() != w.seen }
 
-// Ppoll sleeps in ppoll(2) (see Ppoll for mask) unless the wait is already
-// interrupted. Every signal is blocked from the last look at the counters
-// to the ppoll, which unblocks them atomically: a signal that comes after
-// the look still ends the sleep. It returns unix.EINTR when the wait is
-// interrupted, and nil when only restarting handlers ended the sleep. With
-// no Signals it is Ppoll.
-func (w *SignalWait) Ppoll(pfds []unix.PollFd, ts *unix.Timespec, mask *unix.Sigset_t) (int, error) {
+// Ppoll sleeps in ppoll(2) with the thread's signal mask (a multiplexer
+// with a mask of its own sets it on the thread for the whole call), plus
+// SIGURG (see ppoll), unless the wait is already interrupted. Every signal
+// is blocked from the last look at the counters to the ppoll, which
+// unblocks them atomically: a signal that comes after the look still ends
+// the sleep. It returns unix.EINTR when the wait is interrupted, and nil
+// when only restarting handlers ended the sleep. With no Signals it is a
+// plain sleep, and a signal's EINTR is the caller's to take or ignore.
+func (w *SignalWait) Ppoll(pfds []unix.PollFd, ts *unix.Timespec) (int, error) {
 	if w.s == nil {
-		return Ppoll(pfds, ts, mask)
+		return ppoll(pfds, ts, nil)
 	}
 	runtime.LockOSThread() // the mask is the thread's
 	defer runtime.UnlockOSThread()
 	var all, old unix.Sigset_t
 	for i := range all.Val {
-		all.Val[i] = ^all.Val[i]
+		all.Val[i] = ^all.Val[i] // every bit, whatever the word size
 	}
 	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &all, &old); err != nil {
 		return 0, err
@@ -71,10 +73,7 @@ func (w *SignalWait) Ppoll(pfds []unix.PollFd, ts *unix.Timespec, mask *unix.Sig
 	if w.Interrupted() {
 		return 0, unix.EINTR
 	}
-	if mask == nil {
-		mask = &old
-	}
-	n, err := Ppoll(pfds, ts, mask)
+	n, err := ppoll(pfds, ts, &old)
 	// A handler vmaxdp does not wrap (installed by a raw system call) is
 	// not counted: its EINTR stands.
 	if err == unix.EINTR && !w.Interrupted() && w.s.Any.Load() != w.seenAny {

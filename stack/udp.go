@@ -755,7 +755,7 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 		tsv = unix.NsecToTimespec(left)
 		ts = &tsv
 	}
-	_, err := sw.Ppoll(pfds[:n], ts, nil)
+	_, err := sw.Ppoll(pfds[:n], ts)
 	if err == unix.EINTR && sw.s != nil {
 		return c.readErr(unix.EINTR)
 	}

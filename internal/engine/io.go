@@ -99,7 +99,7 @@ func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, deadline time.Tim
 		}
 		ts := unix.NsecToTimespec(wait.Nanoseconds())
 		pfd := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
-		if _, err := sw.Ppoll(pfd, &ts, nil); err == unix.EINTR {
+		if _, err := sw.Ppoll(pfd, &ts); err == unix.EINTR {
 			return 0, 0, from, unix.EINTR
 		}
 	}

@@ -115,7 +115,7 @@ func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infi
 		t := unix.NsecToTimespec(max(time.Until(deadline).Nanoseconds(), 0))
 		ts = &t
 	}
-	_, err := sw.Ppoll(all, ts, nil)
+	_, err := sw.Ppoll(all, ts)
 	if err != nil {
 		return errnoOf(err)
 	}
