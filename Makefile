@@ -10,7 +10,7 @@ BPF_CFLAGS := -O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu
 DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium
 STAMP     := .deps.stamp
 
-.PHONY: help deps build generate check-generate test test-short bench fuzz demo lint clean
+.PHONY: help deps build generate check-generate test test-short test-race bench fuzz demo lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -44,7 +44,15 @@ lint: ## gofmt and go vet
 
 test: $(STAMP) lint check-generate ## all tests, privileged ones on real veth test beds (root)
 	$(GO) test -count=1 -timeout 15m ./...
+	$(MAKE) --no-print-directory test-race
 	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
+
+# The packages whose calls run concurrently on one socket (the engine serves
+# every thread of an application) run again under the race detector.
+RACE_PKGS := ./stack/... ./xsk/... ./steer/... ./internal/engine/... ./internal/record/... ./stats/...
+
+test-race: $(STAMP) ## the engine's packages under the race detector
+	$(GO) test -race -count=1 -timeout 5m $(RACE_PKGS)
 
 test-short: ## tests without the fuzz pass and generate check
 	$(GO) test -count=1 ./...

@@ -387,8 +387,9 @@ func (st *Stack) removeSocket(c *UDPConn, keys ...sockKey) {
 	st.socks.Store(&m)
 }
 
-// Close closes every socket, detaches the steering program and closes the
-// queues.
+// Close closes every socket (waiting for the calls in them to leave),
+// detaches the steering program and closes the queues. It must not run
+// concurrently with Backends, BeginWait or EndWait.
 func (st *Stack) Close() error {
 	st.mu.Lock()
 	st.closed = true
@@ -408,10 +409,15 @@ func (st *Stack) Close() error {
 		errs = append(errs, st.prog.Close())
 		st.prog = nil
 	}
+	// Receives that find their socket's queue empty poll the rings under
+	// rxMu without entering the socket (a spinning reader's fast path pays
+	// no reference count), so the rings are closed under rxMu too.
+	st.rxMu.Lock()
 	for _, q := range st.queues {
 		errs = append(errs, q.be.Close())
 	}
 	st.queues = nil
+	st.rxMu.Unlock()
 	if st.nl != nil {
 		st.nl.Close()
 		st.nl = nil

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stack/header"
@@ -356,5 +358,62 @@ func TestMalformedFramesCounted(t *testing.T) {
 	pc, _ := st.Program().Counters()
 	if pc.ParseErrors != 1 { // the bad IHL never leaves XDP
 		t.Errorf("steering parse_errors = %d, want 1", pc.ParseErrors)
+	}
+}
+
+// Close returns only once every reader and sender has left the socket, so
+// that the descriptors it closes are never used after their number may be
+// reused; each of them returns net.ErrClosed.
+func TestCloseWaitsForCalls(t *testing.T) {
+	bed, st := bedStack(t, &stack.Options{RxPoll: stack.RxPollNever})
+	for round := range 20 {
+		c, err := st.ListenUDP(netip.AddrPortFrom(bed.Addr(testbed.B), uint16(9100+round)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 3)
+		go func() { // sleeps at once
+			_, _, err := c.ReadFromUDPAddrPort(make([]byte, 64))
+			errs <- err
+		}()
+		go func() { // polls without sleeping
+			b := make([]byte, 64)
+			for {
+				if _, _, _, err := c.RecvFrom(b, stack.RecvNonblock, time.Time{}, nil); !errors.Is(err, unix.EAGAIN) {
+					errs <- err
+					return
+				}
+			}
+		}()
+		go func() { // sends until closed
+			b := make([]byte, 64)
+			for {
+				if _, err := c.WriteToUDPAddrPort(b, netip.AddrPortFrom(bed.Addr(testbed.A), 9)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		deadline := time.Now().Add(5 * time.Second)
+		for stack.CallsInside(c) < 2 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Microsecond)
+		}
+		time.Sleep(time.Duration(round%4) * time.Millisecond) // the reader reaches its sleep in some rounds
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := stack.CallsInside(c); n != 0 {
+			t.Fatalf("round %d: Close returned with %d calls still using the socket's descriptors", round, n)
+		}
+		for range 3 {
+			select {
+			case err := <-errs:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("round %d: a call ended with %v, want net.ErrClosed", round, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("round %d: a call never returned", round)
+			}
+		}
 	}
 }

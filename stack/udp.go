@@ -85,10 +85,14 @@ type UDPConn struct {
 	rxBytes int
 	filter  RecvFilter
 
-	errAgain     error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
-	waiters      atomic.Int32
-	osPolls      atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
-	closed       atomic.Bool
+	errAgain error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
+	waiters  atomic.Int32
+	osPolls  atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
+	// use counts the calls in progress that use the socket's descriptors
+	// (kfd, evfd), with useClosing set once Close began; Close waits on
+	// left for them to leave before it closes the descriptors.
+	use          atomic.Int64
+	left         chan struct{}
 	readDeadline atomic.Int64 // unix nanoseconds, 0: none
 	txq          *queue
 	hop          atomic.Pointer[nextHop] // connected sockets: cached next hop
@@ -232,7 +236,7 @@ func (c *UDPConn) detach() {
 
 func (st *Stack) newConn(fd int, own bool) *UDPConn {
 	c := &UDPConn{st: st, ownFD: own, Counters: &SocketCounters{}, evfd: -1, txq: st.queues[0],
-		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity())}
+		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity()), left: make(chan struct{}, 1)}
 	c.kfd.Store(int32(fd))
 	c.ttl.Store(header.DefaultTTL)
 	c.mttl.Store(1) // the kernel's IP_MULTICAST_TTL default
@@ -310,6 +314,10 @@ func (c *UDPConn) JoinGroup(group netip.Addr) error {
 	if !group.Is4() || !group.IsMulticast() {
 		return fmt.Errorf("udp %s: join %s: not an IPv4 multicast group", c.local, group)
 	}
+	if !c.enter() {
+		return net.ErrClosed
+	}
+	defer c.leave()
 	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
 	if err := unix.SetsockoptIPMreqn(c.FD(), unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
 		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
@@ -344,6 +352,10 @@ func (c *UDPConn) SteerGroup(group netip.Addr) error {
 
 // LeaveGroup leaves a group joined with JoinGroup.
 func (c *UDPConn) LeaveGroup(group netip.Addr) error {
+	if !c.enter() {
+		return net.ErrClosed
+	}
+	defer c.leave()
 	if id, ok := c.groups[group]; ok {
 		delete(c.groups, group)
 		c.st.prog.RemoveRule(id)
@@ -614,7 +626,11 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n
 	if flags&RecvPeek != 0 {
 		rf = unix.MSG_PEEK
 	}
+	if !c.enter() {
+		return 0, 0, from, false, net.ErrClosed
+	}
 	full, from, e := KernelRecvFrom(c.FD(), b, rf)
+	c.leave()
 	if e == unix.EAGAIN {
 		return 0, 0, from, false, nil
 	}
@@ -659,7 +675,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		}
 	}
 	for i := 1; ; i++ {
-		if c.closed.Load() {
+		if c.closing() {
 			return 0, 0, netip.AddrPort{}, net.ErrClosed
 		}
 		if n, full, from, ok := c.tryOffload(b, zc, flags&RecvPeek != 0); ok {
@@ -718,6 +734,10 @@ func (c *UDPConn) countPoll(slept bool) {
 // queueing, so no datagram can arrive unseen between the two.
 func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	st := c.st
+	if !c.enter() {
+		return net.ErrClosed
+	}
+	defer c.leave()
 	if c.evfd < 0 {
 		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 		if err != nil {
@@ -734,7 +754,9 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	c.waiters.Add(1)
 	defer c.waiters.Add(-1)
 	st.rxMu.Lock()
-	ready := c.rxLen > 0 || st.pollLocked() > 0 && c.rxLen > 0
+	// Close marks the socket closing before it wakes evfd under rxMu: a
+	// reader that made evfd after that wake sees the mark here.
+	ready := c.closing() || c.rxLen > 0 || st.pollLocked() > 0 && c.rxLen > 0
 	st.rxMu.Unlock()
 	if ready {
 		return nil
@@ -851,9 +873,10 @@ func (c *UDPConn) sendKernel(b []byte, to netip.AddrPort) error {
 }
 
 func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
-	if c.closed.Load() {
+	if !c.enter() {
 		return 0, net.ErrClosed
 	}
+	defer c.leave()
 	if !to.Addr().Is4() {
 		return 0, c.sendErr(to, unix.EAFNOSUPPORT)
 	}
@@ -976,10 +999,38 @@ func (c *UDPConn) SetReadDeadline(t time.Time) error {
 // transmit ring gives ENOBUFS), so there is nothing for it to bound.
 func (c *UDPConn) SetWriteDeadline(time.Time) error { return nil }
 
+// useClosing is the bit of UDPConn.use that Close sets.
+const useClosing = 1 << 62
+
+// enter begins a call that uses the socket's descriptors; it returns false
+// once Close began. Close leaves the descriptors open until every such call
+// has left, so that no call ever uses a descriptor number that was closed
+// and given to another file meanwhile.
+func (c *UDPConn) enter() bool {
+	if c.use.Add(1)&useClosing != 0 {
+		c.leave()
+		return false
+	}
+	return true
+}
+
+func (c *UDPConn) leave() {
+	if c.use.Add(-1) == useClosing {
+		select {
+		case c.left <- struct{}{}:
+		default: // Close has a wakeup pending already
+		}
+	}
+}
+
+func (c *UDPConn) closing() bool { return c.use.Load()&useClosing != 0 }
+
 // Close removes the socket's rules, returns its queued frames and closes
-// its kernel socket. A reader blocked in the socket returns net.ErrClosed.
+// its kernel socket. Readers in the socket return net.ErrClosed, and Close
+// returns once they have left: the descriptors they used are closed after
+// that, and never under them.
 func (c *UDPConn) Close() error {
-	if c.closed.Swap(true) {
+	if c.use.Or(useClosing)&useClosing != 0 {
 		return net.ErrClosed
 	}
 	st := c.st
@@ -1003,11 +1054,16 @@ func (c *UDPConn) Close() error {
 		st.flushLocked(q)
 	}
 	c.wake()
+	st.rxMu.Unlock()
+	// Readers leave quickly: a sleeping one was just woken, a polling one
+	// looks at the mark on every turn.
+	for c.use.Load() != useClosing {
+		<-c.left
+	}
 	if c.evfd >= 0 {
 		unix.Close(c.evfd)
 		c.evfd = -1
 	}
-	st.rxMu.Unlock()
 	if fd := c.FD(); fd >= 0 && c.ownFD {
 		errs = append(errs, unix.Close(fd))
 	}

@@ -110,6 +110,7 @@ type Socket struct {
 	txFree               []uint64      // stack of free transmit frame addresses
 	txOutstanding        uint32        // frames on the TX or completion ring
 	txFreeN              atomic.Uint32 // len(txFree), for Pools from other goroutines
+	txSize               uint32        // the transmit half of the UMEM, in frames
 	fillHeld             []uint64      // RX frames waiting for room on the fill ring
 	Counters             Counters
 }
@@ -211,7 +212,8 @@ func (s *Socket) setup(o Options) error {
 	}
 	s.fill.submit(n)
 	s.fillHeld = make([]uint64, 0, half)
-	s.txFree = make([]uint64, 0, o.NumFrames-half)
+	s.txSize = o.NumFrames - half
+	s.txFree = make([]uint64, 0, s.txSize)
 	for i := half; i < o.NumFrames; i++ {
 		s.txFree = append(s.txFree, uint64(i)*uint64(o.FrameSize))
 	}
@@ -412,7 +414,7 @@ func (s *Socket) Occupancy() RingOccupancy {
 // Pools reads the buffer pools' sizes and free frames.
 func (s *Socket) Pools() Pools {
 	return Pools{RingSize: s.fill.size, RxSize: s.fill.size, RxFree: s.fill.occupancy(),
-		TxSize: uint32(cap(s.txFree)), TxFree: s.txFreeN.Load()}
+		TxSize: s.txSize, TxFree: s.txFreeN.Load()}
 }
 
 // Close unmaps the rings and UMEM and closes the socket.

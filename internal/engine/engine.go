@@ -114,6 +114,9 @@ type Socket struct {
 	mcIf   string       // IP_MULTICAST_IF's interface, "": by route
 	groups []netip.Addr // joined by the kernel while a candidate
 	fds    []int        // the fds naming it (dup), guarded by Engine.mu
+	// kernelReads are the fds a candidate's receives are reading from the
+	// kernel now, one entry per receive.
+	kernelReads []int
 }
 
 // New starts an engine: it reads the parameters and the rules file, and
@@ -494,7 +497,8 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 
 // Close forgets fd. Its socket's offload ends when no other fd names it
 // (dup); when the closing fd is the one the stack reads, the socket moves
-// to a remaining fd with its queued datagrams.
+// to a remaining fd with its queued datagrams. It returns once no receive
+// uses fd any more, so the application may close fd then.
 func (e *Engine) Close(fd int) {
 	if fd < 0 || fd >= MaxFD {
 		return
@@ -517,24 +521,36 @@ func (e *Engine) Close(fd int) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A candidate's receive on fd ends within candidateSlice, and no new
+	// one starts: fd no longer names s.
+	for slices.Contains(s.kernelReads, fd) {
+		s.mu.Unlock()
+		time.Sleep(100 * time.Microsecond)
+		s.mu.Lock()
+	}
+	if s.fd != fd {
+		return // a dup closes
+	}
 	c := s.conn.Load()
-	if c == nil || c.FD() != fd {
-		return // a dup closes, or the kernel serves it
+	switch {
+	case len(others) == 0:
+		if c != nil {
+			c.Close()
+			s.conn.Store(nil)
+			e.Log.Printf(params.LevelDebug, "fd %d: closed", fd)
+		}
+	case c == nil:
+		s.fd = others[0] // decisions to come adopt a remaining fd
+	default:
+		nc, err := c.Reopen(others[0])
+		s.fd = others[0]
+		if err != nil {
+			s.conn.Store(nil)
+			e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached: %v", fd, others[0], err))
+			return
+		}
+		s.conn.Store(nc)
 	}
-	if len(others) == 0 {
-		c.Close()
-		s.conn.Store(nil)
-		e.Log.Printf(params.LevelDebug, "fd %d: closed", fd)
-		return
-	}
-	nc, err := c.Reopen(others[0])
-	if err != nil {
-		s.conn.Store(nil)
-		e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached: %v", fd, others[0], err))
-		return
-	}
-	s.fd = others[0]
-	s.conn.Store(nc)
 }
 
 // Dup makes newfd name oldfd's socket (dup, dup2, dup3, F_DUPFD).

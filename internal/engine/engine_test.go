@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,10 +23,8 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
 
-// offloaded brings up a bed and an engine with one UDP socket on side B
-// bound to port and offloaded, as the preload library would: socket, the
-// kernel's bind, then Bind.
-func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, int) {
+// newEngine brings up a bed and an engine, closed with the test.
+func newEngine(tb testing.TB) (*testbed.Bed, *Engine) {
 	tb.Helper()
 	bed := testutil.Bed(tb, nil)
 	p := params.Defaults()
@@ -37,16 +36,49 @@ func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, i
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() {
+		e.Shutdown()
+		e.mu.Lock()
+		for _, st := range e.stacks {
+			st.Close()
+		}
+		e.mu.Unlock()
+	})
+	return bed, e
+}
+
+// socketB opens a UDP socket in side B's namespace and records it with e,
+// as the preload library would; it is closed with the test.
+func socketB(tb testing.TB, bed *testbed.Bed, e *Engine, nonblock bool) int {
+	tb.Helper()
 	typ := unix.SOCK_DGRAM | unix.SOCK_CLOEXEC
 	if nonblock {
 		typ |= unix.SOCK_NONBLOCK
 	}
 	var fd int
-	err = bed.Do(testbed.B, func() (err error) {
-		if fd, err = unix.Socket(unix.AF_INET, typ, 0); err != nil {
-			return err
-		}
-		e.Socket(fd, nonblock)
+	err := bed.Do(testbed.B, func() (err error) {
+		fd, err = unix.Socket(unix.AF_INET, typ, 0)
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e.Socket(fd, nonblock)
+	tb.Cleanup(func() {
+		e.Close(fd)
+		unix.Close(fd)
+	})
+	return fd
+}
+
+// offloaded brings up a bed and an engine with one UDP socket on side B
+// bound to port and offloaded, as the preload library would: socket, the
+// kernel's bind, then Bind.
+func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, int) {
+	tb.Helper()
+	bed, e := newEngine(tb)
+	fd := socketB(tb, bed, e, nonblock)
+	err := bed.Do(testbed.B, func() error {
 		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: bed.Addr(testbed.B).As4(), Port: port}); err != nil {
 			return err
 		}
@@ -56,16 +88,6 @@ func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, i
 		return nil
 	})
 	testutil.SkipIfNotSupported(tb, err)
-	tb.Cleanup(func() {
-		e.Close(fd)
-		unix.Close(fd)
-		e.Shutdown()
-		e.mu.Lock()
-		for _, st := range e.stacks {
-			st.Close()
-		}
-		e.mu.Unlock()
-	})
 	return bed, e, fd
 }
 
@@ -366,5 +388,107 @@ func TestMulticastLoopback(t *testing.T) {
 	send()
 	if n := c.Counters.TxOSPackets.Load(); n != 10 {
 		t.Errorf("IP_MULTICAST_IF lo: %d datagrams through the kernel, want 10", n)
+	}
+}
+
+// TestCloseUnderReceive: a receive blocked on a dup carries on when the
+// original fd closes (the socket moves under it), and a receive blocked on
+// the closing fd itself ends with EBADF before Close returns.
+func TestCloseUnderReceive(t *testing.T) {
+	bed, e, fd := offloaded(t, 9410, false)
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dup)
+	e.Dup(fd, dup)
+	type result struct {
+		n     int
+		errno unix.Errno
+	}
+	recvAsync := func(fd int) chan result {
+		got := make(chan result, 1)
+		go func() {
+			n, _, _, errno := e.Recv(fd, make([]byte, 2048), 0, time.Now().Add(10*time.Second), nil)
+			got <- result{n, errno}
+		}()
+		time.Sleep(20 * time.Millisecond) // into its wait
+		return got
+	}
+	onDup := recvAsync(dup)
+	e.Close(fd)
+	unix.Close(fd)
+	if err := testutil.SendUDP(bed, 9410, 1, 64); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-onDup:
+		if r.errno != 0 || r.n != 64 {
+			t.Fatalf("receive on dup %d across the close of fd %d: %d bytes, errno %v", dup, fd, r.n, r.errno)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("receive on the dup never returned")
+	}
+	onClosing := recvAsync(dup)
+	e.Close(dup)
+	select {
+	case r := <-onClosing:
+		if r.errno != unix.EBADF {
+			t.Fatalf("receive on fd %d closed under it: errno %v, want EBADF", dup, r.errno)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a receive on a closed fd never returned")
+	}
+}
+
+// TestCloseCandidate: a socket not yet decided follows its dup when the
+// original fd closes (the first send offloads the dup, not the closed fd),
+// and a receive from the kernel on a closing fd has ended when Close
+// returns, so the fd can be closed and reused under none.
+func TestCloseCandidate(t *testing.T) {
+	bed, e := newEngine(t)
+	fd := socketB(t, bed, e, false)
+	got := make(chan unix.Errno, 1)
+	go func() {
+		_, _, _, errno := e.Recv(fd, make([]byte, 64), 0, time.Now().Add(10*time.Second), nil)
+		got <- errno
+	}()
+	time.Sleep(20 * time.Millisecond) // into its wait
+	s := e.get(fd)
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dup)
+	e.Dup(fd, dup)
+	e.Close(fd)
+	s.mu.Lock()
+	reads := slices.Clone(s.kernelReads)
+	s.mu.Unlock()
+	if slices.Contains(reads, fd) {
+		t.Fatalf("Close(%d) returned while a receive still reads it (%v)", fd, reads)
+	}
+	unix.Close(fd)
+	select {
+	case errno := <-got:
+		if errno != unix.EBADF {
+			t.Fatalf("receive on fd %d closed under it: errno %v, want EBADF", fd, errno)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a receive on a closed fd never returned")
+	}
+	to := netip.AddrPortFrom(bed.Addr(testbed.A), 9)
+	err = bed.Do(testbed.B, func() error {
+		if st := e.PrepareSend(dup, to); st != StateOffloaded {
+			t.Fatalf("first send on dup %d: state %d, reason %q", dup, st, e.Reason(dup))
+		}
+		return nil
+	})
+	testutil.SkipIfNotSupported(t, err)
+	if c := e.Conn(dup); c == nil || c.FD() != dup {
+		t.Fatalf("the first send offloaded %v, want the socket on fd %d", c, dup)
+	}
+	if _, errno := e.Send(dup, make([]byte, 64), to, 0); errno != 0 {
+		t.Fatalf("send on the offloaded dup: %v", errno)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,7 +34,7 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 	}
 	c := s.conn.Load()
 	if c == nil {
-		return e.recvCandidate(s, b, flags, deadline, sig)
+		return e.recvCandidate(fd, s, b, flags, deadline, sig)
 	}
 	var rf stack.RecvFlags
 	if s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0 {
@@ -48,10 +49,17 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 		rf |= stack.RecvCheckOS
 	}
 	n, full, from, err := c.RecvFrom(b, rf, deadline, sig)
-	if err != nil && errors.Is(err, net.ErrClosed) && s.conn.Load() != c {
+	if err != nil && errors.Is(err, net.ErrClosed) && e.get(fd) == s {
 		// Reopened (connect, or its fd closed under a dup) while this
-		// receive waited: go on with the socket's new stack socket.
-		return e.Recv(fd, b, flags, deadline, sig)
+		// receive waited: go on with the socket's new stack socket, or
+		// with the kernel if it could not be re-attached. Reopen runs
+		// under s.mu and closes c before it stores the new one.
+		s.mu.Lock()
+		now := s.conn.Load()
+		s.mu.Unlock()
+		if now != c {
+			return e.Recv(fd, b, flags, deadline, sig)
+		}
 	}
 	return n, full, from, errnoOf(err)
 }
@@ -61,9 +69,9 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 // and steer its datagrams away from the kernel socket the wait watches.
 const candidateSlice = 10 * time.Millisecond
 
-// recvCandidate receives on a socket not yet decided: from the kernel
+// recvCandidate receives on fd, a socket not yet decided: from the kernel
 // socket, until offload attaches.
-func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, deadline time.Time, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
+func (e *Engine) recvCandidate(fd int, s *Socket, b []byte, flags int, deadline time.Time, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	nonblock := s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
 	if t := s.rcvtimeo.Load(); t > 0 && !nonblock && deadline.IsZero() {
 		deadline = time.Now().Add(time.Duration(t))
@@ -71,7 +79,7 @@ func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, deadline time.Tim
 	sw := sig.Begin(deadline.IsZero())
 	for {
 		if s.conn.Load() != nil {
-			return e.Recv(s.fd, b, flags, deadline, sig)
+			return e.Recv(fd, b, flags, deadline, sig)
 		}
 		s.mu.Lock()
 		st := s.state
@@ -82,27 +90,50 @@ func (e *Engine) recvCandidate(s *Socket, b []byte, flags int, deadline time.Tim
 		case StateKernel:
 			return 0, 0, from, ErrPassOS
 		}
-		full, from, errno = stack.KernelRecvFrom(s.fd, b, flags&^unix.MSG_TRUNC)
-		if errno != unix.EAGAIN {
-			return min(full, len(b)), full, from, errno
-		}
-		if nonblock {
-			return 0, 0, from, unix.EAGAIN
-		}
 		wait := candidateSlice
 		if !deadline.IsZero() {
-			left := time.Until(deadline)
-			if left <= 0 {
-				return 0, 0, from, unix.EAGAIN
-			}
-			wait = min(wait, left)
+			wait = min(wait, time.Until(deadline))
 		}
-		ts := unix.NsecToTimespec(wait.Nanoseconds())
-		pfd := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
-		if _, err := sw.Ppoll(pfd, &ts); err == unix.EINTR {
-			return 0, 0, from, unix.EINTR
+		var ready bool
+		if ready, full, from, errno = e.candidateTurn(fd, s, b, flags, nonblock, wait, &sw); ready {
+			return min(full, len(b)), full, from, errno
+		}
+		if nonblock || !deadline.IsZero() && time.Until(deadline) <= 0 {
+			return 0, 0, from, unix.EAGAIN
 		}
 	}
+}
+
+// candidateTurn reads fd's kernel socket once and, when it has nothing and
+// the call blocks, waits for it up to wait. It runs only while fd names s,
+// and Close waits for it to end before the application closes fd: it never
+// reads a descriptor number that was closed and reused meanwhile.
+func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock bool, wait time.Duration, sw *stack.SignalWait) (ready bool, full int, from netip.AddrPort, errno unix.Errno) {
+	s.mu.Lock()
+	if e.get(fd) != s {
+		s.mu.Unlock()
+		return true, 0, from, unix.EBADF
+	}
+	s.kernelReads = append(s.kernelReads, fd)
+	s.mu.Unlock()
+	defer s.endKernelRead(fd)
+	full, from, errno = stack.KernelRecvFrom(fd, b, flags&^unix.MSG_TRUNC)
+	if errno != unix.EAGAIN || nonblock || wait <= 0 {
+		return errno != unix.EAGAIN, full, from, errno
+	}
+	ts := unix.NsecToTimespec(wait.Nanoseconds())
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if _, err := sw.Ppoll(pfd, &ts); err == unix.EINTR {
+		return true, 0, from, unix.EINTR
+	}
+	return false, 0, from, 0
+}
+
+func (s *Socket) endKernelRead(fd int) {
+	s.mu.Lock()
+	i := slices.Index(s.kernelReads, fd)
+	s.kernelReads = slices.Delete(s.kernelReads, i, i+1)
+	s.mu.Unlock()
 }
 
 // Pending is FIONREAD: the length of fd's next datagram, or 0.

@@ -1,0 +1,4 @@
+package stack
+
+// CallsInside is how many calls are using c's descriptors now.
+func CallsInside(c *UDPConn) int64 { return c.use.Load() &^ useClosing }
