@@ -693,8 +693,14 @@ func (b *builder) counter(c *tracefile.Counters) {
 			if len(b.counters) >= MaxKeys {
 				continue
 			}
-			b.counters[k] = &counterState{prev: v}
-			continue
+			s = &counterState{}
+			b.counters[k] = s
+			if len(b.intervals) <= 1 {
+				s.prev = v // the recording's first snapshot: the baseline
+				continue
+			}
+			// A counter that appeared during the recording (a socket, a
+			// queue, a device) started from zero within it.
 		}
 		d := v - s.prev
 		if v < s.prev {
@@ -722,7 +728,7 @@ func interesting(source, name string) bool {
 		return name == "dropped" || name == "time_squeeze" || name == "flow_limit_count"
 	}
 	n := strings.ToLower(name)
-	for _, w := range []string{"drop", "miss", "err", "fifo", "full", "empty", "squeeze", "fail", "noports", "discard", "invalid", "over"} {
+	for _, w := range []string{"drop", "miss", "err", "fifo", "full", "empty", "squeeze", "fail", "noports", "discard", "invalid", "over", "no_bufs", "no_space"} {
 		if strings.Contains(n, w) {
 			return true
 		}

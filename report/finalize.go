@@ -322,6 +322,11 @@ func (b *builder) intervalReport(rep *Report) {
 				}
 			}
 		}
+		for _, cd := range out.Counters {
+			if cd.Source == "vmaxdp_socket" && cd.Name == "rx_queue_drops" {
+				out.Notes = append(out.Notes, fmt.Sprintf("vmaxdp dropped %d datagrams of %s in its own receive queue: after the kernel's path, so no kernel event shows them", cd.Delta, counterName(cd)))
+			}
+		}
 		slices.Sort(out.Notes)
 		rep.Intervals = append(rep.Intervals, out)
 	}

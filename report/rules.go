@@ -21,7 +21,7 @@ func (b *builder) findings(rep *Report) []Finding {
 	handled := map[string]bool{}
 	for _, rule := range []func(*Report, map[string]bool) []Finding{
 		b.ruleLost, b.ruleNoSocket, b.ruleRcvbuf, b.ruleBacklog, b.ruleXSK, b.ruleXDPAborted,
-		b.ruleBudget, b.ruleNIC, b.ruleNotOffloaded, b.ruleOtherDrops,
+		b.ruleBudget, b.ruleNIC, b.ruleNotOffloaded, b.ruleVmaxdpSocket, b.ruleOtherDrops,
 	} {
 		out = append(out, rule(rep, handled)...)
 	}
@@ -429,6 +429,48 @@ func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 			Explanation: "vmaxdp's steering program passes every packet no steering rule matches to the kernel: ARP, ICMP, fragments, and flows whose sockets are not offloaded (by a rule, or because the application is not run under vmaxdp).",
 			Fix:         "If these flows should be offloaded, open their sockets under vmaxdp (vmaxdp run, or the stack package) with a rule that selects them.",
 		})
+	}
+	return out
+}
+
+// ruleVmaxdpSocket reads the counters of the sockets vmaxdp served (its
+// processes' counters files): drops in vmaxdp's own receive queues, which
+// no kernel event shows, and sends that found no transmit frame.
+func (b *builder) ruleVmaxdpSocket(rep *Report, _ map[string]bool) []Finding {
+	var out []Finding
+	last := func(k counterKey, name string) uint64 {
+		k.name = name
+		if s := b.counters[k]; s != nil {
+			return s.prev
+		}
+		return 0
+	}
+	for k, s := range b.counters {
+		if k.source != "vmaxdp_socket" || s.total == 0 {
+			continue
+		}
+		where := counterName(CounterDelta{Device: k.device, Netns: k.netns})
+		switch k.name {
+		case "rx_queue_drops":
+			out = append(out, Finding{
+				Rule: "vmaxdp_socket_queue_full", Severity: "error", Count: s.total,
+				Title: fmt.Sprintf("%d datagrams dropped by vmaxdp: the receive queue of %s was full", s.total, where),
+				Evidence: []string{
+					fmt.Sprintf("vmaxdp_socket rx_queue_drops +%d on %s", s.total, where),
+					fmt.Sprintf("its queue held at most %d datagrams, %d payload bytes (rx_queue_packets_max, rx_queue_bytes_max)", last(k, "rx_queue_packets_max"), last(k, "rx_queue_bytes_max")),
+				},
+				Explanation: "vmaxdp's stack queues each datagram the steering program brought it on the socket it is for, up to a byte limit (twice SO_RCVBUF, as the kernel, and at least VMAXDP_RX_BYTES_MIN); beyond it the datagram is dropped. The application reads slower than datagrams arrive. The kernel never sees these drops: they happen after XDP handed the packet to vmaxdp.",
+				Fix:         "Raise the socket's SO_RCVBUF (vmaxdp queues twice it) or VMAXDP_RX_BYTES_MIN, or read faster (a thread per socket, recvmmsg). `vmaxdp stats -v 2` shows the queue while it runs.",
+			})
+		case "tx_no_bufs":
+			out = append(out, Finding{
+				Rule: "vmaxdp_tx_no_bufs", Severity: "warning", Count: s.total,
+				Title:       fmt.Sprintf("%d sends on %s failed with ENOBUFS: no free AF_XDP transmit frame", s.total, where),
+				Evidence:    []string{fmt.Sprintf("vmaxdp_socket tx_no_bufs +%d on %s", s.total, where)},
+				Explanation: "Every transmit frame of the AF_XDP queue was on the TX or completion ring: the application sent faster than the interface took the frames back.",
+				Fix:         "Give the queue more frames (VMAXDP_RX_BUFS: half the UMEM serves transmit), send in batches (sendmmsg), or retry on ENOBUFS.",
+			})
+		}
 	}
 	return out
 }

@@ -2,20 +2,28 @@ package report_test
 
 import (
 	"bytes"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/engine"
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/record"
 	"github.com/vmaxdp/vmaxdp/internal/recordtest"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/probes"
 	"github.com/vmaxdp/vmaxdp/report"
 	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
 	"github.com/vmaxdp/vmaxdp/tracefile"
 	"github.com/vmaxdp/vmaxdp/xsk"
@@ -203,5 +211,109 @@ func TestScenarioNotOffloaded(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("evidence %q does not name the kernel flow to port %d", f.Evidence, kernel)
+	}
+}
+
+// An application under vmaxdp with two sockets, one of which it never
+// reads: the polls of the socket it reads bring the other's datagrams to
+// that socket's queue, which holds up to its byte limit; vmaxdp drops the
+// rest, a drop no kernel event shows. The report finds it in the
+// process's counters file.
+func TestScenarioVmaxdpQueueFull(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const slow, fast, n, size, limit = 7004, 7005, 300, 64, 4096
+	p := params.Defaults()
+	p.StatsDir = t.TempDir()
+	p.RxBytesMin = limit
+	e, err := engine.New(&engine.Options{Params: p, Program: "report.test", Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.CloseStacks()
+	fds := map[int]int{}
+	err = b.Do(testbed.B, func() error {
+		for _, port := range []int{slow, fast} {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			fds[port] = fd
+			e.Socket(fd, false)
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()}); err != nil {
+				return err
+			}
+			if st := e.Bind(fd); st != engine.StateOffloaded {
+				return fmt.Errorf("bind: not offloaded: %s: %w", e.Reason(fd), backend.ErrNotSupported)
+			}
+		}
+		return nil
+	})
+	defer func() {
+		for _, fd := range fds {
+			e.Close(fd)
+			unix.Close(fd)
+		}
+	}()
+	testutil.SkipIfNotSupported(t, err)
+	const dropped = n - limit/size
+	data := recordtest.While(t, &record.Options{StatsDir: p.StatsDir, Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
+	}}, func() error {
+		if err := testutil.SendUDP(b, slow, n, size); err != nil {
+			return err
+		}
+		if err := testutil.SendUDP(b, fast, n, size); err != nil {
+			return err
+		}
+		buf := make([]byte, 2048)
+		for i := range n {
+			if _, _, _, errno := e.Recv(fds[fast], buf, 0, time.Now().Add(5*time.Second), nil); errno != 0 {
+				return fmt.Errorf("datagram %d on port %d: %w", i, fast, errno)
+			}
+		}
+		// The process publishes every 100 ms: wait until its file shows
+		// the drops, so that the recorder's last snapshot has them.
+		path := filepath.Join(p.StatsDir, stats.FileName(os.Getpid()))
+		var last uint64
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			r, err := stats.Open(path)
+			if err != nil {
+				continue
+			}
+			var snap stats.Snapshot
+			err = r.Read(&snap)
+			r.Close()
+			for _, sk := range snap.Sockets {
+				if err == nil && sk.FD == fds[slow] {
+					if last = sk.Counters.RxQueueDrops; last == dropped {
+						return nil
+					}
+				}
+			}
+		}
+		return fmt.Errorf("%s shows rx_queue_drops %d on port %d, want %d", path, last, slow, dropped)
+	})
+	rep := reportOf(t, data)
+	expect(t, rep, "vmaxdp_socket_queue_full", fmt.Sprintf("vmxb/udp 198.18.0.2:%d pid", slow), fmt.Sprintf("rx_queue_drops +%d", dropped),
+		fmt.Sprintf("at most %d datagrams, %d payload bytes", limit/size, limit))
+	if f := rep.Findings[0]; f.Count != dropped || !strings.Contains(f.Fix, "SO_RCVBUF") || !strings.Contains(f.Fix, "VMAXDP_RX_BYTES_MIN") {
+		t.Errorf("finding count %d (want %d), fix %q", f.Count, dropped, f.Fix)
+	}
+	found := false
+	for _, c := range rep.Counters {
+		found = found || c.Source == "vmaxdp_socket" && c.Name == "rx_queue_drops" && c.Delta == dropped
+	}
+	if !found {
+		t.Errorf("COUNTERS THAT MOVED lacks vmaxdp_socket rx_queue_drops +%d: %+v", dropped, rep.Counters)
+	}
+	noted := false
+	for _, iv := range rep.Intervals {
+		for _, n := range iv.Notes {
+			noted = noted || strings.Contains(n, fmt.Sprintf("vmaxdp dropped %d datagrams of vmxb/udp 198.18.0.2:%d", dropped, slow))
+		}
+	}
+	if !noted {
+		t.Errorf("no interval notes vmaxdp's own drops: %+v", rep.Intervals)
 	}
 }

@@ -158,9 +158,15 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	if len(r.Counters) > 0 {
 		p("\nCOUNTERS THAT MOVED (signals of trouble; --json lists all %d)\n", len(r.Counters))
+		ws, wd := 8, 24 // columns widen for long names (a vmaxdp socket's)
 		for _, c := range r.Counters {
 			if interesting(c.Source, c.Name) {
-				p("  %-8s %-24s %-32s +%d\n", c.Source, counterName(c), c.Name, c.Delta)
+				ws, wd = max(ws, len(c.Source)), max(wd, len(counterName(c)))
+			}
+		}
+		for _, c := range r.Counters {
+			if interesting(c.Source, c.Name) {
+				p("  %-*s %-*s %-32s +%d\n", ws, c.Source, wd, counterName(c), c.Name, c.Delta)
 			}
 		}
 	}

@@ -2,9 +2,7 @@ package stats
 
 import (
 	"io"
-	"reflect"
 	"strconv"
-	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -42,17 +40,15 @@ func (f *families) add(name, help string, typ dto.MetricType, v float64, labels 
 
 // addStruct adds one metric per field of the counter struct at v.
 func (f *families) addStruct(block string, v any, labels ...string) {
-	rv := reflect.ValueOf(v).Elem()
-	for i := range rv.NumField() {
-		sf := rv.Type().Field(i)
-		name := "vmaxdp_" + block + "_" + strings.Split(sf.Tag.Get("json"), ",")[0]
-		typ, help := dto.MetricType_COUNTER, "vmaxdp "+block+" counter "+sf.Name+"."
-		if sf.Tag.Get("stats") == "gauge" {
-			typ, help = dto.MetricType_GAUGE, "vmaxdp "+block+" high-water mark "+sf.Name+"."
+	for fl := range Fields(v) {
+		name := "vmaxdp_" + block + "_" + fl.Name
+		typ, help := dto.MetricType_COUNTER, "vmaxdp "+block+" counter "+fl.GoName+"."
+		if fl.Gauge {
+			typ, help = dto.MetricType_GAUGE, "vmaxdp "+block+" high-water mark "+fl.GoName+"."
 		} else {
 			name += "_total"
 		}
-		f.add(name, help, typ, float64(rv.Field(i).Uint()), labels...)
+		f.add(name, help, typ, float64(fl.Value), labels...)
 	}
 }
 

@@ -20,6 +20,10 @@
 package stats
 
 import (
+	"iter"
+	"reflect"
+	"strings"
+
 	"github.com/vmaxdp/vmaxdp/steer"
 )
 
@@ -205,4 +209,36 @@ type Rule struct {
 // Redirected is how many matched packets reached the AF_XDP socket.
 func (r *Rule) Redirected() uint64 {
 	return r.Counters.MatchedPackets - min(r.Counters.RedirectFailures, r.Counters.MatchedPackets)
+}
+
+// Field is one counter of a counter struct, under its one name.
+type Field struct {
+	Name   string // the json name: the counter's name everywhere
+	GoName string
+	Value  uint64
+	Gauge  bool // a high-water mark, not a counter
+}
+
+// Fields lists the counters of the counter struct v points to
+// (SocketCounters, QueueCounters, XDPStatistics, steer.RuleCounters...).
+func Fields(v any) iter.Seq[Field] {
+	return func(yield func(Field) bool) {
+		rv := reflect.ValueOf(v).Elem()
+		for i := range rv.NumField() {
+			sf := rv.Type().Field(i)
+			f := Field{Name: strings.Split(sf.Tag.Get("json"), ",")[0], GoName: sf.Name, Value: rv.Field(i).Uint(), Gauge: sf.Tag.Get("stats") == "gauge"}
+			if !yield(f) {
+				return
+			}
+		}
+	}
+}
+
+// FieldMap is Fields as a map from name to value.
+func FieldMap(v any) map[string]uint64 {
+	m := map[string]uint64{}
+	for f := range Fields(v) {
+		m[f.Name] = f.Value
+	}
+	return m
 }

@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/record"
 	"github.com/vmaxdp/vmaxdp/probes"
 	"github.com/vmaxdp/vmaxdp/report"
@@ -123,6 +124,7 @@ func runRecord(ctx context.Context, args []string, errOut io.Writer) error {
 	port := fs.Uint("port", 0, "only packets from or to this port")
 	caplen := fs.Int("caplen", tracefile.MaxCapLen, "bytes of each packet to capture (at most 128)")
 	ringMiB := fs.Uint("ring-size", 16, "kernel ring buffer size in MiB (a power of two)")
+	statsDir := fs.String("stats-dir", "", "where vmaxdp processes publish their counters, recorded with the others (default $VMAXDP_STATS_DIR or /dev/shm; - for none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -138,6 +140,10 @@ func runRecord(ctx context.Context, args []string, errOut io.Writer) error {
 		Interval: *interval,
 		Command:  fs.Args(),
 		Version:  version,
+		StatsDir: params.StatsDir(*statsDir),
+	}
+	if *statsDir == "-" {
+		opts.StatsDir = ""
 	}
 	f := &opts.Probes.Filter
 	var nsHandle netns.NsHandle = -1

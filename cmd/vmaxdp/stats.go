@@ -84,16 +84,6 @@ func (f *statsFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.prometheus, "prometheus", false, "")
 }
 
-func statsDir(dir string) string {
-	if dir != "" {
-		return dir
-	}
-	if d := os.Getenv(params.Prefix + "STATS_DIR"); d != "" {
-		return d
-	}
-	return params.Defaults().StatsDir
-}
-
 // parseLevel reads a trace level: a number 0-6 or a name (INFO, debug).
 func parseLevel(s string) (int, error) {
 	if n, err := strconv.Atoi(s); err == nil {
@@ -185,7 +175,7 @@ func runStats(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("stats: %w", err)
 	}
-	dir := statsDir(f.dir)
+	dir := params.StatsDir(f.dir)
 	all := f.view == 5 || f.json || f.prometheus
 	readers, err := selectProcesses(dir, &f, all, os.Stderr)
 	if err != nil {
@@ -399,7 +389,7 @@ func runStatsServe(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	d := statsDir(*dir)
+	d := params.StatsDir(*dir)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("stats serve: %w", err)

@@ -36,14 +36,7 @@ func newEngine(tb testing.TB) (*testbed.Bed, *Engine) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() {
-		e.Shutdown()
-		e.mu.Lock()
-		for _, st := range e.stacks {
-			st.Close()
-		}
-		e.mu.Unlock()
-	})
+	tb.Cleanup(func() { e.CloseStacks() })
 	return bed, e
 }
 

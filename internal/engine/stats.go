@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -124,6 +125,22 @@ func (e *Engine) Shutdown() {
 	if e.pub != nil {
 		e.pub.shutdown.Do(e.shutdown)
 	}
+}
+
+// CloseStacks shuts the engine down (Shutdown) and closes its stacks, which
+// detaches their steering programs: for a Go program or test that ends its
+// use of the engine before it exits. The preload library only shuts down:
+// the process is exiting, and the next engine cleans what it left.
+func (e *Engine) CloseStacks() error {
+	e.Shutdown()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var errs []error
+	for name, st := range e.stacks {
+		errs = append(errs, st.Close())
+		delete(e.stacks, name)
+	}
+	return errors.Join(errs...)
 }
 
 func (e *Engine) shutdown() {

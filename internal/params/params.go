@@ -217,3 +217,16 @@ func WriteDoc(w io.Writer) {
 
 // FromEnv loads the process's parameters.
 func FromEnv() (*Params, error) { return Load(os.LookupEnv) }
+
+// StatsDir is the stats directory a reader of the counters files uses
+// (vmaxdp stats, nettrace record): dir when set, else $VMAXDP_STATS_DIR,
+// else the default.
+func StatsDir(dir string) string {
+	if dir != "" {
+		return dir
+	}
+	if d := os.Getenv(Prefix + "STATS_DIR"); d != "" {
+		return d
+	}
+	return Defaults().StatsDir
+}

@@ -35,6 +35,9 @@ type Options struct {
 	Ready func(notes []string)
 	// Progress, when set, is called every interval.
 	Progress func(Progress)
+	// StatsDir is where vmaxdp processes publish their counters files
+	// (VMAXDP_STATS_DIR), recorded with the other counters; "": none.
+	StatsDir string
 }
 
 // Progress is the state of a recording.
@@ -86,7 +89,7 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &recorder{c: c, tw: tw, syms: syms, nss: nss, aggregate: opts.Probes.Aggregate,
+	r := &recorder{c: c, tw: tw, syms: syms, nss: nss, statsDir: opts.StatsDir, aggregate: opts.Probes.Aggregate,
 		ifaces: make(map[[2]uint32]bool), locs: make(map[uint64]bool), loss: make(map[[2]uint32]tracefile.LossEntry)}
 	start := time.Now()
 	r.tick() // the counters before anything is recorded
@@ -172,6 +175,7 @@ type recorder struct {
 	tw        *tracefile.Writer
 	syms      *ksym.Table
 	nss       []snapshot.Namespace
+	statsDir  string
 	aggregate bool
 	ifaces    map[[2]uint32]bool
 	locs      map[uint64]bool
@@ -236,7 +240,7 @@ func (r *recorder) tick() {
 	if len(loss.Entries) > 0 {
 		r.fail(r.tw.WriteJSON(tracefile.TypeLoss, loss))
 	}
-	recs, err := snapshot.Take(now, r.nss)
+	recs, err := snapshot.Take(now, r.nss, r.statsDir)
 	r.fail(err)
 	for i := range recs {
 		r.fail(r.tw.WriteJSON(tracefile.TypeCounters, &recs[i]))

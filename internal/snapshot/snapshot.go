@@ -1,8 +1,15 @@
 // Package snapshot reads the counters a trace file carries next to its
 // events: interface statistics, ethtool -S, /proc/net/snmp and AF_XDP
-// socket statistics per network namespace, /proc/net/softnet_stat, and the counters vmaxdp's steering
-// programs pin on bpffs. Each source is one tracefile.Counters record, so
-// that a report can line them up with the events on one clock.
+// socket statistics per network namespace, /proc/net/softnet_stat, the
+// counters vmaxdp's steering programs pin on bpffs, and the counters files
+// of the processes running under vmaxdp (their sockets and queues, as
+// `vmaxdp stats` shows them). Each source is one tracefile.Counters record,
+// so that a report can line them up with the events on one clock.
+//
+// Sources and their names: netdev, ethtool, snmp, softnet, xsk (the
+// kernel's XDP_STATISTICS per AF_XDP socket), vmaxdp (a steering program),
+// vmaxdp_socket and vmaxdp_queue (a process's offloaded socket and AF_XDP
+// queue, with the counter names of package stats).
 //
 // It must not keep state between snapshots: deltas are the report's job.
 package snapshot
@@ -16,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/safchain/ethtool"
@@ -24,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/tracefile"
 	"github.com/vmaxdp/vmaxdp/xsk"
@@ -73,10 +82,11 @@ func inode(h netns.NsHandle) uint32 {
 	return uint32(st.Ino)
 }
 
-// Take reads every source at time now (CLOCK_MONOTONIC ns). A source that
-// cannot be read is skipped and named in the returned error; the records
-// that could be read are returned either way.
-func Take(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
+// Take reads every source at time now (CLOCK_MONOTONIC ns), the counters
+// files of vmaxdp processes in statsDir ("": none). A source that cannot be
+// read is skipped and named in the returned error; the records that could
+// be read are returned either way.
+func Take(now uint64, nss []Namespace, statsDir string) ([]tracefile.Counters, error) {
 	var out []tracefile.Counters
 	var errs []error
 	for i := range nss {
@@ -95,6 +105,81 @@ func Take(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
 	out = append(out, recs...)
 	if err != nil {
 		errs = append(errs, err)
+	}
+	if statsDir != "" {
+		recs, err := processes(now, statsDir, out)
+		out = append(out, recs...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// processes reads the counters files of the live vmaxdp processes in dir:
+// a vmaxdp_socket record per offloaded socket (Device
+// "<ifname>/udp <local>[><remote>] pid <pid> fd <fd>"), a vmaxdp_queue
+// record per AF_XDP queue ("<ifname>/q<queue>"), and the queue's
+// XDP_STATISTICS as an xsk record where have holds none for it: the
+// process reads them with getsockopt, which needs no sock_diag.
+func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.Counters, error) {
+	found, err := stats.List(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	xskHave := map[string]bool{}
+	for _, c := range have {
+		if c.Source == "xsk" {
+			xskHave[fmt.Sprint(c.Netns, c.Device)] = true
+		}
+	}
+	var out []tracefile.Counters
+	var errs []error
+	var snap stats.Snapshot
+	for _, f := range found {
+		if f.Err != nil || !f.Alive {
+			continue // another build's file, or a process gone
+		}
+		r, err := stats.Open(f.Path)
+		if err != nil {
+			continue // gone since List
+		}
+		err = r.Read(&snap)
+		r.Close()
+		if errors.Is(err, stats.ErrNotPublished) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var netns uint32
+		if fi, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.PID)); err == nil {
+			netns = uint32(fi.Sys().(*syscall.Stat_t).Ino)
+		}
+		for i := range snap.Sockets {
+			sk := &snap.Sockets[i]
+			if !sk.Offloaded() {
+				continue
+			}
+			flow := sk.Local
+			if sk.Remote != "" {
+				flow += ">" + sk.Remote
+			}
+			out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp_socket", Netns: netns,
+				Device: fmt.Sprintf("%s/%s %s pid %d fd %d", sk.Interface, sk.Proto, flow, f.PID, sk.FD), Values: stats.FieldMap(&sk.Counters)})
+		}
+		for i := range snap.Queues {
+			q := &snap.Queues[i]
+			dev := q.Interface + "/q" + strconv.Itoa(q.Queue)
+			out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp_queue", Netns: netns, Device: dev, Values: stats.FieldMap(&q.Counters)})
+			if q.StatisticsError == "" && !xskHave[fmt.Sprint(netns, dev)] {
+				out = append(out, tracefile.Counters{Time: now, Source: "xsk", Netns: netns, Device: dev, Values: stats.FieldMap(&q.Statistics)})
+			}
+		}
 	}
 	return out, errors.Join(errs...)
 }
