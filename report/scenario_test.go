@@ -123,35 +123,92 @@ func TestScenarioReceiveBuffer(t *testing.T) {
 	}
 }
 
-// vmaxdp's stack serves a socket whose application never reads: its
-// frames stay queued, the AF_XDP fill ring runs dry and the kernel fails
-// the steering program's redirects with -ENOMEM.
+// An application under vmaxdp that never reads: its datagrams hold the
+// AF_XDP queue's frames, the fill ring runs dry and the kernel fails the
+// steering program's redirects with -ENOMEM. The xdp_redirect_err events
+// and the queue's XDP_STATISTICS (which the process publishes, so this
+// needs no sock_diag) agree.
 func TestScenarioFillRingStarved(t *testing.T) {
 	b := testutil.Bed(t, nil)
 	const port, n = 7002, 300
-	var st *stack.Stack
-	err := b.Do(testbed.B, func() (err error) {
-		st, err = stack.Open(b.Link(testbed.B), &stack.Options{XSK: &xsk.Options{NoHugePages: true, NumFrames: 128}})
-		return err
-	})
-	testutil.SkipIfNotSupported(t, err)
-	defer st.Close()
-	c, err := st.ListenUDP(netip.AddrPortFrom(b.Addr(testbed.B), port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+	p := params.Defaults()
+	p.RxBufs = 128
+	e, _ := engineSockets(t, b, p, port)
+	data := recordtest.While(t, &record.Options{StatsDir: p.StatsDir, Probes: probes.Options{
 		Probes: recordtest.Select(t, "drops,xdp"),
 		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
-	}}, func() error { return testutil.SendUDP(b, port, n, 64) })
+	}}, func() error {
+		if err := testutil.SendUDP(b, port, n, 64); err != nil {
+			return err
+		}
+		return waitPublished(e, p.StatsDir, func(snap *stats.Snapshot) bool {
+			return len(snap.Queues) == 1 && snap.Queues[0].Statistics.RxFillRingEmptyDescs > 0
+		})
+	})
 	rep := reportOf(t, data)
-	expect(t, rep, "xsk_fill_ring_empty", "fill-ring", "err=-12 on vmxb", "vmaxdp redirected +")
+	expect(t, rep, "xsk_fill_ring_empty", "fill-ring", "err=-12 on vmxb", "vmaxdp redirected +", "xsk rx_fill_ring_empty_descs +")
 	// 64 of the 128 frames prime the fill ring; the rest of the datagrams
 	// find none.
 	if got := rep.Findings[0].Count; got < n-64-8 || got > n-64 {
 		t.Errorf("%d redirect failures, want about %d", got, n-64)
 	}
+}
+
+// engineSockets starts an engine (counters files in a test directory) and
+// opens, binds and offloads a UDP socket on side B for each port, as the
+// preload library would; all is closed with the test.
+func engineSockets(t *testing.T, b *testbed.Bed, p *params.Params, ports ...int) (*engine.Engine, map[int]int) {
+	t.Helper()
+	p.StatsDir = t.TempDir()
+	e, err := engine.New(&engine.Options{Params: p, Program: "report.test", Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.CloseStacks() })
+	fds := map[int]int{}
+	err = b.Do(testbed.B, func() error {
+		for _, port := range ports {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			fds[port] = fd
+			t.Cleanup(func() {
+				e.Close(fd)
+				unix.Close(fd)
+			})
+			e.Socket(fd, false)
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()}); err != nil {
+				return err
+			}
+			if st := e.Bind(fd); st != engine.StateOffloaded {
+				return fmt.Errorf("bind: not offloaded: %s: %w", e.Reason(fd), backend.ErrNotSupported)
+			}
+		}
+		return nil
+	})
+	testutil.SkipIfNotSupported(t, err)
+	return e, fds
+}
+
+// waitPublished waits until this process's counters file satisfies ok:
+// the engine publishes every 100 ms, and the recorder's last snapshot
+// must see what the test caused.
+func waitPublished(e *engine.Engine, dir string, ok func(*stats.Snapshot) bool) error {
+	path := filepath.Join(dir, stats.FileName(os.Getpid()))
+	var snap stats.Snapshot
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		r, err := stats.Open(path)
+		if err != nil {
+			continue
+		}
+		err = r.Read(&snap)
+		r.Close()
+		if err == nil && ok(&snap) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: not as awaited after 5 s: %+v", path, snap)
 }
 
 // Traffic for a port vmaxdp does not serve stays on the kernel: the
@@ -223,38 +280,8 @@ func TestScenarioVmaxdpQueueFull(t *testing.T) {
 	b := testutil.Bed(t, nil)
 	const slow, fast, n, size, limit = 7004, 7005, 300, 64, 4096
 	p := params.Defaults()
-	p.StatsDir = t.TempDir()
 	p.RxBytesMin = limit
-	e, err := engine.New(&engine.Options{Params: p, Program: "report.test", Stderr: io.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.CloseStacks()
-	fds := map[int]int{}
-	err = b.Do(testbed.B, func() error {
-		for _, port := range []int{slow, fast} {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			fds[port] = fd
-			e.Socket(fd, false)
-			if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()}); err != nil {
-				return err
-			}
-			if st := e.Bind(fd); st != engine.StateOffloaded {
-				return fmt.Errorf("bind: not offloaded: %s: %w", e.Reason(fd), backend.ErrNotSupported)
-			}
-		}
-		return nil
-	})
-	defer func() {
-		for _, fd := range fds {
-			e.Close(fd)
-			unix.Close(fd)
-		}
-	}()
-	testutil.SkipIfNotSupported(t, err)
+	e, fds := engineSockets(t, b, p, slow, fast)
 	const dropped = n - limit/size
 	data := recordtest.While(t, &record.Options{StatsDir: p.StatsDir, Probes: probes.Options{
 		Probes: recordtest.Select(t, "drops"),
@@ -272,27 +299,14 @@ func TestScenarioVmaxdpQueueFull(t *testing.T) {
 				return fmt.Errorf("datagram %d on port %d: %w", i, fast, errno)
 			}
 		}
-		// The process publishes every 100 ms: wait until its file shows
-		// the drops, so that the recorder's last snapshot has them.
-		path := filepath.Join(p.StatsDir, stats.FileName(os.Getpid()))
-		var last uint64
-		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			r, err := stats.Open(path)
-			if err != nil {
-				continue
-			}
-			var snap stats.Snapshot
-			err = r.Read(&snap)
-			r.Close()
+		return waitPublished(e, p.StatsDir, func(snap *stats.Snapshot) bool {
 			for _, sk := range snap.Sockets {
-				if err == nil && sk.FD == fds[slow] {
-					if last = sk.Counters.RxQueueDrops; last == dropped {
-						return nil
-					}
+				if sk.FD == fds[slow] {
+					return sk.Counters.RxQueueDrops == dropped
 				}
 			}
-		}
-		return fmt.Errorf("%s shows rx_queue_drops %d on port %d, want %d", path, last, slow, dropped)
+			return false
+		})
 	})
 	rep := reportOf(t, data)
 	expect(t, rep, "vmaxdp_socket_queue_full", fmt.Sprintf("vmxb/udp 198.18.0.2:%d pid", slow), fmt.Sprintf("rx_queue_drops +%d", dropped),
