@@ -51,6 +51,17 @@ type Options struct {
 	ResolveTimeout time.Duration
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket).
 	NewBackend func(ifname string, queue int) (backend.Backend, error)
+	// ProgressInterval: when no receive has polled the queues for this
+	// long, a goroutine of the stack drains their RX rings into the
+	// sockets' queues (VMAXDP_PROGRESS_ENGINE_INTERVAL, VMA's progress
+	// engine), so that datagrams of a socket the application is not
+	// reading wait in its queue, up to its byte limit, instead of holding
+	// the ring's frames until the fill ring runs dry and the kernel drops.
+	// 0 means the default, 10 ms; ProgressNever disables it.
+	ProgressInterval time.Duration
+	// ProgressMax bounds the frames one drain takes
+	// (VMAXDP_PROGRESS_ENGINE_WCE_MAX; 0: 2048).
+	ProgressMax int
 }
 
 // Sentinels of Options.RxPoll and Options.RxPollOSRatio: their zero value
@@ -59,6 +70,7 @@ const (
 	RxPollForever     = -1
 	RxPollNever       = -2
 	OSPollBeforeSleep = -1
+	ProgressNever     = -1
 )
 
 // Counters are the stack's counters of frames that reached no socket.
@@ -70,6 +82,9 @@ type Counters struct {
 	// outlived its socket for a moment).
 	RxNoSocket      atomic.Uint64
 	NeighUnresolved atomic.Uint64
+	// RxProgressFrames counts the frames the progress engine drained
+	// (see Options.ProgressInterval): no receive was polling.
+	RxProgressFrames atomic.Uint64
 }
 
 // Zero sets every counter to zero (vmaxdp stats -z).
@@ -80,6 +95,7 @@ func (c *Counters) Zero() {
 	}
 	c.RxNoSocket.Store(0)
 	c.NeighUnresolved.Store(0)
+	c.RxProgressFrames.Store(0)
 }
 
 // queue is one backend queue.
@@ -110,13 +126,18 @@ type Stack struct {
 	mtu     int
 	addr    netip.Addr // the interface's first IPv4 address
 	ns      netns.NsHandle
+	nsInode uint32
 	nl      *netlink.Handle
 	prog    *steer.Program
 	queues  []*queue
 	ipID    atomic.Uint32
 	hops    nextHops
 
-	rxMu sync.Mutex
+	rxMu  sync.Mutex
+	polls uint64 // pollLocked calls, guarded by rxMu
+
+	progressStop chan struct{} // nil: no progress engine
+	progressDone chan struct{}
 
 	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
 	// demultiplexer writes muxEvfd when it queues a datagram while one
@@ -165,6 +186,12 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if o.ResolveTimeout == 0 {
 		o.ResolveTimeout = time.Second
 	}
+	if o.ProgressInterval == 0 {
+		o.ProgressInterval = 10 * time.Millisecond
+	}
+	if o.ProgressMax <= 0 {
+		o.ProgressMax = 2048
+	}
 	if o.NewBackend == nil {
 		xo := o.XSK
 		o.NewBackend = func(ifname string, q int) (backend.Backend, error) { return xsk.Open(ifname, q, xo) }
@@ -180,6 +207,11 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if st.ns, err = netns.Get(); err != nil {
 		return st, fmt.Errorf("network namespace: %w", err)
 	}
+	var nsStat unix.Stat_t
+	if err := unix.Fstat(int(st.ns), &nsStat); err != nil {
+		return st, fmt.Errorf("network namespace: %w", err)
+	}
+	st.nsInode = uint32(nsStat.Ino)
 	if st.nl, err = netlink.NewHandle(); err != nil {
 		return st, fmt.Errorf("netlink: %w", err)
 	}
@@ -225,11 +257,52 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	empty := map[sockKey]*UDPConn{}
 	st.socks.Store(&empty)
+	if o.ProgressInterval > 0 {
+		st.progressStop, st.progressDone = make(chan struct{}), make(chan struct{})
+		go st.progress(o.ProgressInterval, o.ProgressMax)
+	}
 	return st, nil
+}
+
+// progress is the progress engine (Options.ProgressInterval). It costs
+// the receive path one increment under the lock it holds anyway, and
+// stays away while a receive holds the lock or has polled since its last
+// look.
+func (st *Stack) progress(every time.Duration, most int) {
+	defer close(st.progressDone)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-st.progressStop:
+			return
+		case <-t.C:
+		}
+		if !st.rxMu.TryLock() {
+			continue // a receive is polling
+		}
+		if st.polls == seen {
+			for n := 0; n < most; {
+				k := st.pollLocked()
+				if k == 0 {
+					break
+				}
+				n += k
+				st.Counters.RxProgressFrames.Add(uint64(k))
+			}
+		}
+		seen = st.polls
+		st.rxMu.Unlock()
+	}
 }
 
 // Interface names the stack's interface.
 func (st *Stack) Interface() string { return st.ifname }
+
+// NetnsInode is the inode number of the interface's network namespace,
+// which names it in nettrace recordings and `ip netns identify`.
+func (st *Stack) NetnsInode() uint32 { return st.nsInode }
 
 // Addr is the interface's IPv4 address.
 func (st *Stack) Addr() netip.Addr { return st.addr }
@@ -290,6 +363,7 @@ func (st *Stack) wakeMux() {
 // pollLocked drains every queue's RX ring into socket queues and returns
 // how many frames it saw. Caller holds rxMu.
 func (st *Stack) pollLocked() int {
+	st.polls++
 	total := 0
 	for _, q := range st.queues {
 		st.flushLocked(q)
@@ -399,6 +473,11 @@ func (st *Stack) Close() error {
 	}
 	st.mu.Unlock()
 	var errs []error
+	if st.progressStop != nil {
+		close(st.progressStop)
+		<-st.progressDone
+		st.progressStop = nil
+	}
 	for _, c := range conns {
 		c.Close()
 	}

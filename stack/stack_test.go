@@ -517,3 +517,41 @@ func TestMultiQueue(t *testing.T) {
 		}
 	})
 }
+
+// TestProgressEngine: datagrams of a socket nobody reads leave the RX ring
+// for the socket's queue within a few progress intervals, with no call on
+// the socket; with ProgressNever they stay in the ring.
+func TestProgressEngine(t *testing.T) {
+	const n = 300
+	for _, every := range []time.Duration{5 * time.Millisecond, stack.ProgressNever} {
+		bed, st := bedStack(t, &stack.Options{ProgressInterval: every})
+		c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9500"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := testutil.SendUDP(bed, 9500, n, 64); err != nil {
+			t.Fatal(err)
+		}
+		var queued int
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if queued, _ = c.QueueLen(); queued == n || every == stack.ProgressNever && time.Until(end) < 1900*time.Millisecond {
+				break
+			}
+		}
+		drained := st.Counters.RxProgressFrames.Load()
+		switch {
+		case every > 0 && (queued != n || drained != n):
+			t.Errorf("progress every %v: %d of %d datagrams queued, %d frames drained", every, queued, n, drained)
+		case every == stack.ProgressNever && (queued != 0 || drained != 0):
+			t.Errorf("ProgressNever: %d datagrams queued, %d frames drained with no receive", queued, drained)
+		}
+		buf := make([]byte, 64)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for i := range n {
+			if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+				t.Fatalf("datagram %d: %v", i, err)
+			}
+		}
+		c.Close()
+	}
+}

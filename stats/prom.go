@@ -113,6 +113,7 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 			f.add("vmaxdp_program_rx_frames_total", "Frames the stack received.", dto.MetricType_COUNTER, float64(p.Stack.RxFrames), l...)
 			f.add("vmaxdp_program_rx_no_socket_total", "Datagrams steered to the stack that no socket took.", dto.MetricType_COUNTER, float64(p.Stack.RxNoSocket), l...)
 			f.add("vmaxdp_program_neigh_unresolved_total", "Sends whose next hop did not resolve.", dto.MetricType_COUNTER, float64(p.Stack.NeighUnresolved), l...)
+			f.add("vmaxdp_program_rx_progress_frames_total", "Frames the progress engine drained while no receive polled.", dto.MetricType_COUNTER, float64(p.Stack.RxProgressFrames), l...)
 			for _, d := range p.Stack.RxDropped {
 				f.add("vmaxdp_program_rx_dropped_total", "Frames the stack's parser dropped, by reason.", dto.MetricType_COUNTER, float64(d.Packets), append(l, "reason", d.Reason)...)
 			}

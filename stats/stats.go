@@ -171,8 +171,10 @@ type XDPStatistics struct {
 // Program is the steering program of one interface and the stack behind it.
 type Program struct {
 	Interface string `json:"ifname"`
-	XDPMode   string `json:"xdp_mode"`
-	PinDir    string `json:"pin_dir"`
+	// Netns is the inode number of the interface's network namespace.
+	Netns   uint32 `json:"netns"`
+	XDPMode string `json:"xdp_mode"`
+	PinDir  string `json:"pin_dir"`
 	// CountersError is why the BPF counters could not be read ("": read).
 	CountersError string             `json:"counters_error,omitempty"`
 	Counters      steer.ProgCounters `json:"counters"`
@@ -184,6 +186,9 @@ type StackCounters struct {
 	RxFrames        uint64 `json:"rx_frames"`
 	RxNoSocket      uint64 `json:"rx_no_socket"`
 	NeighUnresolved uint64 `json:"neigh_unresolved"`
+	// RxProgressFrames: frames the progress engine drained while no
+	// receive polled.
+	RxProgressFrames uint64 `json:"rx_progress_frames"`
 	// RxDropped counts the frames the parser dropped, by reason
 	// (header.Result names).
 	RxDropped []Drop `json:"rx_dropped"`

@@ -314,6 +314,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		}
 		line(w, "Stack rx frames"+per, "%d", p.Stack.RxFrames)
 		line(w, "No socket", "%d", p.Stack.RxNoSocket)
+		line(w, "Progress engine frames"+per, "%d", p.Stack.RxProgressFrames)
 		for _, d := range p.Stack.RxDropped {
 			line(w, "Dropped "+d.Reason, "%d", d.Packets)
 		}

@@ -465,12 +465,17 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 	}
 	p := e.p
 	o := &stack.Options{
-		XSK:           &xsk.Options{NumFrames: uint32(p.RxBufs)},
-		Steer:         &steer.Options{Generic: p.XDPMode == "generic"},
-		RxPoll:        p.RxPoll,
-		RxPollOSRatio: p.RxUDPPollOSRatio,
-		RxBytesLimit:  p.RxBytesMin,
-		MTU:           p.MTU,
+		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
+		Steer:            &steer.Options{Generic: p.XDPMode == "generic"},
+		RxPoll:           p.RxPoll,
+		RxPollOSRatio:    p.RxUDPPollOSRatio,
+		RxBytesLimit:     p.RxBytesMin,
+		MTU:              p.MTU,
+		ProgressInterval: time.Duration(p.ProgressInterval) * time.Millisecond,
+		ProgressMax:      p.ProgressMax,
+	}
+	if p.ProgressInterval == 0 {
+		o.ProgressInterval = stack.ProgressNever
 	}
 	switch p.RxPoll {
 	case -1:

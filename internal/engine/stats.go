@@ -313,7 +313,7 @@ func (e *Engine) openStacks() []*stack.Stack {
 func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[ruleKey]int) {
 	prog := st.Program()
 	mode := prog.Mode().String()
-	pr := stats.Program{Interface: st.Interface(), XDPMode: mode, PinDir: prog.PinDir()}
+	pr := stats.Program{Interface: st.Interface(), Netns: st.NetnsInode(), XDPMode: mode, PinDir: prog.PinDir()}
 	if pc, err := prog.Counters(); err != nil {
 		pr.CountersError = err.Error()
 	} else {
@@ -321,7 +321,7 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 	}
 	sc := &st.Counters
 	pr.Stack = stats.StackCounters{RxFrames: sc.RxFrames.Load(), RxNoSocket: sc.RxNoSocket.Load(),
-		NeighUnresolved: sc.NeighUnresolved.Load()}
+		NeighUnresolved: sc.NeighUnresolved.Load(), RxProgressFrames: sc.RxProgressFrames.Load()}
 	for r := range sc.RxDropped {
 		if n := sc.RxDropped[r].Load(); n > 0 {
 			pr.Stack.RxDropped = append(pr.Stack.RxDropped, stats.Drop{Reason: header.Result(r).String(), Packets: n})

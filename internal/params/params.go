@@ -33,6 +33,8 @@ type Params struct {
 	SelectPollOSRatio int
 	RxBytesMin        int
 	RxBufs            int
+	ProgressInterval  int // milliseconds
+	ProgressMax       int
 	MTU               int
 	Interface         string
 	XDPMode           string
@@ -132,6 +134,8 @@ var All = []Param{
 	intParam("SELECT_POLL_OS_RATIO", "Select Poll OS Ratio", "10", "While select, poll or epoll_wait polls, look at kernel fds once every this many polls (0: only before blocking).", 0, 100000000, func(p *Params) *int { return &p.SelectPollOSRatio }),
 	intParam("RX_BYTES_MIN", "Rx Byte Min Limit", "65536", "Least payload bytes an offloaded socket queues, whatever SO_RCVBUF says; datagrams beyond the limit are dropped and counted.", 1, 1<<30, func(p *Params) *int { return &p.RxBytesMin }),
 	intParam("RX_BUFS", "Rx Mem Bufs", "4096", "UMEM frames per AF_XDP queue, a power of two: half wait in the fill ring, the rest serve transmit and datagrams not yet read.", 64, 1<<20, func(p *Params) *int { return &p.RxBufs }),
+	intParam("PROGRESS_ENGINE_INTERVAL", "Progress Engine Interval (msec)", "10", "When no receive has polled the AF_XDP queues for this many milliseconds, an engine thread drains them into the sockets' queues, so that an unread socket's datagrams wait there instead of starving the fill ring (0: never).", 0, 100000, func(p *Params) *int { return &p.ProgressInterval }),
+	intParam("PROGRESS_ENGINE_WCE_MAX", "Progress Engine WCE Max", "2048", "Most frames one drain of the progress engine takes.", 1, 1<<20, func(p *Params) *int { return &p.ProgressMax }),
 	intParam("MTU", "MTU", "0", "Largest IP datagram the engine sends itself (0: the interface's MTU); larger ones go through the kernel, which fragments them.", 0, 9000, func(p *Params) *int { return &p.MTU }),
 	stringParam("INTERFACE", "Interface", "", "Interface serving sockets bound to 0.0.0.0 (default: the only up interface with an IPv4 address other than lo).", nil, func(p *Params) *string { return &p.Interface }),
 	stringParam("XDP_MODE", "XDP Mode", "auto", "auto (native, else generic), native or generic.", checkXDPMode, func(p *Params) *string { return &p.XDPMode }),

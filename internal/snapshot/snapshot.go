@@ -23,7 +23,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/safchain/ethtool"
@@ -156,9 +155,9 @@ func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.C
 			errs = append(errs, err)
 			continue
 		}
-		var netns uint32
-		if fi, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", f.PID)); err == nil {
-			netns = uint32(fi.Sys().(*syscall.Stat_t).Ino)
+		netnsOf := map[string]uint32{} // by interface: its stack's namespace
+		for i := range snap.Programs {
+			netnsOf[snap.Programs[i].Interface] = snap.Programs[i].Netns
 		}
 		for i := range snap.Sockets {
 			sk := &snap.Sockets[i]
@@ -169,12 +168,12 @@ func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.C
 			if sk.Remote != "" {
 				flow += ">" + sk.Remote
 			}
-			out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp_socket", Netns: netns,
+			out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp_socket", Netns: netnsOf[sk.Interface],
 				Device: fmt.Sprintf("%s/%s %s pid %d fd %d", sk.Interface, sk.Proto, flow, f.PID, sk.FD), Values: stats.FieldMap(&sk.Counters)})
 		}
 		for i := range snap.Queues {
 			q := &snap.Queues[i]
-			dev := q.Interface + "/q" + strconv.Itoa(q.Queue)
+			dev, netns := q.Interface+"/q"+strconv.Itoa(q.Queue), netnsOf[q.Interface]
 			out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp_queue", Netns: netns, Device: dev, Values: stats.FieldMap(&q.Counters)})
 			if q.StatisticsError == "" && !xskHave[fmt.Sprint(netns, dev)] {
 				out = append(out, tracefile.Counters{Time: now, Source: "xsk", Netns: netns, Device: dev, Values: stats.FieldMap(&q.Statistics)})
