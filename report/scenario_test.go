@@ -133,7 +133,7 @@ func TestScenarioFillRingStarved(t *testing.T) {
 	const port, n = 7002, 300
 	p := params.Defaults()
 	p.RxBufs = 128
-	e, _ := engineSockets(t, b, p, port)
+	engineSockets(t, b, p, port)
 	data := recordtest.While(t, &record.Options{StatsDir: p.StatsDir, Probes: probes.Options{
 		Probes: recordtest.Select(t, "drops,xdp"),
 		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
@@ -141,7 +141,7 @@ func TestScenarioFillRingStarved(t *testing.T) {
 		if err := testutil.SendUDP(b, port, n, 64); err != nil {
 			return err
 		}
-		return waitPublished(e, p.StatsDir, func(snap *stats.Snapshot) bool {
+		return waitPublished(p.StatsDir, func(snap *stats.Snapshot) bool {
 			return len(snap.Queues) == 1 && snap.Queues[0].Statistics.RxFillRingEmptyDescs > 0
 		})
 	})
@@ -156,8 +156,9 @@ func TestScenarioFillRingStarved(t *testing.T) {
 
 // engineSockets starts an engine (counters files in a test directory) and
 // opens, binds and offloads a UDP socket on side B for each port, as the
-// preload library would; all is closed with the test.
-func engineSockets(t *testing.T, b *testbed.Bed, p *params.Params, ports ...int) (*engine.Engine, map[int]int) {
+// preload library would, and returns their fds by port; all is closed
+// with the test.
+func engineSockets(t *testing.T, b *testbed.Bed, p *params.Params, ports ...int) map[int]int {
 	t.Helper()
 	p.StatsDir = t.TempDir()
 	e, err := engine.New(&engine.Options{Params: p, Program: "report.test", Stderr: io.Discard})
@@ -188,27 +189,19 @@ func engineSockets(t *testing.T, b *testbed.Bed, p *params.Params, ports ...int)
 		return nil
 	})
 	testutil.SkipIfNotSupported(t, err)
-	return e, fds
+	return fds
 }
 
-// waitPublished waits until this process's counters file satisfies ok:
-// the engine publishes every 100 ms, and the recorder's last snapshot
-// must see what the test caused.
-func waitPublished(e *engine.Engine, dir string, ok func(*stats.Snapshot) bool) error {
-	path := filepath.Join(dir, stats.FileName(os.Getpid()))
-	var snap stats.Snapshot
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		r, err := stats.Open(path)
-		if err != nil {
-			continue
-		}
-		err = r.Read(&snap)
-		r.Close()
-		if err == nil && ok(&snap) {
-			return nil
-		}
+// waitPublished waits until this process's counters file in dir satisfies
+// ok, so that the recorder's last snapshot sees what the test caused.
+func waitPublished(dir string, ok func(*stats.Snapshot) bool) error {
+	r, err := stats.Open(filepath.Join(dir, stats.FileName(os.Getpid())))
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("%s: not as awaited after 5 s: %+v", path, snap)
+	defer r.Close()
+	_, err = testutil.AwaitStats(r, 5*time.Second, ok)
+	return err
 }
 
 // Traffic for a port vmaxdp does not serve stays on the kernel: the
@@ -281,7 +274,7 @@ func TestScenarioVmaxdpQueueFull(t *testing.T) {
 	const slow, n, size, limit = 7004, 300, 64, 4096
 	p := params.Defaults()
 	p.RxBytesMin = limit
-	e, fds := engineSockets(t, b, p, slow)
+	fds := engineSockets(t, b, p, slow)
 	const dropped = n - limit/size
 	data := recordtest.While(t, &record.Options{StatsDir: p.StatsDir, Probes: probes.Options{
 		Probes: recordtest.Select(t, "drops"),
@@ -290,7 +283,7 @@ func TestScenarioVmaxdpQueueFull(t *testing.T) {
 		if err := testutil.SendUDP(b, slow, n, size); err != nil {
 			return err
 		}
-		return waitPublished(e, p.StatsDir, func(snap *stats.Snapshot) bool {
+		return waitPublished(p.StatsDir, func(snap *stats.Snapshot) bool {
 			for _, sk := range snap.Sockets {
 				if sk.FD == fds[slow] {
 					return sk.Counters.RxQueueDrops == dropped

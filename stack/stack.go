@@ -64,8 +64,9 @@ type Options struct {
 	ProgressMax int
 }
 
-// Sentinels of Options.RxPoll and Options.RxPollOSRatio: their zero value
-// means "default", so VMA's 0 ("never") has a name of its own.
+// Sentinels of Options.RxPoll, Options.RxPollOSRatio and
+// Options.ProgressInterval: their zero value means "default", so VMA's 0
+// ("never") has a name of its own.
 const (
 	RxPollForever     = -1
 	RxPollNever       = -2

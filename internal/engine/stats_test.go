@@ -40,18 +40,11 @@ func TestCounterNames(t *testing.T) {
 // readUntil reads the engine's stats file until ok accepts a snapshot.
 func readUntil(t *testing.T, r *stats.Reader, what string, ok func(*stats.Snapshot) bool) *stats.Snapshot {
 	t.Helper()
-	var s stats.Snapshot
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		err := r.Read(&s)
-		if err == nil && ok(&s) {
-			return &s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not published within 3 s (last read: %v, %+v)", what, err, s.Sockets)
-		}
-		time.Sleep(20 * time.Millisecond)
+	s, err := testutil.AwaitStats(r, 3*time.Second, ok)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
+	return s
 }
 
 func TestStatsPublished(t *testing.T) {

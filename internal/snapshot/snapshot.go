@@ -129,10 +129,14 @@ func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.C
 		}
 		return nil, err
 	}
-	xskHave := map[string]bool{}
+	type queueKey struct {
+		netns uint32
+		dev   string
+	}
+	xskHave := map[queueKey]bool{}
 	for _, c := range have {
 		if c.Source == "xsk" {
-			xskHave[fmt.Sprint(c.Netns, c.Device)] = true
+			xskHave[queueKey{c.Netns, c.Device}] = true
 		}
 	}
 	var out []tracefile.Counters
@@ -175,7 +179,7 @@ func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.C
 			q := &snap.Queues[i]
 			dev, netns := q.Interface+"/q"+strconv.Itoa(q.Queue), netnsOf[q.Interface]
 			out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp_queue", Netns: netns, Device: dev, Values: stats.FieldMap(&q.Counters)})
-			if q.StatisticsError == "" && !xskHave[fmt.Sprint(netns, dev)] {
+			if q.StatisticsError == "" && !xskHave[queueKey{netns, dev}] {
 				out = append(out, tracefile.Counters{Time: now, Source: "xsk", Netns: netns, Device: dev, Values: stats.FieldMap(&q.Statistics)})
 			}
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmaxdp/vmaxdp/backend"
 	"github.com/vmaxdp/vmaxdp/probes"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -97,4 +98,21 @@ func SendUDP(b *testbed.Bed, port, n, size int) error {
 		}
 		return nil
 	})
+}
+
+// AwaitStats reads the counters file r until ok accepts a snapshot (a
+// process publishes every 100 ms), for at most timeout.
+func AwaitStats(r *stats.Reader, timeout time.Duration, ok func(*stats.Snapshot) bool) (*stats.Snapshot, error) {
+	var s stats.Snapshot
+	deadline := time.Now().Add(timeout)
+	for {
+		err := r.Read(&s)
+		if err == nil && ok(&s) {
+			return &s, nil
+		}
+		if time.Now().After(deadline) {
+			return &s, fmt.Errorf("%s: not published within %v (last read: %v, sockets %+v)", r.Path, timeout, err, s.Sockets)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
