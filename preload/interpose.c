@@ -11,6 +11,7 @@
  * LD_PRELOAD.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,34 @@ void vmx_set_state(int fd, int state)
 {
 	if (fd >= 0 && fd < VMX_MAXFD)
 		__atomic_store_n(&vmx_state[fd], (unsigned char)state, __ATOMIC_RELEASE);
+}
+
+/* The fds vmaxdp holds for itself: the Go runtime's poller, and what the
+ * engine opens (package highfd: AF_XDP sockets, BPF maps and link,
+ * eventfds, the counters file). The application never opened them, so its
+ * close() and closefrom() find them "not open" (EBADF, as for any number
+ * it does not hold) instead of killing the runtime (fatal error:
+ * netpoll failed) or cutting the engine off its queues; a dup2() onto one
+ * fails with EBADF and is logged. A forked child never runs the engine: it
+ * may close them. */
+static unsigned char vmx_internal[VMX_MAXFD / 8];
+
+void vmx_set_internal(int fd, int on)
+{
+	if (fd < 0 || fd >= VMX_MAXFD)
+		return;
+	unsigned char bit = (unsigned char)(1u << (fd & 7));
+	if (on)
+		__atomic_fetch_or(&vmx_internal[fd >> 3], bit, __ATOMIC_RELEASE);
+	else
+		__atomic_fetch_and(&vmx_internal[fd >> 3], (unsigned char)~bit, __ATOMIC_RELEASE);
+}
+
+static inline int internal(int fd)
+{
+	if ((unsigned)fd >= VMX_MAXFD || vmx_forked)
+		return 0;
+	return (__atomic_load_n(&vmx_internal[fd >> 3], __ATOMIC_ACQUIRE) >> (fd & 7)) & 1;
 }
 
 static inline int state(int fd)
@@ -79,6 +108,8 @@ DECLARE(int, close, int);
 DECLARE(int, dup, int);
 DECLARE(int, dup2, int, int);
 DECLARE(int, dup3, int, int, int);
+DECLARE(int, close_range, unsigned int, unsigned int, int);
+DECLARE(void, closefrom, int);
 DECLARE(int, fcntl, int, int, ...);
 DECLARE(int, fcntl64, int, int, ...);
 DECLARE(int, ioctl, int, unsigned long, ...);
@@ -164,6 +195,47 @@ static void release_low_fds(void)
 		syscall(SYS_close, vmx_held[--vmx_nheld]);
 }
 
+/* open_fds marks in set the fds open now (below VMX_MAXFD), less the one
+ * it reads them through. */
+static void open_fds(unsigned char *set)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+		if (*end == 0 && end != e->d_name && fd >= 0 && fd < VMX_MAXFD && fd != dirfd(d))
+			set[fd >> 3] |= (unsigned char)(1u << (fd & 7));
+	}
+	closedir(d);
+}
+
+/* The fds open before the Go runtime started: any other open once the
+ * engine is up is the runtime's or the engine's (internal). */
+static unsigned char vmx_loader_fds[VMX_MAXFD / 8];
+
+static void mark_runtime_fds(void)
+{
+	static unsigned char now[VMX_MAXFD / 8];
+	open_fds(now);
+	for (int i = 0; i < VMX_MAXFD / 8; i++) {
+		unsigned char add = now[i] & (unsigned char)~vmx_loader_fds[i];
+		if (add)
+			__atomic_fetch_or(&vmx_internal[i], add, __ATOMIC_RELEASE);
+	}
+}
+
+/* Go's runtime raises the soft RLIMIT_NOFILE to the hard limit as it starts
+ * (go.dev/issue/46279). The application must see the limit it was given: a
+ * program that uses select() may rely on its soft limit of 1024 to never
+ * get an fd that overflows an fd_set. So vmxgo_init puts the loader's
+ * limit back before the engine opens anything; its own fds live under it
+ * (package highfd). */
+static struct rlimit vmx_loader_nofile;
+static int vmx_have_nofile;
+
 __attribute__((constructor(101))) static void vmx_before_runtime(void)
 {
 	sigset_t all;
@@ -172,6 +244,8 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 	RESOLVE(sigaction);
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
+	vmx_have_nofile = getrlimit(RLIMIT_NOFILE, &vmx_loader_nofile) == 0;
+	open_fds(vmx_loader_fds);
 	hold_low_fds();
 }
 
@@ -188,14 +262,15 @@ __attribute__((constructor)) static void vmx_init(void)
 	RESOLVE(send); RESOLVE(sendto); RESOLVE(sendmsg); RESOLVE(sendmmsg);
 	RESOLVE(write); RESOLVE(writev); RESOLVE(poll); RESOLVE(ppoll);
 	RESOLVE(select); RESOLVE(pselect); RESOLVE(epoll_ctl); RESOLVE(epoll_wait);
-	RESOLVE(epoll_pwait); RESOLVE(fork);
+	RESOLVE(epoll_pwait); RESOLVE(fork); RESOLVE(close_range); RESOLVE(closefrom);
 	if (!real_fcntl64)
 		real_fcntl64 = real_fcntl;
 	pthread_atfork(NULL, NULL, vmx_child);
-	if (vmxgo_init() != 0)
+	if (vmxgo_init(vmx_have_nofile ? &vmx_loader_nofile : NULL) != 0)
 		_exit(1);
 	pthread_sigmask(SIG_SETMASK, &vmx_loader_mask, NULL);
 	release_low_fds();
+	mark_runtime_fds();
 	vmx_ready = 1;
 }
 
@@ -300,6 +375,10 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 
 int close(int fd)
 {
+	if (internal(fd)) {
+		errno = EBADF;
+		return -1;
+	}
 	if (state(fd) != VMX_OS) {
 		vmx_set_state(fd, VMX_OS);
 		vmxgo_close(fd);
@@ -318,14 +397,73 @@ static int after_dup(int oldfd, int newfd)
 
 int dup(int fd) { return after_dup(fd, REAL(dup)(fd)); }
 
+/* refused: dup2/dup3 onto one of vmaxdp's own fds (see vmx_internal). */
+static int refused(int newfd, const char *call)
+{
+	vmxgo_refused(newfd, (char *)call);
+	errno = EBADF;
+	return -1;
+}
+
 int dup2(int oldfd, int newfd)
 {
 	if (oldfd == newfd)
 		return REAL(dup2)(oldfd, newfd);
+	if (internal(newfd))
+		return refused(newfd, "dup2");
 	return after_dup(oldfd, REAL(dup2)(oldfd, newfd));
 }
 
-int dup3(int oldfd, int newfd, int flags) { return after_dup(oldfd, REAL(dup3)(oldfd, newfd, flags)); }
+int dup3(int oldfd, int newfd, int flags)
+{
+	if (oldfd != newfd && internal(newfd))
+		return refused(newfd, "dup3");
+	return after_dup(oldfd, REAL(dup3)(oldfd, newfd, flags));
+}
+
+static int sys_close_range(unsigned int first, unsigned int last, int flags)
+{
+	if (REAL(close_range))
+		return REAL(close_range)(first, last, flags);
+	return (int)syscall(SYS_close_range, first, last, flags);
+}
+
+/* close_range closes the range around vmaxdp's own fds, and tells the
+ * engine of each socket it closes, as close() does. */
+int close_range(unsigned int first, unsigned int last, int flags)
+{
+	if ((flags & CLOSE_RANGE_CLOEXEC) || first > last || vmx_forked)
+		return sys_close_range(first, last, flags);
+	unsigned int lo = first;
+	for (unsigned int fd = first; fd <= last && fd < VMX_MAXFD; fd++) {
+		if (internal((int)fd)) {
+			if (fd > lo && sys_close_range(lo, fd - 1, flags) != 0)
+				return -1;
+			lo = fd + 1;
+		} else if (state((int)fd) != VMX_OS) {
+			vmx_set_state((int)fd, VMX_OS);
+			vmxgo_close((int)fd);
+		}
+	}
+	if (lo <= last)
+		return sys_close_range(lo, last, flags);
+	return 0;
+}
+
+void closefrom(int lowfd)
+{
+	if (lowfd < 0)
+		lowfd = 0;
+	if (close_range((unsigned int)lowfd, ~0U, 0) == 0)
+		return;
+	/* close_range is missing (before Linux 5.9): one close() per fd. */
+	struct rlimit lim;
+	long top = VMX_MAXFD;
+	if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < (rlim_t)top)
+		top = (long)lim.rlim_cur;
+	for (long fd = lowfd; fd < top; fd++)
+		close((int)fd);
+}
 
 static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, long arg)
 {

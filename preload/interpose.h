@@ -21,5 +21,6 @@ struct vmx_signals {
 };
 
 void vmx_set_state(int fd, int state);
+void vmx_set_internal(int fd, int on);
 
 #endif

@@ -17,6 +17,7 @@ package main
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include "interpose.h"
@@ -34,6 +35,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/engine"
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
@@ -55,8 +58,26 @@ var (
 
 func main() {}
 
+// vmxgo_init starts the engine. nofile, when not nil, is the fd limit the
+// process was started with, which the Go runtime raised as it started: it
+// is put back first, so that the application sees its own limit and the
+// engine's fds (package highfd) are placed under it.
+//
 //export vmxgo_init
-func vmxgo_init() C.int {
+func vmxgo_init(nofile *C.struct_rlimit) C.int {
+	if nofile != nil {
+		lim := unix.Rlimit{Cur: uint64(nofile.rlim_cur), Max: uint64(nofile.rlim_max)}
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+			fmt.Fprintf(os.Stderr, "vmaxdp: restore RLIMIT_NOFILE %d: %v\n", lim.Cur, err)
+		}
+	}
+	highfd.Track = func(fd int, on bool) {
+		v := C.int(0)
+		if on {
+			v = 1
+		}
+		C.vmx_set_internal(C.int(fd), v)
+	}
 	var err error
 	onState := func(fd int, s engine.State) { C.vmx_set_state(C.int(fd), C.int(s)) }
 	if eng, err = engine.New(&engine.Options{OnState: onState}); err != nil {
@@ -64,6 +85,14 @@ func vmxgo_init() C.int {
 		return 1
 	}
 	return 0
+}
+
+// vmxgo_refused logs a call the interposer refused because it would have
+// replaced one of vmaxdp's own fds.
+//
+//export vmxgo_refused
+func vmxgo_refused(fd C.int, call *C.char) {
+	eng.Log.Printf(params.LevelWarning, "%s onto fd %d refused (EBADF): vmaxdp's engine holds that fd for itself", C.GoString(call), int(fd))
 }
 
 //export vmxgo_fini

@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"sync"
@@ -25,26 +26,88 @@ type nextHop struct {
 
 // How long a resolved next hop is trusted before the kernel's tables are
 // read again, and how long a failed resolution sends through the kernel
-// before it is tried again.
+// before it is tried again. An entry past its expiry is still used, for
+// up to staleTTL more, while one background lookup refreshes it.
 const (
 	nextHopTTL      = 30 * time.Second
 	unresolvableTTL = time.Second
+	staleTTL        = 30 * time.Second
 )
 
 // nextHops caches the kernel's routing and neighbour decisions. Readers
-// load an immutable map without a lock; a miss rebuilds it under mu.
+// load an immutable map without a lock; a miss rebuilds it under mu. Only
+// the first send to a destination waits for netlink (a route and
+// neighbour lookup take tens of microseconds, an unanswered ARP up to
+// ResolveTimeout); later ones never do, since an expired entry is served
+// while a goroutine looks it up again.
 type nextHops struct {
 	mu sync.Mutex
 	m  atomic.Pointer[map[netip.Addr]nextHop]
+
+	refreshMu  sync.Mutex
+	refreshing map[netip.Addr]bool
+	closed     bool
+	refreshes  sync.WaitGroup
 }
 
 func (st *Stack) nextHop(dst netip.Addr) (nextHop, error) {
 	if m := st.hops.m.Load(); m != nil {
-		if h, ok := (*m)[dst]; ok && time.Now().UnixNano() < h.expires {
-			return h, nil
+		if h, ok := (*m)[dst]; ok {
+			now := time.Now().UnixNano()
+			if now < h.expires {
+				return h, nil
+			}
+			if now < h.expires+int64(staleTTL) {
+				st.refreshHop(dst)
+				return h, nil
+			}
 		}
 	}
 	return st.resolve(dst)
+}
+
+// refreshHop looks dst up again in the background, once at a time.
+func (st *Stack) refreshHop(dst netip.Addr) {
+	hs := &st.hops
+	hs.refreshMu.Lock()
+	defer hs.refreshMu.Unlock()
+	if hs.closed || hs.refreshing[dst] {
+		return
+	}
+	if hs.refreshing == nil {
+		hs.refreshing = map[netip.Addr]bool{}
+	}
+	hs.refreshing[dst] = true
+	hs.refreshes.Add(1)
+	go func() {
+		defer hs.refreshes.Done()
+		if _, err := st.resolve(dst); err != nil {
+			// No route any more: the next send looks it up itself and
+			// gets the error.
+			st.forgetHop(dst)
+		}
+		hs.refreshMu.Lock()
+		delete(hs.refreshing, dst)
+		hs.refreshMu.Unlock()
+	}()
+}
+
+func (st *Stack) forgetHop(dst netip.Addr) {
+	st.hops.mu.Lock()
+	defer st.hops.mu.Unlock()
+	if old := st.hops.m.Load(); old != nil {
+		m := maps.Clone(*old)
+		delete(m, dst)
+		st.hops.m.Store(&m)
+	}
+}
+
+// stopRefreshes waits for the background lookups and starts no more.
+func (st *Stack) stopRefreshes() {
+	st.hops.refreshMu.Lock()
+	st.hops.closed = true
+	st.hops.refreshMu.Unlock()
+	st.hops.refreshes.Wait()
 }
 
 // resolve asks the kernel: the route to dst, then the neighbour entry of the
@@ -64,7 +127,7 @@ func (st *Stack) resolve(dst netip.Addr) (nextHop, error) {
 	if old != nil {
 		now := time.Now().UnixNano()
 		for k, v := range *old {
-			if now < v.expires {
+			if now < v.expires+int64(staleTTL) {
 				m[k] = v
 			}
 		}
@@ -81,13 +144,19 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.addr
 		return h, nil
 	}
+	// A handle per lookup: one kept open would hold a netlink socket at a
+	// low fd number, and lookups are rare (see nextHops).
+	nl, err := netlink.NewHandleAt(st.ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return h, fmt.Errorf("route to %s: netlink: %w", dst, err)
+	}
+	defer nl.Close()
 	var routes []netlink.Route
-	var err error
 	if dst.IsMulticast() {
 		// The kernel's multicast route lookup wants an output interface.
-		routes, err = st.nl.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{Oif: st.ifname})
+		routes, err = nl.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{Oif: st.ifname})
 	} else {
-		routes, err = st.nl.RouteGet(dst.AsSlice())
+		routes, err = nl.RouteGet(dst.AsSlice())
 	}
 	if err != nil || len(routes) == 0 {
 		return h, fmt.Errorf("route to %s: %w", dst, errors.Join(err, unix.ENETUNREACH))
@@ -111,14 +180,14 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 	}
 	deadline := now.Add(st.opts.ResolveTimeout)
 	for triggered := false; ; {
-		if mac, ok := st.neighbour(hop); ok {
+		if mac, ok := st.neighbour(nl, hop); ok {
 			h.mac = mac
 			return h, nil
 		}
 		if !triggered {
 			// NTF_USE makes the kernel send its ARP request, as its own
 			// first packet to that neighbour would.
-			st.nl.NeighSet(&netlink.Neigh{LinkIndex: st.ifindex, Family: unix.AF_INET, IP: hop.AsSlice(), Flags: netlink.NTF_USE})
+			nl.NeighSet(&netlink.Neigh{LinkIndex: st.ifindex, Family: unix.AF_INET, IP: hop.AsSlice(), Flags: netlink.NTF_USE})
 			triggered = true
 		}
 		if time.Now().After(deadline) {
@@ -129,8 +198,8 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 	}
 }
 
-func (st *Stack) neighbour(hop netip.Addr) (header.MAC, bool) {
-	neighs, err := st.nl.NeighList(st.ifindex, unix.AF_INET)
+func (st *Stack) neighbour(nl *netlink.Handle, hop netip.Addr) (header.MAC, bool) {
+	neighs, err := nl.NeighList(st.ifindex, unix.AF_INET)
 	if err != nil {
 		return header.MAC{}, false
 	}

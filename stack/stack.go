@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/xsk"
@@ -128,7 +129,6 @@ type Stack struct {
 	addr    netip.Addr // the interface's first IPv4 address
 	ns      netns.NsHandle
 	nsInode uint32
-	nl      *netlink.Handle
 	prog    *steer.Program
 	queues  []*queue
 	ipID    atomic.Uint32
@@ -208,15 +208,18 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if st.ns, err = netns.Get(); err != nil {
 		return st, fmt.Errorf("network namespace: %w", err)
 	}
+	st.ns = netns.NsHandle(highfd.Move(int(st.ns)))
 	var nsStat unix.Stat_t
 	if err := unix.Fstat(int(st.ns), &nsStat); err != nil {
 		return st, fmt.Errorf("network namespace: %w", err)
 	}
 	st.nsInode = uint32(nsStat.Ino)
-	if st.nl, err = netlink.NewHandle(); err != nil {
+	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
 		return st, fmt.Errorf("netlink: %w", err)
 	}
-	l, err := st.nl.LinkByName(ifname)
+	defer nl.Close()
+	l, err := nl.LinkByName(ifname)
 	if err != nil {
 		return st, err
 	}
@@ -229,7 +232,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, fmt.Errorf("not an Ethernet interface (hardware address %v)", a.HardwareAddr)
 	}
 	st.mac = header.MAC(a.HardwareAddr)
-	addrs, err := st.nl.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
 	if err != nil || len(addrs) == 0 {
 		return st, fmt.Errorf("no IPv4 address: %w", errors.Join(err, errors.New("add one")))
 	}
@@ -338,8 +341,9 @@ func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
 		if err != nil {
 			return pfds, fmt.Errorf("stack %s: eventfd: %w", st.ifname, err)
 		}
+		fd = highfd.Move(fd)
 		if !st.muxEvfd.CompareAndSwap(-1, int32(fd)) {
-			unix.Close(fd)
+			highfd.Close(fd)
 		}
 	}
 	st.muxWaiters.Add(1)
@@ -498,15 +502,12 @@ func (st *Stack) Close() error {
 	}
 	st.queues = nil
 	st.rxMu.Unlock()
-	if st.nl != nil {
-		st.nl.Close()
-		st.nl = nil
-	}
+	st.stopRefreshes()
 	if fd := st.muxEvfd.Swap(-1); fd >= 0 {
-		unix.Close(int(fd))
+		highfd.Close(int(fd))
 	}
 	if st.ns >= 0 {
-		st.ns.Close()
+		highfd.Close(int(st.ns))
 		st.ns = -1
 	}
 	return errors.Join(errs...)

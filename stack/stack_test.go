@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,6 +145,63 @@ func TestSendToKernel(t *testing.T) {
 	}
 	if got := c.Counters.TxOffloadPackets.Load(); got != n {
 		t.Errorf("TxOffloadPackets = %d, want %d (os %d)", got, n, c.Counters.TxOSPackets.Load())
+	}
+}
+
+// TestStaleNextHop: once its cached next hop expires, a send to a known
+// destination does not wait for the kernel's tables: it goes out through
+// the engine at once with the entry it had, while a background lookup
+// refreshes it. Here the neighbour stops answering ARP and the kernel has
+// forgotten it, so a lookup on the send path would have waited
+// ResolveTimeout and sent through the kernel; the refresh then finds it
+// unresolvable, and the next send goes through the kernel.
+func TestStaleNextHop(t *testing.T) {
+	bed, st := bedStack(t, &stack.Options{ResolveTimeout: 300 * time.Millisecond})
+	k := kernelConn(t, bed, "198.18.0.1:9101")
+	// Not connected: a connected socket keeps its own copy of the hop.
+	c, err := st.ListenUDP(netip.AddrPort{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(i int) {
+		t.Helper()
+		if _, err := c.WriteToUDPAddrPort(payload(i, 64), netip.MustParseAddrPort("198.18.0.1:9101")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(0)
+	for _, cmd := range [][]string{
+		{"ip", "-n", bed.NSName(testbed.A), "link", "set", "dev", bed.Link(testbed.A), "arp", "off"},
+		{"ip", "-n", bed.NSName(testbed.B), "neigh", "flush", "dev", bed.Link(testbed.B)},
+	} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(cmd, " "), err, out)
+		}
+	}
+	stack.ExpireNextHops(st)
+	send(1)
+	if got := c.Counters.TxOffloadPackets.Load(); got != 2 {
+		t.Errorf("the send after expiry was not offloaded: TxOffloadPackets = %d, TxOSPackets = %d", got, c.Counters.TxOSPackets.Load())
+	}
+	stack.WaitNextHopRefreshes(st)
+
+	if got := st.Counters.NeighUnresolved.Load(); got != 1 {
+		t.Errorf("NeighUnresolved = %d after the refresh, want 1", got)
+	}
+	send(2)
+	if got := c.Counters.TxOSPackets.Load(); got != 1 {
+		t.Errorf("the send after the refresh found the neighbour gone did not go through the kernel: TxOSPackets = %d", got)
+	}
+	buf := make([]byte, 128)
+	k.SetReadDeadline(time.Now().Add(2 * time.Second))
+	for i := 0; i < 2; i++ {
+		n, _, err := k.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], payload(i, 64)) {
+			t.Errorf("datagram %d: got %x", i, buf[:n])
+		}
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
@@ -290,6 +291,7 @@ func (c *UDPConn) openKernel(laddr, raddr netip.AddrPort) error {
 	if err != nil {
 		return fmt.Errorf("kernel socket: %w", err)
 	}
+	fd = highfd.Move(fd)
 	c.kfd.Store(int32(fd))
 	if laddr.Addr().IsMulticast() {
 		// Several receivers of one group share its port, as with the kernel.
@@ -743,11 +745,12 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 		if err != nil {
 			return fmt.Errorf("udp %s: eventfd: %w", c.local, err)
 		}
+		fd = highfd.Move(fd)
 		st.rxMu.Lock()
 		if c.evfd < 0 {
 			c.evfd = fd
 		} else {
-			unix.Close(fd)
+			highfd.Close(fd)
 		}
 		st.rxMu.Unlock()
 	}
@@ -1061,11 +1064,11 @@ func (c *UDPConn) Close() error {
 		<-c.left
 	}
 	if c.evfd >= 0 {
-		unix.Close(c.evfd)
+		highfd.Close(c.evfd)
 		c.evfd = -1
 	}
 	if fd := c.FD(); fd >= 0 && c.ownFD {
-		errs = append(errs, unix.Close(fd))
+		errs = append(errs, highfd.Close(fd))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("udp %s: close: %w", c.local, err)

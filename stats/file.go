@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 )
 
 // The file is a fixed header and the payload. The writer publishes with a
@@ -97,23 +99,22 @@ func StartTicks(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
-// OpenHigh opens a file for a process that runs an application: on an fd
-// near the top of the application's fd limit, so that the application's
-// own fds keep the numbers they would have without vmaxdp, and outside Go's
-// poller, which would take two more fds of its own (epoll, eventfd).
+// OpenHigh opens a file for a process that runs an application: at the top
+// of its fd space (package highfd), so that the application's own fds keep
+// the numbers they would have without vmaxdp, and outside Go's poller,
+// which would take two more fds of its own (epoll, eventfd).
 func OpenHigh(path string, flag int, perm uint32) (*os.File, error) {
 	fd, err := unix.Open(path, flag|unix.O_CLOEXEC, perm)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	var lim unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur > 64 {
-		if high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, int(min(lim.Cur, 1<<20)-32)); err == nil {
-			unix.Close(fd)
-			fd = high
-		}
-	}
-	return os.NewFile(uintptr(fd), path), nil
+	return os.NewFile(uintptr(highfd.Move(fd)), path), nil
+}
+
+// CloseHigh closes a file OpenHigh opened.
+func CloseHigh(f *os.File) error {
+	highfd.Forget(int(f.Fd()))
+	return f.Close()
 }
 
 // Control is what readers asked of the process.
@@ -156,7 +157,7 @@ func Create(dir string, pid int) (*Writer, error) {
 	binary.LittleEndian.PutUint32(h[offPID:], uint32(pid))
 	binary.LittleEndian.PutUint64(h[offStart:], start)
 	if _, err := f.WriteAt(h, 0); err != nil {
-		f.Close()
+		CloseHigh(f)
 		os.Remove(path)
 		return nil, fmt.Errorf("stats: %s: %w", path, err)
 	}
@@ -219,7 +220,7 @@ func (w *Writer) AckZero(n uint64) error {
 
 // Close removes the file.
 func (w *Writer) Close() error {
-	return errors.Join(w.f.Close(), os.Remove(w.path))
+	return errors.Join(CloseHigh(w.f), os.Remove(w.path))
 }
 
 // Reader reads one process's stats file.

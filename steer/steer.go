@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	vbpf "github.com/vmaxdp/vmaxdp/bpf"
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 )
 
 // PinDirName names the directory, under the pin directory, of the program
@@ -223,7 +224,60 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	for i := MaxRules - 1; i >= 0; i-- {
 		p.free = append(p.free, RuleID(i))
 	}
+	if err := p.moveHigh(); err != nil {
+		return p, err
+	}
 	return p, p.pin()
+}
+
+// moveHigh closes the programs, which the link holds, and moves the fds the
+// program keeps (link and maps) to the top of the fd space (package
+// highfd): left where the loader put them, twelve fds with their BTF would
+// sit on the application's next numbers.
+func (p *Program) moveHigh() error {
+	if err := p.objs.SteerPrograms.Close(); err != nil {
+		return fmt.Errorf("close programs: %w", err)
+	}
+	p.objs.SteerPrograms = vbpf.SteerPrograms{}
+	raw, ok := p.link.(interface{ FD() int })
+	if !ok {
+		return fmt.Errorf("link %T has no fd", p.link)
+	}
+	fd, err := highfd.Dup(raw.FD())
+	if err != nil {
+		return fmt.Errorf("dup link: %w", err)
+	}
+	l, err := link.NewFromFD(fd)
+	if err != nil {
+		highfd.Close(fd)
+		return fmt.Errorf("link from fd %d: %w", fd, err)
+	}
+	p.link.Close()
+	p.link = l
+	for name, m := range p.maps() {
+		fd, err := highfd.Dup((*m).FD())
+		if err != nil {
+			return fmt.Errorf("dup map %s: %w", name, err)
+		}
+		nm, err := ebpf.NewMapFromFD(fd)
+		if err != nil {
+			highfd.Close(fd)
+			return fmt.Errorf("map %s from fd %d: %w", name, fd, err)
+		}
+		(*m).Close()
+		*m = nm
+	}
+	return nil
+}
+
+// maps names each of the program's maps as it is pinned.
+func (p *Program) maps() map[string]**ebpf.Map {
+	o := &p.objs.SteerMaps
+	return map[string]**ebpf.Map{
+		"prog_stats": &o.ProgStats, "rule_stats": &o.RuleStats,
+		"rules_5tuple": &o.Rules5tuple, "rules_mcast": &o.RulesMcast, "rules_3tuple": &o.Rules3tuple,
+		"rules_port": &o.RulesPort, "xsks_map": &o.XsksMap, "active_ports": &o.ActivePorts,
+	}
 }
 
 // claim makes sure nothing else owns the interface. The program attached,
@@ -275,12 +329,8 @@ func (p *Program) pin() error {
 	if err := p.link.Pin(filepath.Join(p.dir, "link")); err != nil {
 		return fmt.Errorf("pin link: %w", err)
 	}
-	for name, m := range map[string]*ebpf.Map{
-		"prog_stats": p.objs.ProgStats, "rule_stats": p.objs.RuleStats,
-		"rules_5tuple": p.objs.Rules5tuple, "rules_mcast": p.objs.RulesMcast, "rules_3tuple": p.objs.Rules3tuple,
-		"rules_port": p.objs.RulesPort, "xsks_map": p.objs.XsksMap, "active_ports": p.objs.ActivePorts,
-	} {
-		if err := m.Pin(filepath.Join(p.dir, name)); err != nil {
+	for name, m := range p.maps() {
+		if err := (*m).Pin(filepath.Join(p.dir, name)); err != nil {
 			return fmt.Errorf("pin map %s: %w", name, err)
 		}
 	}
@@ -480,6 +530,14 @@ func ReadProgCounters(m *ebpf.Map) (ProgCounters, error) {
 // Close detaches the program and removes its pins.
 func (p *Program) Close() error {
 	var errs []error
+	if raw, ok := p.link.(interface{ FD() int }); ok {
+		highfd.Forget(raw.FD())
+	}
+	for _, m := range p.maps() {
+		if *m != nil {
+			highfd.Forget((*m).FD())
+		}
+	}
 	if p.link != nil {
 		if err := p.link.Unpin(); err != nil {
 			errs = append(errs, err)

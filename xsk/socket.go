@@ -10,8 +10,10 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/vmaxdp/vmaxdp/backend"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 )
 
 // ErrQueueBusy is returned when another AF_XDP socket is bound to the queue.
@@ -139,6 +141,7 @@ func Open(ifname string, queue int, opts *Options) (_ *Socket, err error) {
 		}
 		return nil, fmt.Errorf("xsk %s/q%d: socket: %w", ifname, queue, err)
 	}
+	fd = highfd.Move(fd)
 	s := &Socket{fd: fd, ifname: ifname, ifindex: ifi.Index, queue: queue, frameSize: o.FrameSize, frameMask: ^uint64(o.FrameSize - 1)}
 	defer func() {
 		if err != nil {
@@ -424,7 +427,7 @@ func (s *Socket) Close() error {
 	}
 	var err error
 	if s.fd >= 0 {
-		err = unix.Close(s.fd)
+		err = highfd.Close(s.fd)
 		s.fd = -1
 	}
 	if s.umem != nil {

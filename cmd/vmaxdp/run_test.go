@@ -80,9 +80,16 @@ type cProgram struct {
 // to the environment, for at most 30 s.
 func startC(t *testing.T, b *testbed.Bed, prog string, env []string, args ...string) *cProgram {
 	t.Helper()
+	return startArgv(t, b, env, append([]string{tools(t), "run", "--", prog}, args...)...)
+}
+
+// startArgv starts argv in b's side B, env added to the environment, for
+// at most 30 s.
+func startArgv(t *testing.T, b *testbed.Bed, env []string, argv ...string) *cProgram {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", b.NSName(testbed.B), tools(t), "run", "--", prog}, args...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", b.NSName(testbed.B)}, argv...)...)
 	cmd.Env = append(append(os.Environ(), "VMAXDP_TRACELEVEL=4"), env...)
 	p := &cProgram{out: &sockperf.SyncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
@@ -435,6 +442,32 @@ func TestRunRecvmmsg(t *testing.T) {
 		sendFromA(t, b, port, step.msgs...)
 	}
 	p.wait(t, b, "timeout", "waitforone")
+}
+
+// TestRunFDs runs testdata/fds.c with a soft fd limit of 1024: the
+// application keeps its limit and its low fd numbers, and a daemon's
+// close-everything loop, closefrom and close_range leave vmaxdp's own fds
+// (Go's poller, the AF_XDP socket, the steering maps) alone, so the socket
+// still receives through the engine afterwards. Before, the loop killed
+// the process ("fatal error: runtime: netpoll failed").
+func TestRunFDs(t *testing.T) {
+	testutil.RequireRoot(t)
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("prlimit (util-linux) is not installed: it sets the fd limit the program starts with")
+	}
+	prog := buildC(t, "fds")
+	b := testutil.Bed(t, nil)
+	const port = 11171
+	p := startArgv(t, b, nil, prlimit, "--nofile=1024:4096", "--", tools(t), "run", "--", prog, strconv.Itoa(port), "1024")
+	if err := p.waitFor("ready\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	sendFromA(t, b, port, "hello")
+	p.wait(t, b, "rlimit", "closeall-early", "lowfd", "closeall", "dup2", "closefrom", "recv")
+	if !strings.Contains(p.out.String(), "refused (EBADF): vmaxdp's engine holds that fd") {
+		t.Errorf("the refused dup2 was not logged")
+	}
 }
 
 // BenchmarkCrossing measures what a call costs an application by the path

@@ -152,7 +152,7 @@ func (e *Engine) shutdown() {
 	if pub.statsOut != nil {
 		e.eachSocket(func(s *Socket, _ int) { e.writeStatsFile(s) })
 		pub.mu.Lock()
-		pub.statsOut.Close()
+		stats.CloseHigh(pub.statsOut)
 		pub.statsOut = nil
 		pub.mu.Unlock()
 	}
