@@ -148,7 +148,34 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 			ttl = int(*(*int32)(val))
 		}
 		eng.SetTTL(f, ttl, name == unix.IP_MULTICAST_TTL)
+	case level == unix.IPPROTO_IP:
+		if group, ifaddr, ifindex, ok := sourceOptionGroup(int(name), unsafe.Slice((*byte)(val), n)); ok {
+			eng.SourceMembership(f, group, ifaddr, ifindex)
+		}
 	}
+}
+
+// sourceOptionGroup reads the group and interface of a source-filter or
+// protocol-independent multicast option, which the kernel socket has just
+// applied: ip_mreq_source and ip_msfilter begin with the group and the
+// interface's address; group_req, group_source_req and group_filter with
+// the interface's index and, 8 bytes in (sockaddr_storage's alignment),
+// the group's sockaddr.
+func sourceOptionGroup(name int, b []byte) (group, ifaddr netip.Addr, ifindex int, ok bool) {
+	switch name {
+	case unix.IP_ADD_SOURCE_MEMBERSHIP, unix.IP_DROP_SOURCE_MEMBERSHIP, unix.IP_BLOCK_SOURCE, unix.IP_UNBLOCK_SOURCE, unix.IP_MSFILTER:
+		if len(b) < 12 {
+			return
+		}
+		return netip.AddrFrom4([4]byte(b[0:4])), netip.AddrFrom4([4]byte(b[4:8])), 0, true
+	case unix.MCAST_JOIN_GROUP, unix.MCAST_LEAVE_GROUP, unix.MCAST_JOIN_SOURCE_GROUP, unix.MCAST_LEAVE_SOURCE_GROUP,
+		unix.MCAST_BLOCK_SOURCE, unix.MCAST_UNBLOCK_SOURCE, unix.MCAST_MSFILTER:
+		if len(b) < 8+unix.SizeofSockaddrInet4 || binary.NativeEndian.Uint16(b[8:10]) != unix.AF_INET {
+			return
+		}
+		return netip.AddrFrom4([4]byte(b[12:16])), netip.Addr{}, int(binary.NativeEndian.Uint32(b[0:4])), true
+	}
+	return
 }
 
 func addr4(nbo C.uint32_t) netip.Addr {

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -239,6 +240,99 @@ func TestMulticast(t *testing.T) {
 }
 
 // Everything the engine did not ask for still reaches the kernel.
+// TestSourceFilteredMulticast: source-filter options applied to the kernel
+// socket (IP_ADD_SOURCE_MEMBERSHIP, IP_DROP_SOURCE_MEMBERSHIP,
+// IP_BLOCK_SOURCE) and read back by SteerGroup filter the steered path
+// as the kernel filters its own: refused sources are counted in
+// RxSourceFiltered and never delivered, accepted ones come through the
+// engine, and a socket that is no longer a member is no longer steered.
+func TestSourceFilteredMulticast(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	src1, src2 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.3")
+	if out, err := exec.Command("ip", "-n", bed.NSName(testbed.A), "addr", "add", src2.String()+"/24", "dev", bed.Link(testbed.A)).CombinedOutput(); err != nil {
+		t.Fatalf("add a second source on side A: %v\n%s", err, out)
+	}
+	group := netip.MustParseAddr("224.1.2.4")
+	const port, n = 9201, 20
+	c, err := st.ListenUDP(netip.AddrPortFrom(netip.IPv4Unspecified(), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	senders := map[netip.Addr]*net.UDPConn{src1: kernelConn(t, bed, src1.String()+":0"), src2: kernelConn(t, bed, src2.String()+":0")}
+	option := func(name int, src netip.Addr) {
+		t.Helper()
+		var mreq [12]byte // struct ip_mreq_source: group, interface, source
+		copy(mreq[0:], group.AsSlice())
+		copy(mreq[4:], st.Addr().AsSlice())
+		copy(mreq[8:], src.AsSlice())
+		if err := unix.SetsockoptString(c.FD(), unix.IPPROTO_IP, name, string(mreq[:])); err != nil {
+			t.Fatalf("setsockopt %d %s: %v", name, src, err)
+		}
+		if err := c.SteerGroup(group); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// expect sends n datagrams from each source, refused ones first, and
+	// checks that exactly the accepted ones arrive, through the engine.
+	expect := func(step string, accepted ...netip.Addr) {
+		t.Helper()
+		filtered, offloaded := c.Counters.RxSourceFiltered.Load(), c.Counters.RxOffloadPackets.Load()
+		var refused []netip.Addr
+		for _, src := range []netip.Addr{src1, src2} {
+			if !slices.Contains(accepted, src) {
+				refused = append(refused, src)
+			}
+		}
+		for _, src := range append(refused, accepted...) {
+			for i := 0; i < n; i++ {
+				if _, err := senders[src].WriteToUDPAddrPort(payload(i, 32), netip.AddrPortFrom(group, port)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		buf := make([]byte, 2048)
+		got := map[netip.Addr]int{}
+		for {
+			c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			_, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				break
+			}
+			got[from.Addr()]++
+		}
+		for _, src := range []netip.Addr{src1, src2} {
+			if want := map[bool]int{true: n}[slices.Contains(accepted, src)]; got[src] != want {
+				t.Errorf("%s: %d datagrams from %s, want %d", step, got[src], src, want)
+			}
+		}
+		if d := c.Counters.RxOffloadPackets.Load() - offloaded; d != uint64(n*len(accepted)) {
+			t.Errorf("%s: %d datagrams came through the engine, want %d", step, d, n*len(accepted))
+		}
+		wantFiltered := uint64(n * len(refused))
+		if len(accepted) == 0 {
+			wantFiltered = 0 // not a member: not steered at all
+		}
+		if d := c.Counters.RxSourceFiltered.Load() - filtered; d != wantFiltered {
+			t.Errorf("%s: RxSourceFiltered +%d, want +%d", step, d, wantFiltered)
+		}
+	}
+	option(unix.IP_ADD_SOURCE_MEMBERSHIP, src1)
+	expect("include {src1}", src1)
+	option(unix.IP_ADD_SOURCE_MEMBERSHIP, src2)
+	expect("include {src1, src2}", src1, src2)
+	option(unix.IP_DROP_SOURCE_MEMBERSHIP, src1)
+	expect("include {src2}", src2)
+	option(unix.IP_DROP_SOURCE_MEMBERSHIP, src2)
+	expect("no membership")
+	if err := c.JoinGroup(group); err != nil {
+		t.Fatal(err)
+	}
+	option(unix.IP_BLOCK_SOURCE, src2)
+	expect("exclude {src2}", src1)
+	option(unix.IP_UNBLOCK_SOURCE, src2)
+	expect("exclude {}", src1, src2)
+}
+
 func TestKernelTrafficUntouched(t *testing.T) {
 	bed, st := bedStack(t, nil)
 	if _, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9300")); err != nil {

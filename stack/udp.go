@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,6 +31,7 @@ type SocketCounters struct {
 	RxQueueDrops      atomic.Uint64 // over RxBytesLimit or queue full
 	RxQueueDropBytes  atomic.Uint64 // their payload bytes
 	RxFiltered        atomic.Uint64 // refused by the receive filter
+	RxSourceFiltered  atomic.Uint64 // multicast from a source the socket's filter refuses
 	RxEagain          atomic.Uint64 // reads that timed out or found nothing
 	RxErrors          atomic.Uint64 // reads of the kernel socket that failed
 	RxPollHit         atomic.Uint64 // reads served without sleeping
@@ -85,6 +87,9 @@ type UDPConn struct {
 	rxLen   int
 	rxBytes int
 	filter  RecvFilter
+	// sources: the source filters of the groups that have one (the
+	// kernel socket's, see SteerGroup); nil when none does.
+	sources map[[4]byte]sourceFilter
 
 	errAgain error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
 	waiters  atomic.Int32
@@ -331,10 +336,39 @@ func (c *UDPConn) JoinGroup(group netip.Addr) error {
 	return nil
 }
 
-// SteerGroup brings to the socket the datagrams of a group its kernel
-// socket has already joined (an adopted socket that joined before it was
-// bound). A socket bound to the group itself is steered already.
+// SteerGroup brings to the socket the datagrams of a group as its kernel
+// socket's membership stands (an adopted socket that joined before it was
+// bound, or changed its membership with source options): while the kernel
+// socket is a member, the group is steered here with the kernel's source
+// filter (IP_ADD_SOURCE_MEMBERSHIP, IP_BLOCK_SOURCE, MCAST_*, IP_MSFILTER:
+// the kernel validates them and keeps the state, read back with
+// IP_MSFILTER); once it is not, the group is no longer steered. A socket
+// bound to the group itself is steered already.
 func (c *UDPConn) SteerGroup(group netip.Addr) error {
+	if !group.Is4() || !group.IsMulticast() {
+		return fmt.Errorf("udp %s: join %s: not an IPv4 multicast group", c.local, group)
+	}
+	f, member, err := c.kernelSourceFilter(group)
+	if err != nil {
+		return fmt.Errorf("udp %s: source filter of %s: %w", c.local, group, err)
+	}
+	c.st.rxMu.Lock()
+	if f.include || len(f.srcs) > 0 {
+		if c.sources == nil {
+			c.sources = map[[4]byte]sourceFilter{}
+		}
+		c.sources[group.As4()] = f
+	} else if c.sources != nil {
+		delete(c.sources, group.As4())
+		if len(c.sources) == 0 {
+			c.sources = nil
+		}
+	}
+	c.st.rxMu.Unlock()
+	if !member {
+		c.unsteerGroup(group)
+		return nil
+	}
 	if _, ok := c.groups[group]; ok || c.local.Addr() == group {
 		return nil
 	}
@@ -358,11 +392,7 @@ func (c *UDPConn) LeaveGroup(group netip.Addr) error {
 		return net.ErrClosed
 	}
 	defer c.leave()
-	if id, ok := c.groups[group]; ok {
-		delete(c.groups, group)
-		c.st.prog.RemoveRule(id)
-		c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
-	} else if c.local.Addr() != group {
+	if !c.unsteerGroup(group) && c.local.Addr() != group {
 		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, unix.EADDRNOTAVAIL)
 	}
 	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(c.st.ifindex)}
@@ -370,6 +400,70 @@ func (c *UDPConn) LeaveGroup(group netip.Addr) error {
 		return fmt.Errorf("udp %s: leave %s: %w", c.local, group, err)
 	}
 	return nil
+}
+
+// unsteerGroup stops steering group here and forgets its source filter;
+// it says whether the group was steered.
+func (c *UDPConn) unsteerGroup(group netip.Addr) bool {
+	c.st.rxMu.Lock()
+	if c.sources != nil {
+		delete(c.sources, group.As4())
+		if len(c.sources) == 0 {
+			c.sources = nil
+		}
+	}
+	c.st.rxMu.Unlock()
+	id, ok := c.groups[group]
+	if ok {
+		delete(c.groups, group)
+		c.st.prog.RemoveRule(id)
+		c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
+	}
+	return ok
+}
+
+// sourceFilter is one group's source filter: the sources accepted
+// (include) or refused (exclude), as the kernel's ip_mc_sf_allow reads it.
+type sourceFilter struct {
+	include bool
+	srcs    [][4]byte
+}
+
+func (f *sourceFilter) allows(src [4]byte) bool {
+	return slices.Contains(f.srcs, src) == f.include
+}
+
+// maxSources bounds the sources read back per group (the kernel's
+// net.ipv4.igmp_max_msf is 10 by default); a group with more stays on the
+// kernel.
+const maxSources = 256
+
+// kernelSourceFilter reads the kernel socket's membership of group on the
+// stack's interface (getsockopt IP_MSFILTER): whether it is a member, and
+// its filter mode and sources.
+func (c *UDPConn) kernelSourceFilter(group netip.Addr) (f sourceFilter, member bool, err error) {
+	var buf [16 + 4*maxSources]byte
+	copy(buf[0:4], group.AsSlice())
+	copy(buf[4:8], c.st.addr.AsSlice())
+	binary.NativeEndian.PutUint32(buf[12:16], maxSources)
+	n := uint32(len(buf))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(c.FD()), unix.IPPROTO_IP, unix.IP_MSFILTER,
+		uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+	switch {
+	case e == unix.EADDRNOTAVAIL:
+		return f, false, nil
+	case e != 0:
+		return f, false, e
+	}
+	f.include = binary.NativeEndian.Uint32(buf[8:12]) == unix.MCAST_INCLUDE
+	count := binary.NativeEndian.Uint32(buf[12:16])
+	if count > maxSources {
+		return f, false, fmt.Errorf("%d sources, more than the %d the stack filters", count, maxSources)
+	}
+	for i := range count {
+		f.srcs = append(f.srcs, [4]byte(buf[16+4*i:20+4*i]))
+	}
+	return f, true, nil
 }
 
 // SetTTL sets the TTL of unicast (IP_TTL) or multicast (IP_MULTICAST_TTL)
@@ -398,6 +492,13 @@ func (c *UDPConn) SetRecvFilter(f RecvFilter) {
 
 // enqueueLocked queues a received datagram. Caller holds st.rxMu.
 func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
+	if c.sources != nil && p.IP[16]>>4 == 0xe {
+		if f, ok := c.sources[[4]byte(p.IP[16:20])]; ok && !f.allows([4]byte(p.IP[12:16])) {
+			c.Counters.RxSourceFiltered.Add(1)
+			c.st.releaseLocked(q, b)
+			return
+		}
+	}
 	from := netip.AddrPortFrom(p.IP.Src(), p.UDP.SrcPort())
 	if c.filter != nil && !c.filter(p.Payload, from) {
 		c.Counters.RxFiltered.Add(1)

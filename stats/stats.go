@@ -108,6 +108,7 @@ type SocketCounters struct {
 	RxQueueDrops      uint64 `json:"rx_queue_drops"`
 	RxQueueDropBytes  uint64 `json:"rx_queue_drop_bytes"`
 	RxFiltered        uint64 `json:"rx_filtered"`
+	RxSourceFiltered  uint64 `json:"rx_source_filtered"`
 	RxEagain          uint64 `json:"rx_eagain"`
 	RxErrors          uint64 `json:"rx_errors"`
 	RxPollHit         uint64 `json:"rx_poll_hit"`

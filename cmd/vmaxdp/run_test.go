@@ -252,6 +252,7 @@ func TestRunSockperf(t *testing.T) {
 		return append(append([]string{mode}, addr...), append(more, "-t", "1")...)
 	}
 	mc := []string{"-i", "224.18.0.1", "-p", "11130"}
+	mcSSM := []string{"-i", "232.18.0.1", "-p", "11131"}
 	type tc struct {
 		name             string
 		server, client   []string
@@ -267,6 +268,9 @@ func TestRunSockperf(t *testing.T) {
 		{"pp/poll/nonblocked", []string{"-f", feed, "-F", "p", "--nonblocked"}, cli("pp", nil, "-f", feed, "-F", "p", "-m", "64", "--nonblocked"), true, true, false, nil},
 		{"pp/epoll", []string{"-f", feed, "-F", "e"}, cli("pp", nil, "-f", feed, "-F", "e", "-m", "300"), true, true, false, nil},
 		{"pp/multicast", append(mc, "--mc-rx-if", srv), cli("pp", mc, "--mc-tx-if", b.Addr(testbed.A).String(), "-m", "64"), true, true, false, nil},
+		// Source-specific: sockperf joins with IP_ADD_SOURCE_MEMBERSHIP.
+		{"pp/multicast/source-filter", append(mcSSM, "--mc-rx-if", srv, "--mc-source-filter", b.Addr(testbed.A).String()),
+			cli("pp", mcSSM, "--mc-tx-if", b.Addr(testbed.A).String(), "-m", "64"), true, true, false, nil},
 		{"pp/server-only", one(11113), cli("pp", one(11113), "-m", "64"), true, false, false, nil},
 		{"pp/client-only", one(11114), cli("pp", one(11114), "-m", "64"), false, true, false, nil},
 		// ul runs a sender and a receiver thread: with the server, three

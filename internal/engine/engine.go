@@ -681,28 +681,8 @@ func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == StateCandidate && add {
-		local, _ := sockAddrs(fd)
-		if local.Port() == 0 {
-			// Not bound: the kernel joins now, bind decides and steers
-			// the group then.
-			s.groups = append(s.groups, group)
+		if !e.joinCandidate(s, group, ifaddr, ifindex) {
 			return s.state, ErrPassOS
-		}
-		var ifname string
-		if ifindex > 0 {
-			l, err := netlink.LinkByIndex(ifindex)
-			if err != nil {
-				return e.notOffloaded(s, fmt.Sprintf("join %s: interface %d: %v", group, ifindex, err)), ErrPassOS
-			}
-			ifname = l.Attrs().Name
-		} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
-			var err error
-			if ifname, err = ifaceOwning(ifaddr); err != nil {
-				return e.notOffloaded(s, fmt.Sprintf("join %s: %v", group, err)), ErrPassOS
-			}
-		}
-		if st := e.decide(s, rules.UDPReceiver, netip.AddrPortFrom(group, local.Port()), netip.AddrPort{}, ifname); st != StateOffloaded {
-			return st, ErrPassOS
 		}
 	}
 	c := s.conn.Load()
@@ -719,6 +699,61 @@ func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex 
 		err = c.LeaveGroup(group)
 	}
 	return s.state, errnoOf(err)
+}
+
+// joinCandidate decides whether a candidate that joins group is offloaded,
+// as a receiver of group on the socket's port, and says whether it is.
+// An unbound candidate keeps the group: bind decides, and steers it then.
+func (e *Engine) joinCandidate(s *Socket, group, ifaddr netip.Addr, ifindex int) bool {
+	local, _ := sockAddrs(s.fd)
+	if local.Port() == 0 {
+		if !slices.Contains(s.groups, group) {
+			s.groups = append(s.groups, group)
+		}
+		return false
+	}
+	var ifname string
+	if ifindex > 0 {
+		l, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			e.notOffloaded(s, fmt.Sprintf("join %s: interface %d: %v", group, ifindex, err))
+			return false
+		}
+		ifname = l.Attrs().Name
+	} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
+		var err error
+		if ifname, err = ifaceOwning(ifaddr); err != nil {
+			e.notOffloaded(s, fmt.Sprintf("join %s: %v", group, err))
+			return false
+		}
+	}
+	return e.decide(s, rules.UDPReceiver, netip.AddrPortFrom(group, local.Port()), netip.AddrPort{}, ifname) == StateOffloaded
+}
+
+// SourceMembership follows a change the kernel socket has made to fd's
+// membership of group through a source-filter or protocol-independent
+// option (IP_ADD_SOURCE_MEMBERSHIP, IP_BLOCK_SOURCE, IP_MSFILTER,
+// MCAST_JOIN_GROUP, MCAST_JOIN_SOURCE_GROUP...): a candidate decides as a
+// join does, and an offloaded socket steers the group with the kernel's
+// source filter while it is a member (stack.UDPConn.SteerGroup). The
+// kernel validated the option and keeps the state.
+func (e *Engine) SourceMembership(fd int, group, ifaddr netip.Addr, ifindex int) {
+	s := e.get(fd)
+	if s == nil || !group.Is4() || !group.IsMulticast() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == StateCandidate && !e.joinCandidate(s, group, ifaddr, ifindex) {
+		return
+	}
+	c := s.conn.Load()
+	if c == nil {
+		return
+	}
+	if err := c.SteerGroup(group); err != nil {
+		e.Log.Printf(params.LevelWarning, "fd %d: group %s stays on the kernel: %v", fd, group, err)
+	}
 }
 
 // errnoOf maps an engine or stack error to the errno the application sees.
