@@ -30,14 +30,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
-static void *watchdog(void *arg)
-{
-	(void)arg;
-	sleep(20);
-	printf("FAIL watchdog: still running after 20 s\n");
-	fflush(stdout);
-	_exit(2);
-}
+#include "watchdog.h"
 
 static int check(int ok, const char *name, const char *why)
 {
@@ -56,7 +49,7 @@ static int bpf_map_fd(void)
 	struct dirent *e;
 	int found = -1;
 	while (d && (e = readdir(d))) {
-		char path[64], target[64];
+		char path[300], target[64];
 		snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
 		ssize_t n = readlink(path, target, sizeof target - 1);
 		if (n > 0) {
@@ -78,8 +71,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: fds PORT NOFILE\n");
 		return 2;
 	}
-	pthread_t w;
-	pthread_create(&w, NULL, watchdog, NULL);
+	start_watchdog();
 	char why[128];
 
 	struct rlimit lim;

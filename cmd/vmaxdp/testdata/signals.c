@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "watchdog.h"
+
 static volatile sig_atomic_t alarms;
 static int failed;
 static int usr1;
@@ -57,15 +59,6 @@ static double now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void *watchdog(void *arg)
-{
-	(void)arg;
-	sleep(20);
-	printf("FAIL watchdog: still running after 20 s\n");
-	fflush(stdout);
-	_exit(2);
 }
 
 static void *sigwaiter(void *arg)
@@ -120,7 +113,7 @@ int main(int argc, char **argv)
 	 * go to the main thread (or, wrongly, to one of vmaxdp's). */
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	pthread_t t;
-	pthread_create(&t, NULL, watchdog, NULL);
+	start_watchdog();
 	pthread_create(&t, NULL, sigwaiter, NULL);
 	sigdelset(&set, SIGUSR1);
 	pthread_sigmask(SIG_UNBLOCK, &set, NULL);
