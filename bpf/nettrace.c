@@ -8,6 +8,13 @@
 // buffer (per-event mode) or adds one to the agg map (aggregate mode). A
 // failed ring buffer reservation or a full agg map is counted as lost for
 // that probe and CPU: nothing is dropped without a counter saying so.
+//
+// Kernel structures are read with plain loads: tp_btf arguments are
+// BTF-typed, and the verifier makes each load through them (and through
+// the pointers read from them) a single instruction that a fault turns
+// into zero. bpf_probe_read_kernel, a helper call each, is kept for packet
+// bytes and strings. The field offsets still come from the running
+// kernel's BTF (nettrace_types.h).
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -15,7 +22,6 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/bpf_core_read.h>
 
 #include "nettrace_types.h"
 
@@ -158,16 +164,18 @@ static __always_inline void count_lost(struct probe_counters *c)
 		c->lost++;
 }
 
-// pass_flow applies the IPv4 flow filters to the packet at head+nh. Packets
+// pass_flow applies the IPv4 flow filters to the packet's network header. Packets
 // that are not IPv4 never match a flow filter.
-static __always_inline int pass_flow(struct sk_buff *skb, unsigned char *head, __u16 nh)
+static __always_inline int pass_flow(struct sk_buff *skb)
 {
 	struct iphdr ip;
 	__u16 ports[2] = {};
 
 	if (!flow_filtered())
 		return 1;
-	if (nh == NO_HEADER || bpf_ntohs(BPF_CORE_READ(skb, protocol)) != ETH_P_IP)
+	unsigned char *head = skb->head;
+	__u16 nh = skb->network_header;
+	if (nh == NO_HEADER || bpf_ntohs(skb->protocol) != ETH_P_IP)
 		return 0;
 	if (bpf_probe_read_kernel(&ip, sizeof(ip), head + nh))
 		return 0;
@@ -195,14 +203,31 @@ static __always_inline int pass_flow(struct sk_buff *skb, unsigned char *head, _
 	return 1;
 }
 
+// kernel_ptr says whether p can be a kernel pointer (the top half of the
+// address space). Once UDP queues a datagram, skb->dev holds its
+// dev_scratch (truesize, length, flags) instead: a load through that
+// non-canonical value takes a general protection fault, which the
+// exception table turns into zero but which costs microseconds, on every
+// consume_skb of a received datagram.
+static __always_inline int kernel_ptr(const void *p)
+{
+	return (unsigned long)p >> 56 == 0xff;
+}
+
 static __always_inline __u32 dev_netns(struct net_device *dev)
 {
-	return BPF_CORE_READ(dev, nd_net.net, ns.inum);
+	struct net *net = dev->nd_net.net; // __rcu: may be NULL to the verifier
+
+	return net ? net->ns.inum : 0;
 }
 
 static __always_inline __u32 sk_netns(struct sock *sk)
 {
-	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	if (!sk) // the verifier wants pointers that may be NULL checked
+		return 0;
+	struct net *net = sk->__sk_common.skc_net.net;
+
+	return net ? net->ns.inum : 0;
 }
 
 // pass_where applies the netns and interface filters.
@@ -252,21 +277,21 @@ static __always_inline void aggregate(enum probe_id p, struct probe_counters *c,
 // filtered out, aggregated, or lost (and counted).
 static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *skb, __u32 reason, __u64 location)
 {
-	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	struct net_device *dev = skb->dev;
 	__u32 ifindex = 0, netns = 0;
 
+	if (!kernel_ptr(dev))
+		dev = NULL;
 	if (dev) {
-		ifindex = BPF_CORE_READ(dev, ifindex);
+		ifindex = dev->ifindex;
 		netns = dev_netns(dev);
 	} else {
-		netns = sk_netns(BPF_CORE_READ(skb, sk));
+		netns = sk_netns(skb->sk);
 	}
 	if (!pass_where(netns, ifindex))
 		return NULL;
 
-	unsigned char *head = BPF_CORE_READ(skb, head);
-	__u16 nh = BPF_CORE_READ(skb, network_header);
-	if (!pass_flow(skb, head, nh))
+	if (!pass_flow(skb))
 		return NULL;
 
 	struct probe_counters *c = counters(p);
@@ -289,8 +314,8 @@ static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *
 	e->reason = reason;
 	e->netns = netns;
 	e->ifindex = ifindex;
-	e->len = BPF_CORE_READ(skb, len);
-	e->protocol = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+	e->len = skb->len;
+	e->protocol = bpf_ntohs(skb->protocol);
 	e->arg[0] = e->arg[1] = e->arg[2] = e->arg[3] = 0;
 	e->pad = 0;
 	if (dev)
@@ -300,9 +325,11 @@ static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *
 
 	// Capture from the Ethernet header when the skb has one, else from the
 	// network header; never past the linear data.
-	__u16 mh = BPF_CORE_READ(skb, mac_header);
-	unsigned char *data = BPF_CORE_READ(skb, data);
-	__u32 headlen = e->len - BPF_CORE_READ(skb, data_len);
+	unsigned char *head = skb->head;
+	__u16 nh = skb->network_header;
+	__u16 mh = skb->mac_header;
+	unsigned char *data = skb->data;
+	__u32 headlen = e->len - skb->data_len;
 	unsigned char *start = 0;
 	e->flags = 0;
 	if (mh != NO_HEADER) {
@@ -333,7 +360,7 @@ static __always_inline struct event *plain_event(enum probe_id p, struct net_dev
 	__u32 ifindex = 0;
 
 	if (dev) {
-		ifindex = BPF_CORE_READ(dev, ifindex);
+		ifindex = dev->ifindex;
 		netns = dev_netns(dev);
 	}
 	if (!pass_where(netns, ifindex))
@@ -389,7 +416,7 @@ SKB_PROG(net_dev_queue, PROBE_NET_DEV_QUEUE)
 SEC("tp_btf/napi_poll")
 int BPF_PROG(napi_poll, struct napi_struct *napi, int work, int budget)
 {
-	struct event *e = plain_event(PROBE_NAPI_POLL, BPF_CORE_READ(napi, dev), 0, (__u64)napi);
+	struct event *e = plain_event(PROBE_NAPI_POLL, napi->dev, 0, (__u64)napi);
 	if (!e)
 		return 0;
 	e->arg[0] = work;
@@ -483,7 +510,7 @@ int BPF_PROG(xdp_exception, struct net_device *dev, struct bpf_prog *xdp, __u32 
 	struct event *e = plain_event(PROBE_XDP_EXCEPTION, dev, 0, 0);
 	if (!e)
 		return 0;
-	e->arg[0] = BPF_CORE_READ(xdp, aux, id);
+	e->arg[0] = xdp ? xdp->aux->id : 0;
 	e->arg[1] = act;
 	submit(e);
 	return 0;
@@ -495,7 +522,7 @@ static __always_inline int xdp_redirect(enum probe_id p, struct net_device *dev,
 	struct event *e = plain_event(p, dev, 0, 0);
 	if (!e)
 		return 0;
-	e->arg[0] = BPF_CORE_READ(xdp, aux, id);
+	e->arg[0] = xdp ? xdp->aux->id : 0;
 	e->arg[1] = err;
 	e->arg[2] = map_id;
 	e->arg[3] = index;
@@ -524,9 +551,11 @@ int BPF_PROG(sock_rcvqueue_full, struct sock *sk, struct sk_buff *skb)
 	if (!e)
 		return 0;
 	e->sk = (__u64)sk;
-	e->arg[0] = BPF_CORE_READ(sk, sk_rcvbuf);
-	e->arg[1] = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
-	e->arg[2] = BPF_CORE_READ(skb, truesize);
+	if (sk) {
+		e->arg[0] = sk->sk_rcvbuf;
+		e->arg[1] = sk->sk_backlog.rmem_alloc.counter;
+	}
+	e->arg[2] = skb->truesize;
 	if (!e->netns)
 		e->netns = sk_netns(sk);
 	submit(e);
@@ -544,7 +573,7 @@ int BPF_PROG(sock_exceed_buf_limit, struct sock *sk, struct proto *prot, long al
 	e->sk = (__u64)sk;
 	e->arg[0] = kind;
 	e->arg[1] = allocated;
-	e->arg[2] = BPF_CORE_READ(sk, sk_rcvbuf);
+	e->arg[2] = sk ? sk->sk_rcvbuf : 0;
 	submit(e);
 	return 0;
 }
@@ -558,8 +587,10 @@ int BPF_PROG(udp_fail_queue_rcv_skb, int rc, struct sock *sk, struct sk_buff *sk
 	e->sk = (__u64)sk;
 	e->arg[0] = rc;
 	/* what `nettrace report` needs to say which SO_RCVBUF to raise */
-	e->arg[1] = BPF_CORE_READ(sk, sk_rcvbuf);
-	e->arg[2] = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
+	if (sk) {
+		e->arg[1] = sk->sk_rcvbuf;
+		e->arg[2] = sk->sk_backlog.rmem_alloc.counter;
+	}
 	submit(e);
 	return 0;
 }
