@@ -214,6 +214,16 @@ static __always_inline int kernel_ptr(const void *p)
 	return (unsigned long)p >> 56 == 0xff;
 }
 
+// copy_name copies the device name with two plain loads (IFNAMSIZ is 16)
+// where bpf_probe_read_kernel_str would cost a helper call per event.
+static __always_inline void copy_name(char dst[16], struct net_device *dev)
+{
+	__u64 *d = (__u64 *)dst;
+
+	d[0] = *(__u64 *)&dev->name[0];
+	d[1] = *(__u64 *)&dev->name[8];
+}
+
 static __always_inline __u32 dev_netns(struct net_device *dev)
 {
 	struct net *net = dev->nd_net.net; // __rcu: may be NULL to the verifier
@@ -319,7 +329,7 @@ static __always_inline struct event *skb_event(enum probe_id p, struct sk_buff *
 	e->arg[0] = e->arg[1] = e->arg[2] = e->arg[3] = 0;
 	e->pad = 0;
 	if (dev)
-		bpf_probe_read_kernel_str(e->dev, sizeof(e->dev), dev->name);
+		copy_name(e->dev, dev);
 	else
 		e->dev[0] = 0;
 
@@ -393,7 +403,7 @@ static __always_inline struct event *plain_event(enum probe_id p, struct net_dev
 	e->flags = 0;
 	e->pad = 0;
 	if (dev)
-		bpf_probe_read_kernel_str(e->dev, sizeof(e->dev), dev->name);
+		copy_name(e->dev, dev);
 	else
 		e->dev[0] = 0;
 	return e;
