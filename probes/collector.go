@@ -8,7 +8,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/vmaxdp/vmaxdp/bpf"
 	"github.com/vmaxdp/vmaxdp/tracefile"
@@ -77,7 +76,7 @@ type Attached struct {
 type Collector struct {
 	objs     *ebpf.Collection
 	links    []link.Link
-	rd       *ringbuf.Reader
+	rd       *Ring
 	attached []Attached
 	notes    []string
 	ncpu     int
@@ -151,7 +150,7 @@ func Open(opts *Options) (*Collector, error) {
 		c.Close()
 		return nil, fmt.Errorf("no probe attached: %s: %w", strings.Join(c.notes, "; "), ErrNotSupported)
 	}
-	if c.rd, err = ringbuf.NewReader(objs.Maps["events"]); err != nil {
+	if c.rd, err = newRing(objs.Maps["events"]); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("nettrace ring buffer: %w", err)
 	}
@@ -239,7 +238,7 @@ func (c *Collector) Notes() []string { return c.notes }
 
 // Ring returns the ring buffer reader. ReadInto with a reused record
 // allocates nothing per event; SetDeadline bounds each wait.
-func (c *Collector) Ring() *ringbuf.Reader { return c.rd }
+func (c *Collector) Ring() *Ring { return c.rd }
 
 // Stats returns per-probe, per-CPU events and losses since Open.
 func (c *Collector) Stats() ([]tracefile.LossEntry, error) {

@@ -10,10 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
-	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/ksym"
@@ -97,23 +95,13 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 		opts.Ready(meta.Notes)
 	}
 	next := start.Add(interval)
-	rd := c.Ring()
-	var rec ringbuf.Record
-	rd.SetDeadline(wakeAt(start, next))
-	for n := 1; ; n++ {
-		err := rd.ReadInto(&rec)
-		switch {
-		case err == nil:
-			if err := r.event(rec.RawSample); err != nil {
-				return nil, err
-			}
-			// The clock and ctx are looked at once per batch of events, and
-			// whenever the ring is empty: a busy ring must not starve the
-			// snapshots, nor cost a clock read per event.
-			if n%1024 != 0 {
-				continue
-			}
-		case !errors.Is(err, os.ErrDeadlineExceeded):
+	ring := c.Ring()
+	for {
+		// The clock and ctx are looked at once per batch, and whenever the
+		// ring is empty: a busy ring must not starve the snapshots, nor
+		// cost a clock read per event.
+		n, err := ring.Batch(r.event)
+		if err != nil {
 			return nil, fmt.Errorf("read nettrace ring buffer: %w", err)
 		}
 		if ctx.Err() != nil {
@@ -127,13 +115,22 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 				opts.Progress(Progress{Elapsed: now.Sub(start), Events: r.events, Lost: r.lost, Bytes: cw.n})
 			}
 		}
-		rd.SetDeadline(wakeAt(now, next))
+		if n == 0 {
+			if err := ring.Wait(wakeAt(now, next)); err != nil {
+				return nil, err
+			}
+		}
 	}
-	// Drain what the kernel wrote before the probes stop.
-	rd.SetDeadline(time.Now())
-	for rd.ReadInto(&rec) == nil {
-		if err := r.event(rec.RawSample); err != nil {
-			return nil, err
+	// Drain what the kernel wrote before the probes stop: what is there
+	// now, and a sample that was being written (bounded: under load the
+	// ring is never empty).
+	for range 3 {
+		n, err := ring.Batch(r.event)
+		if err != nil {
+			return nil, fmt.Errorf("read nettrace ring buffer: %w", err)
+		}
+		if n == 0 {
+			break
 		}
 	}
 	r.tick()
