@@ -9,9 +9,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -144,7 +146,8 @@ func snmpDelta(cs []tracefile.Counters, netns uint32, name string) uint64 {
 // A UDP socket that does not read overflows its receive buffer: UDP drops
 // with SOCKET_RCVBUFF, and udp_fail_queue_rcv_skb names the same skb with
 // -ENOMEM. (UDP queues through __udp_enqueue_schedule_skb, which does not
-// fire sock_rcvqueue_full; that event comes from sock_queue_rcv_skb users.)
+// fire sock_rcvqueue_full; that event comes from sock_queue_rcv_skb users:
+// TestPingSocketQueueFull.)
 func TestReceiveBufferOverrun(t *testing.T) {
 	b := testutil.Bed(t, nil)
 	const port, n = 7000, 200
@@ -196,6 +199,66 @@ func TestReceiveBufferOverrun(t *testing.T) {
 	}
 	if got := snmpDelta(counters, recordtest.NetnsInode(t, b, testbed.B), "Udp.RcvbufErrors"); got != uint64(len(drops)) {
 		t.Errorf("Udp.RcvbufErrors grew by %d, %d drops recorded", got, len(drops))
+	}
+}
+
+// A socket queued through sock_queue_rcv_skb that does not read fires
+// sock_rcvqueue_full (UDP never does, see TestReceiveBufferOverrun; raw
+// sockets check their buffer before they take a copy, silently): an ICMP
+// ping socket sends echo requests and never reads the replies. Each event
+// names the socket and its SO_RCVBUF, and the kernel drops the same skb
+// with SOCKET_RCVBUFF.
+func TestPingSocketQueueFull(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const n = 200
+	if out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "sysctl", "-qw", "net.ipv4.ping_group_range=0 0").CombinedOutput(); err != nil {
+		t.Skipf("ping sockets for root: %v\n%s", err, out)
+	}
+	var fd int
+	err := b.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP); err != nil {
+			return err
+		}
+		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_ICMP},
+	}}, func() error {
+		echo := []byte{8, 0, 0, 0, 0, 0, 0, 1, 'n', 't'} // the kernel fills id and checksum
+		to := &unix.SockaddrInet4{Addr: b.Addr(testbed.A).As4()}
+		for i := 0; i < n; i++ {
+			echo[7] = byte(i)
+			if err := unix.Sendto(fd, echo, 0, to); err != nil {
+				return fmt.Errorf("echo request %d: %w", i, err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // the last replies
+		return nil
+	})
+
+	r, full, _ := events(t, data, probes.SockRcvqueueFull)
+	_, drops, _ := events(t, data, probes.KfreeSkb)
+	if len(full) < n/2 {
+		t.Fatalf("%d sock_rcvqueue_full events for %d echo replies to a ping socket that does not read", len(full), n)
+	}
+	dropped := map[uint64]string{}
+	for _, e := range drops {
+		dropped[e.Skb] = describe(r, &e).reason
+	}
+	for _, e := range full {
+		d := describe(r, &e)
+		if d.flow.Proto != unix.IPPROTO_ICMP || d.flow.Src.Addr() != b.Addr(testbed.A) || e.Sk == 0 || e.Arg[0] <= 0 || e.Arg[2] <= 0 {
+			t.Fatalf("sock_rcvqueue_full %+v (sk %#x rcvbuf %d rmem %d truesize %d), want an echo reply from %s and the socket's figures",
+				d.flow, e.Sk, e.Arg[0], e.Arg[1], e.Arg[2], b.Addr(testbed.A))
+		}
+		if reason := dropped[e.Skb]; reason != "SOCKET_RCVBUFF" {
+			t.Fatalf("skb %#x: sock_rcvqueue_full, then drop reason %q, want SOCKET_RCVBUFF", e.Skb, reason)
+		}
 	}
 }
 
