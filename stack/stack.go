@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmaxdp/vmaxdp/backend"
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/xsk"
@@ -219,7 +220,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, fmt.Errorf("netlink: %w", err)
 	}
 	defer nl.Close()
-	l, err := nl.LinkByName(ifname)
+	l, err := netnsutil.LinkByName(nl, ifname)
 	if err != nil {
 		return st, err
 	}

@@ -29,6 +29,7 @@ import (
 
 	vbpf "github.com/vmaxdp/vmaxdp/bpf"
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 )
 
 // PinDirName names the directory, under the pin directory, of the program
@@ -178,7 +179,7 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if o.PinDir == "" {
 		o.PinDir = DefaultPinDir
 	}
-	l, err := netlink.LinkByName(ifname)
+	l, err := netnsutil.LinkByName(nil, ifname)
 	if err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}

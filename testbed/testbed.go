@@ -141,7 +141,7 @@ func (b *Bed) configure(s Side) error {
 		return fmt.Errorf("netlink in %s: %w", b.NSName(s), err)
 	}
 	defer h.Close()
-	l, err := h.LinkByName(b.Link(s))
+	l, err := netnsutil.LinkByName(h, b.Link(s))
 	if err != nil {
 		return fmt.Errorf("%s in %s: %w", b.Link(s), b.NSName(s), err)
 	}
@@ -150,7 +150,7 @@ func (b *Bed) configure(s Side) error {
 		return fmt.Errorf("address %s on %s: %w", addr, b.Link(s), err)
 	}
 	for _, name := range []string{b.Link(s), "lo"} {
-		ll, err := h.LinkByName(name)
+		ll, err := netnsutil.LinkByName(h, name)
 		if err != nil {
 			return fmt.Errorf("%s in %s: %w", name, b.NSName(s), err)
 		}
@@ -280,7 +280,7 @@ func Open(name string) (*Bed, error) {
 	h, err := netlink.NewHandleAt(b.ns[A])
 	if err == nil {
 		defer h.Close()
-		if l, err := h.LinkByName(b.Link(A)); err == nil {
+		if l, err := netnsutil.LinkByName(h, b.Link(A)); err == nil {
 			b.MTU = l.Attrs().MTU
 			b.Queues = l.Attrs().NumRxQueues
 		}

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -24,7 +25,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -270,11 +270,11 @@ func resolveNetns(name string) (netns.NsHandle, uint32, error) {
 func resolveDev(ns netns.NsHandle, name string) (uint32, error) {
 	var ifindex uint32
 	lookup := func() error {
-		l, err := netlink.LinkByName(name)
+		ifi, err := net.InterfaceByName(name)
 		if err != nil {
 			return fmt.Errorf("-dev %s: %w", name, err)
 		}
-		ifindex = uint32(l.Attrs().Index)
+		ifindex = uint32(ifi.Index)
 		return nil
 	}
 	if ns == -1 {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/testbed"
@@ -140,7 +141,7 @@ func linkMAC(bed *testbed.Bed, s testbed.Side) (header.MAC, error) {
 		return header.MAC{}, err
 	}
 	defer h.Close()
-	l, err := h.LinkByName(bed.Link(s))
+	l, err := netnsutil.LinkByName(h, bed.Link(s))
 	if err != nil {
 		return header.MAC{}, err
 	}
@@ -153,7 +154,7 @@ func linkStats(bed *testbed.Bed, s testbed.Side) (*netlink.LinkStatistics, error
 		return nil, err
 	}
 	defer h.Close()
-	l, err := h.LinkByName(bed.Link(s))
+	l, err := netnsutil.LinkByName(h, bed.Link(s))
 	if err != nil {
 		return nil, err
 	}

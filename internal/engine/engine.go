@@ -409,11 +409,11 @@ func ifaceOwning(a netip.Addr) (string, error) {
 	}
 	for _, ad := range addrs {
 		if x, ok := netip.AddrFromSlice(ad.IP.To4()); ok && x == a {
-			l, err := netlink.LinkByIndex(ad.LinkIndex)
+			ifi, err := net.InterfaceByIndex(ad.LinkIndex)
 			if err != nil {
 				return "", fmt.Errorf("interface of %s: %w", a, err)
 			}
-			return l.Attrs().Name, nil
+			return ifi.Name, nil
 		}
 	}
 	return "", fmt.Errorf("no interface has address %s", a)
@@ -424,11 +424,11 @@ func ifaceRoute(dst netip.Addr) (string, error) {
 	if err != nil || len(routes) == 0 {
 		return "", fmt.Errorf("route to %s: %w", dst, errors.Join(err, unix.ENETUNREACH))
 	}
-	l, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	ifi, err := net.InterfaceByIndex(routes[0].LinkIndex)
 	if err != nil {
 		return "", fmt.Errorf("route to %s: %w", dst, err)
 	}
-	return l.Attrs().Name, nil
+	return ifi.Name, nil
 }
 
 func onlyInterface() (string, error) {
@@ -642,8 +642,8 @@ func (e *Engine) SetMulticastLoop(fd int, on bool) {
 func (e *Engine) SetMulticastIf(fd int, ifaddr netip.Addr, ifindex int) {
 	var name string
 	if ifindex > 0 {
-		if l, err := netlink.LinkByIndex(ifindex); err == nil {
-			name = l.Attrs().Name
+		if ifi, err := net.InterfaceByIndex(ifindex); err == nil {
+			name = ifi.Name
 		} else {
 			name = fmt.Sprintf("ifindex %d", ifindex) // matches no stack
 		}
@@ -714,12 +714,12 @@ func (e *Engine) joinCandidate(s *Socket, group, ifaddr netip.Addr, ifindex int)
 	}
 	var ifname string
 	if ifindex > 0 {
-		l, err := netlink.LinkByIndex(ifindex)
+		ifi, err := net.InterfaceByIndex(ifindex)
 		if err != nil {
 			e.notOffloaded(s, fmt.Sprintf("join %s: interface %d: %v", group, ifindex, err))
 			return false
 		}
-		ifname = l.Attrs().Name
+		ifname = ifi.Name
 	} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
 		var err error
 		if ifname, err = ifaceOwning(ifaddr); err != nil {

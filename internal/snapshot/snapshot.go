@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -393,8 +394,11 @@ func linkName(nss []Namespace, netns uint32, ifindex int) string {
 			continue
 		}
 		netnsutil.Do(nss[i].h, func() error {
-			if l, err := netlink.LinkByIndex(ifindex); err == nil {
-				name = l.Attrs().Name
+			// A dump (net), not netlink.LinkByIndex, which leaves an
+			// unread acknowledgement to be purged in the namespace
+			// being recorded.
+			if ifi, err := net.InterfaceByIndex(ifindex); err == nil {
+				name = ifi.Name
 			}
 			return nil
 		})
