@@ -134,6 +134,7 @@ type Stack struct {
 	queues  []*queue
 	ipID    atomic.Uint32
 	hops    nextHops
+	nextTxq atomic.Uint32 // the queue the next socket transmits on
 
 	rxMu  sync.Mutex
 	polls uint64 // pollLocked calls, guarded by rxMu

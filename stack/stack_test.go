@@ -644,6 +644,39 @@ func TestMultiQueue(t *testing.T) {
 			t.Errorf("RxOffloadPackets = %d, want %d: all through the stack (per queue %v)", got, flows*perFlow, per)
 		}
 		t.Logf("datagrams per queue: %v", per)
+
+		// Sockets transmit on the queues in turn, each on one queue.
+		k := kernelConn(t, bed, "198.18.0.1:9302")
+		before := make([]uint64, 0, 4)
+		for _, be := range st.Backends() {
+			before = append(before, be.(*xsk.Socket).Counters.TxPackets.Load())
+		}
+		const senders, each = 4, 10
+		for i := 0; i < senders; i++ {
+			s, err := st.ListenUDP(netip.AddrPort{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := 0; j < each; j++ {
+				if _, err := s.WriteToUDPAddrPort(payload(i*each+j, 32), netip.MustParseAddrPort("198.18.0.1:9302")); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		var tx []uint64
+		for i, be := range st.Backends() {
+			tx = append(tx, be.(*xsk.Socket).Counters.TxPackets.Load()-before[i])
+		}
+		if !slices.Equal(tx, []uint64{each, each, each, each}) {
+			t.Errorf("datagrams transmitted per queue: %v, want %d on each: one queue per socket, in turn", tx, each)
+		}
+		buf := make([]byte, 64)
+		k.SetReadDeadline(time.Now().Add(2 * time.Second))
+		for i := 0; i < senders*each; i++ {
+			if _, _, err := k.ReadFromUDPAddrPort(buf); err != nil {
+				t.Fatalf("datagram %d of %d: %v", i, senders*each, err)
+			}
+		}
 	})
 	t.Run("queue without a socket", func(t *testing.T) {
 		bed, st := bedStackOn(t, &testbed.Options{Queues: 2}, &stack.Options{Queues: []int{0}})

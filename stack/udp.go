@@ -206,6 +206,7 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 		}
 	}
 	n.Counters = c.Counters
+	n.txq = c.txq // what c queued to transmit leaves before what n sends
 	n.ttl.Store(c.ttl.Load())
 	n.mttl.Store(c.mttl.Load())
 	n.mcKernel.Store(c.mcKernel.Load())
@@ -241,7 +242,11 @@ func (c *UDPConn) detach() {
 }
 
 func (st *Stack) newConn(fd int, own bool) *UDPConn {
-	c := &UDPConn{st: st, ownFD: own, Counters: &SocketCounters{}, evfd: -1, txq: st.queues[0],
+	// Each socket transmits on one queue, so its datagrams stay in order;
+	// sockets take the queues in turn, so that threads sending on
+	// different sockets do not all wait on one queue's lock.
+	txq := st.queues[int(st.nextTxq.Add(1)-1)%len(st.queues)]
+	c := &UDPConn{st: st, ownFD: own, Counters: &SocketCounters{}, evfd: -1, txq: txq,
 		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity()), left: make(chan struct{}, 1)}
 	c.kfd.Store(int32(fd))
 	c.ttl.Store(header.DefaultTTL)
