@@ -107,7 +107,8 @@ func Take(now uint64, nss []Namespace, statsDir string) ([]tracefile.Counters, e
 		errs = append(errs, err)
 	}
 	if statsDir != "" {
-		recs, err := processes(now, statsDir, out)
+		recs, names, err := processes(now, statsDir, out)
+		nameSteering(out, names)
 		out = append(out, recs...)
 		if err != nil {
 			errs = append(errs, err)
@@ -116,20 +117,42 @@ func Take(now uint64, nss []Namespace, statsDir string) ([]tracefile.Counters, e
 	return out, errors.Join(errs...)
 }
 
+// nameSteering names the steering programs that linkName could not (their
+// namespace is not among those recorded, or cannot be entered) with the
+// interface names their engines publish, keyed by netns and ifindex.
+func nameSteering(recs []tracefile.Counters, names map[[2]uint32]string) {
+	for i := range recs {
+		r := &recs[i]
+		if r.Source != "vmaxdp" || !strings.HasPrefix(r.Device, "ifindex ") {
+			continue
+		}
+		ifindex, err := strconv.Atoi(strings.TrimPrefix(r.Device, "ifindex "))
+		if err != nil {
+			continue
+		}
+		if name, ok := names[[2]uint32{r.Netns, uint32(ifindex)}]; ok {
+			r.Device = name
+		}
+	}
+}
+
 // processes reads the counters files of the live vmaxdp processes in dir:
 // a vmaxdp_socket record per offloaded socket (Device
 // "<ifname>/udp <local>[><remote>] pid <pid> fd <fd>"), a vmaxdp_queue
 // record per AF_XDP queue ("<ifname>/q<queue>"), and the queue's
 // XDP_STATISTICS as an xsk record where have holds none for it: the
-// process reads them with getsockopt, which needs no sock_diag.
-func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.Counters, error) {
+// process reads them with getsockopt, which needs no sock_diag. names maps
+// each steering program's namespace and ifindex (from its pin directory)
+// to its interface's name.
+func processes(now uint64, dir string, have []tracefile.Counters) (_ []tracefile.Counters, names map[[2]uint32]string, _ error) {
 	found, err := stats.List(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
+			return nil, nil, nil
 		}
-		return nil, err
+		return nil, nil, err
 	}
+	names = map[[2]uint32]string{}
 	type queueKey struct {
 		netns uint32
 		dev   string
@@ -162,7 +185,11 @@ func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.C
 		}
 		netnsOf := map[string]uint32{} // by interface: its stack's namespace
 		for i := range snap.Programs {
-			netnsOf[snap.Programs[i].Interface] = snap.Programs[i].Netns
+			pr := &snap.Programs[i]
+			netnsOf[pr.Interface] = pr.Netns
+			if netns, ifindex, ok := steer.ParsePinDirName(filepath.Base(pr.PinDir)); ok {
+				names[[2]uint32{netns, uint32(ifindex)}] = pr.Interface
+			}
 		}
 		for i := range snap.Sockets {
 			sk := &snap.Sockets[i]
@@ -185,7 +212,7 @@ func processes(now uint64, dir string, have []tracefile.Counters) ([]tracefile.C
 			}
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, names, errors.Join(errs...)
 }
 
 func namespace(now uint64, ns *Namespace) ([]tracefile.Counters, error) {
@@ -351,7 +378,8 @@ func ParseSoftnet(now uint64, b []byte) ([]tracefile.Counters, error) {
 
 // vmaxdp reads the program counters of every steering program pinned under
 // steer.DefaultPinDir, each named by its namespace and interface as the
-// other sources are ("ifindex N" when its namespace is not among nss).
+// other sources are ("ifindex N" when its namespace is not among nss, until
+// nameSteering finds the name in its engine's counters file).
 func vmaxdp(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
 	dirs, err := os.ReadDir(steer.DefaultPinDir)
 	if err != nil {

@@ -2,7 +2,13 @@ package snapshot
 
 import (
 	"os"
+	"path/filepath"
+	"slices"
 	"testing"
+
+	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/tracefile"
 )
 
 const snmp = `Ip: Forwarding DefaultTTL InReceives
@@ -68,4 +74,35 @@ func FuzzParsers(f *testing.F) {
 		_, _ = ParseSNMP(b)
 		_, _ = ParseSoftnet(0, b)
 	})
+}
+
+// A steering program whose namespace the recorder did not enter is named
+// from its engine's counters file: the pin directory there gives its
+// namespace and ifindex.
+func TestSteeringNamedFromStatsFile(t *testing.T) {
+	dir := t.TempDir()
+	w, err := stats.Create(dir, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	const netns, ifindex = 4026599999, 7
+	snap := &stats.Snapshot{Programs: []stats.Program{{Interface: "vmxq", Netns: netns,
+		PinDir: filepath.Join(steer.DefaultPinDir, steer.PinDirName(netns, ifindex))}}}
+	if err := w.Publish(snap); err != nil {
+		t.Fatal(err)
+	}
+	_, names, err := processes(1, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := []tracefile.Counters{
+		{Source: "vmaxdp", Netns: netns, Device: "ifindex 7"},
+		{Source: "vmaxdp", Netns: netns, Device: "ifindex 8"},
+		{Source: "netdev", Netns: netns, Device: "ifindex 7"},
+	}
+	nameSteering(recs, names)
+	if got := []string{recs[0].Device, recs[1].Device, recs[2].Device}; !slices.Equal(got, []string{"vmxq", "ifindex 8", "ifindex 7"}) {
+		t.Errorf("devices %q, want the steering program on ifindex 7 named vmxq and nothing else renamed", got)
+	}
 }
