@@ -150,9 +150,18 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 		eng.SetTTL(f, ttl, name == unix.IP_MULTICAST_TTL)
 	case level == unix.IPPROTO_IP:
 		if group, ifaddr, ifindex, ok := sourceOptionGroup(int(name), unsafe.Slice((*byte)(val), n)); ok {
-			eng.SourceMembership(f, group, ifaddr, ifindex)
+			eng.SourceMembership(f, sourceOptionJoins(int(name)), group, ifaddr, ifindex)
 		}
 	}
+}
+
+// sourceOptionJoins says whether a source option may add a membership.
+func sourceOptionJoins(name int) bool {
+	switch name {
+	case unix.IP_DROP_SOURCE_MEMBERSHIP, unix.IP_UNBLOCK_SOURCE, unix.MCAST_LEAVE_GROUP, unix.MCAST_LEAVE_SOURCE_GROUP, unix.MCAST_UNBLOCK_SOURCE:
+		return false
+	}
+	return true
 }
 
 // sourceOptionGroup reads the group and interface of a source-filter or

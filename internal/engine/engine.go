@@ -734,17 +734,19 @@ func (e *Engine) joinCandidate(s *Socket, group, ifaddr netip.Addr, ifindex int)
 // membership of group through a source-filter or protocol-independent
 // option (IP_ADD_SOURCE_MEMBERSHIP, IP_BLOCK_SOURCE, IP_MSFILTER,
 // MCAST_JOIN_GROUP, MCAST_JOIN_SOURCE_GROUP...): a candidate decides as a
-// join does, and an offloaded socket steers the group with the kernel's
-// source filter while it is a member (stack.UDPConn.SteerGroup). The
-// kernel validated the option and keeps the state.
-func (e *Engine) SourceMembership(fd int, group, ifaddr netip.Addr, ifindex int) {
+// join does (join: the option may add a membership; one that only drops or
+// unblocks decides nothing), and an offloaded socket steers the group with
+// the kernel's source filter while it is a member
+// (stack.UDPConn.SteerGroup). The kernel validated the option and keeps
+// the state.
+func (e *Engine) SourceMembership(fd int, join bool, group, ifaddr netip.Addr, ifindex int) {
 	s := e.get(fd)
 	if s == nil || !group.Is4() || !group.IsMulticast() {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.state == StateCandidate && !e.joinCandidate(s, group, ifaddr, ifindex) {
+	if s.state == StateCandidate && (!join || !e.joinCandidate(s, group, ifaddr, ifindex)) {
 		return
 	}
 	c := s.conn.Load()
