@@ -212,6 +212,12 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	n.mcKernel.Store(c.mcKernel.Load())
 	n.rxLim.Store(c.rxLim.Load())
 	st.rxMu.Lock()
+	for g, f := range c.sources { // a socket bound to its group has no rule to steer again
+		if n.sources == nil {
+			n.sources = map[[4]byte]sourceFilter{}
+		}
+		n.sources[g] = f
+	}
 	var it rxItem
 	for c.popLocked(&it) {
 		if n.rxLen == len(n.rxq) {
