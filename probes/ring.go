@@ -80,11 +80,6 @@ func newRing(m *ebpf.Map) (_ *Ring, err error) {
 func (r *Ring) consPos() *uint64 { return (*uint64)(unsafe.Pointer(&r.cons[0])) }
 func (r *Ring) prodPos() *uint64 { return (*uint64)(unsafe.Pointer(&r.prodData[0])) }
 
-// Available is how many bytes wait in the ring.
-func (r *Ring) Available() int {
-	return int(atomic.LoadUint64(r.prodPos()) - atomic.LoadUint64(r.consPos()))
-}
-
 // Batch calls fn with each committed sample, oldest first, then gives
 // their space back to the kernel in one store. A sample is valid only
 // during its call. It returns how many samples it passed; it stops at the
