@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/record"
+	"github.com/vmaxdp/vmaxdp/internal/recordtest"
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/probes"
+	nreport "github.com/vmaxdp/vmaxdp/report"
+	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/tracefile"
+)
+
+// TestScenarioSockperfFillRingStarved is issue 6's starved-queue scenario
+// with the real application: nettrace records while unmodified sockperf
+// serves a full-rate tp client under vmaxdp run with a tiny UMEM
+// (VMAXDP_RX_BUFS=64) and a reader that sleeps at once (VMAXDP_RX_POLL=0).
+// The fill ring runs dry between wakeups, the kernel fails the steering
+// program's redirects with -ENOMEM, and the report's top finding is the
+// starved queue, with the redirect errors and the queue's XDP_STATISTICS
+// (from sockperf's own counters file) as evidence and VMAXDP_RX_BUFS as the
+// fix.
+func TestScenarioSockperfFillRingStarved(t *testing.T) {
+	requireSockperf(t)
+	vmaxdp := tools(t)
+	b := testutil.Bed(t, nil)
+	statsDir := t.TempDir()
+	srv := []string{"-i", b.Addr(testbed.B).String(), "-p", "11190"}
+	var serverPID int
+	run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: true, Server: srv,
+		Client: append([]string{"tp"}, append(srv, "-m", "64", "-t", "2")...),
+		Env:    []string{"VMAXDP_RX_BUFS=64", "VMAXDP_RX_POLL=0", "VMAXDP_STATS_DIR=" + statsDir},
+		OnServer: func(pid int) { serverPID = pid },
+		// The server still runs: its counters file shows the starved ring
+		// before the recorder's last look at it.
+		AfterClient: func(int, sockperf.Result) error {
+			r, err := stats.Open(filepath.Join(statsDir, stats.FileName(serverPID)))
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			if _, err := testutil.AwaitStats(r, 5*time.Second, func(s *stats.Snapshot) bool {
+				return len(s.Queues) == 1 && s.Queues[0].Statistics.RxFillRingEmptyDescs > 0
+			}); err != nil {
+				return fmt.Errorf("the server's queue never ran out of fill-ring frames: %w", err)
+			}
+			time.Sleep(500 * time.Millisecond) // two snapshots
+			return nil
+		},
+	}
+	data := recordtest.While(t, &record.Options{StatsDir: statsDir, Probes: probes.Options{
+		Probes: recordtest.Select(t, "drops,xdp"),
+		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B)},
+	}}, func() error {
+		_, _, err := run.Do(context.Background())
+		return err
+	})
+	r, err := tracefile.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := nreport.Build(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	rep.WriteText(&text)
+	if len(rep.Findings) == 0 {
+		t.Fatalf("no finding\n%s", text.String())
+	}
+	f := rep.Findings[0]
+	if f.Rule != "xsk_fill_ring_empty" || f.Count == 0 {
+		t.Fatalf("top finding %s (%d), want xsk_fill_ring_empty\n%s", f.Rule, f.Count, text.String())
+	}
+	evidence := strings.Join(f.Evidence, "\n")
+	for _, want := range []string{"err=-12 on vmxb", "xsk rx_fill_ring_empty_descs +"} {
+		if !strings.Contains(evidence, want) {
+			t.Errorf("evidence lacks %q:\n%s", want, evidence)
+		}
+	}
+	if !strings.Contains(f.Fix, "VMAXDP_RX_BUFS") {
+		t.Errorf("fix %q does not name VMAXDP_RX_BUFS", f.Fix)
+	}
+	for _, g := range rep.Findings[1:] {
+		if g.Severity == "error" {
+			t.Errorf("another error finding: %s %q", g.Rule, g.Title)
+		}
+	}
+	t.Logf("report:\n%s", text.String())
+}
