@@ -37,8 +37,8 @@ func TestScenarioSockperfFillRingStarved(t *testing.T) {
 	srv := []string{"-i", b.Addr(testbed.B).String(), "-p", "11190"}
 	var serverPID int
 	run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: true, Server: srv,
-		Client: append([]string{"tp"}, append(srv, "-m", "64", "-t", "2")...),
-		Env:    []string{"VMAXDP_RX_BUFS=64", "VMAXDP_RX_POLL=0", "VMAXDP_STATS_DIR=" + statsDir},
+		Client:   append([]string{"tp"}, append(srv, "-m", "64", "-t", "2")...),
+		Env:      []string{"VMAXDP_RX_BUFS=64", "VMAXDP_RX_POLL=0", "VMAXDP_STATS_DIR=" + statsDir},
 		OnServer: func(pid int) { serverPID = pid },
 		// The server still runs: its counters file shows the starved ring
 		// before the recorder's last look at it.
