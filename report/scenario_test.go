@@ -1,7 +1,6 @@
 package report_test
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -25,7 +24,6 @@ import (
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
-	"github.com/vmaxdp/vmaxdp/tracefile"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
@@ -34,22 +32,6 @@ func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
 // Scenarios with known causes, recorded on a test bed and reported: the
 // report must name the cause, with its evidence and advice, as its top
 // finding and raise no other error.
-
-func reportOf(t *testing.T, data []byte) *report.Report {
-	t.Helper()
-	r, err := tracefile.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := report.Build(r, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var text bytes.Buffer
-	rep.WriteText(&text)
-	t.Logf("report:\n%s", text.String())
-	return rep
-}
 
 // expect checks the top finding and that no other finding is an error.
 func expect(t *testing.T, rep *report.Report, rule string, inTitle string, inEvidence ...string) {
@@ -87,7 +69,7 @@ func TestScenarioClosedPort(t *testing.T) {
 		Probes: recordtest.Select(t, "drops,rx"),
 		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), L4Proto: unix.IPPROTO_UDP, DstPort: port},
 	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
-	rep := reportOf(t, data)
+	rep := recordtest.Report(t, data)
 	expect(t, rep, "no_socket", "udp 198.18.0.2:9", "NO_SOCKET: 50 drops at __udp4_lib_rcv", "Udp.NoPorts +50", "from 198.18.0.1")
 	if !strings.Contains(rep.Findings[0].Fix, "198.18.0.2:9") {
 		t.Errorf("fix does not name the port: %s", rep.Findings[0].Fix)
@@ -115,7 +97,7 @@ func TestScenarioReceiveBuffer(t *testing.T) {
 		Probes: recordtest.Select(t, "drops"),
 		Filter: probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), Port: port},
 	}}, func() error { return testutil.SendUDP(b, port, n, 1000) })
-	rep := reportOf(t, data)
+	rep := recordtest.Report(t, data)
 	// The kernel doubles SO_RCVBUF: 4096 becomes 8192.
 	expect(t, rep, "socket_rcvbuf", "udp 198.18.0.2:7000", "SOCKET_RCVBUFF", "sk_rcvbuf 8192", "Udp.RcvbufErrors +")
 	if !strings.Contains(rep.Findings[0].Fix, "SO_RCVBUF") || !strings.Contains(rep.Findings[0].Fix, "rmem_max") {
@@ -145,7 +127,7 @@ func TestScenarioFillRingStarved(t *testing.T) {
 			return len(snap.Queues) == 1 && snap.Queues[0].Statistics.RxFillRingEmptyDescs > 0
 		})
 	})
-	rep := reportOf(t, data)
+	rep := recordtest.Report(t, data)
 	expect(t, rep, "xsk_fill_ring_empty", "fill-ring", "err=-12 on vmxb", "vmaxdp redirected +", "xsk rx_fill_ring_empty_descs +")
 	// 64 of the 128 frames prime the fill ring; the rest of the datagrams
 	// find none.
@@ -239,7 +221,7 @@ func TestScenarioNotOffloaded(t *testing.T) {
 		}
 		return testutil.SendUDP(b, kernel, n, 64)
 	})
-	rep := reportOf(t, data)
+	rep := recordtest.Report(t, data)
 	var f *report.Finding
 	for i := range rep.Findings {
 		if rep.Findings[i].Severity == "error" {
@@ -292,7 +274,7 @@ func TestScenarioVmaxdpQueueFull(t *testing.T) {
 			return false
 		})
 	})
-	rep := reportOf(t, data)
+	rep := recordtest.Report(t, data)
 	expect(t, rep, "vmaxdp_socket_queue_full", fmt.Sprintf("vmxb/udp 198.18.0.2:%d pid", slow), fmt.Sprintf("rx_queue_drops +%d", dropped),
 		fmt.Sprintf("at most %d datagrams, %d payload bytes", limit/size, limit))
 	if f := rep.Findings[0]; f.Count != dropped || !strings.Contains(f.Fix, "SO_RCVBUF") || !strings.Contains(f.Fix, "VMAXDP_RX_BYTES_MIN") {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -14,10 +13,8 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/sockperf"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/probes"
-	nreport "github.com/vmaxdp/vmaxdp/report"
 	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
-	"github.com/vmaxdp/vmaxdp/tracefile"
 )
 
 // TestScenarioSockperfFillRingStarved is issue 6's starved-queue scenario
@@ -64,22 +61,13 @@ func TestScenarioSockperfFillRingStarved(t *testing.T) {
 		_, _, err := run.Do(context.Background())
 		return err
 	})
-	r, err := tracefile.NewReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep, err := nreport.Build(r, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var text bytes.Buffer
-	rep.WriteText(&text)
+	rep := recordtest.Report(t, data)
 	if len(rep.Findings) == 0 {
-		t.Fatalf("no finding\n%s", text.String())
+		t.Fatal("no finding")
 	}
 	f := rep.Findings[0]
 	if f.Rule != "xsk_fill_ring_empty" || f.Count == 0 {
-		t.Fatalf("top finding %s (%d), want xsk_fill_ring_empty\n%s", f.Rule, f.Count, text.String())
+		t.Fatalf("top finding %s (%d), want xsk_fill_ring_empty", f.Rule, f.Count)
 	}
 	evidence := strings.Join(f.Evidence, "\n")
 	for _, want := range []string{"err=-12 on vmxb", "xsk rx_fill_ring_empty_descs +"} {
@@ -95,5 +83,4 @@ func TestScenarioSockperfFillRingStarved(t *testing.T) {
 			t.Errorf("another error finding: %s %q", g.Rule, g.Title)
 		}
 	}
-	t.Logf("report:\n%s", text.String())
 }

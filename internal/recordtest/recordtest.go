@@ -15,7 +15,9 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/record"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/probes"
+	"github.com/vmaxdp/vmaxdp/report"
 	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/tracefile"
 )
 
 // NetnsInode returns the inode of one side's network namespace, the
@@ -72,4 +74,21 @@ func While(t testing.TB, opts *record.Options, traffic func() error) []byte {
 		t.Fatal(terr)
 	}
 	return buf.Bytes()
+}
+
+// Report builds the report of a recording and logs its text.
+func Report(t testing.TB, data []byte) *report.Report {
+	t.Helper()
+	r, err := tracefile.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := report.Build(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	rep.WriteText(&text)
+	t.Logf("report:\n%s", text.String())
+	return rep
 }
