@@ -5,9 +5,12 @@
 //
 // Each program filters in the kernel (netns, interface, IPv4 flow), counts
 // what passed in probe_stats, then either writes an event to the ring
-// buffer (per-event mode) or adds one to the agg map (aggregate mode). A
-// failed ring buffer reservation or a full agg map is counted as lost for
-// that probe and CPU: nothing is dropped without a counter saying so.
+// buffer (per-event mode) or adds one to its key's count in agg_counts
+// (aggregate mode). A failed ring buffer reservation or a full agg_slots is
+// counted as lost for that probe and CPU, and the kernel counts the hits it
+// skipped because the program was already running on the CPU (the
+// program's recursion_misses): nothing is dropped without a counter saying
+// so.
 //
 // Kernel structures are read with plain loads: tp_btf arguments are
 // BTF-typed, and the verifier makes each load through them (and through
@@ -87,11 +90,6 @@ struct event {
 const struct event *unused_event __attribute__((unused));
 const enum probe_id unused_probe __attribute__((unused));
 
-struct probe_counters {
-	__u64 events; // passed the filters
-	__u64 lost;   // not recorded: ring buffer full, or agg map full
-};
-
 struct agg_key {
 	__u64 location;
 	__u32 netns;
@@ -99,6 +97,18 @@ struct agg_key {
 	__u32 reason;
 	__u16 probe;
 	__u16 pad;
+};
+
+struct probe_counters {
+	__u64 events; // passed the filters
+	__u64 lost;   // not recorded: ring buffer full, or agg_slots full
+	// Aggregate mode: the key this probe counted last on this CPU and its
+	// slot in agg_counts plus one (0: none yet). Consecutive events of a
+	// probe mostly share their key, and comparing it here is much cheaper
+	// than hashing it.
+	struct agg_key last;
+	__u32 last_slot;
+	__u32 pad;
 };
 
 // Set by user space before loading (spec variables); zero means "any".
@@ -130,12 +140,28 @@ struct {
 	__type(value, struct probe_counters);
 } probe_stats SEC(".maps");
 
+#define AGG_MAX 16384
+
+// Aggregate mode counts each key in a slot of agg_counts; agg_slots says
+// which key owns which slot. Counts never move between maps, so user space
+// reading the two maps while programs count sees each count at most late,
+// never twice or going back.
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 16384);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AGG_MAX);
 	__type(key, struct agg_key);
+	__type(value, __u32);
+} agg_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, AGG_MAX);
+	__type(key, __u32);
 	__type(value, __u64);
-} agg SEC(".maps");
+} agg_counts SEC(".maps");
+
+// The next free slot of agg_counts; taken only for a key never seen.
+__u32 agg_next_slot = 0;
 
 static __always_inline void submit(struct event *e)
 {
@@ -262,24 +288,50 @@ static __always_inline void fill_task(struct event *e, enum probe_id p)
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 }
 
+// agg_slot returns the slot of k in agg_counts, taking a free one for a key
+// seen for the first time, or -1 when agg_counts is full.
+static __always_inline long agg_slot(struct agg_key *k)
+{
+	__u32 *s = bpf_map_lookup_elem(&agg_slots, k);
+	if (s)
+		return *s;
+	__u32 slot = __sync_fetch_and_add(&agg_next_slot, 1);
+	if (slot >= AGG_MAX)
+		return -1;
+	if (!bpf_map_update_elem(&agg_slots, k, &slot, BPF_NOEXIST))
+		return slot;
+	// Another CPU inserted the key meanwhile (slot stays unused), or
+	// agg_slots is full.
+	s = bpf_map_lookup_elem(&agg_slots, k);
+	return s ? *s : -1;
+}
+
 static __always_inline void aggregate(enum probe_id p, struct probe_counters *c, __u32 netns, __u32 ifindex,
 				      __u32 reason, __u64 location)
 {
-	struct agg_key k = {.location = location, .netns = netns, .ifindex = ifindex, .reason = reason, .probe = p};
-	__u64 one = 1, *v;
-
-	v = bpf_map_lookup_elem(&agg, &k);
-	if (!v) {
-		if (!bpf_map_update_elem(&agg, &k, &one, BPF_NOEXIST))
+	if (!c)
+		return;
+	struct agg_key *last = &c->last;
+	__u32 slot = c->last_slot - 1;
+	// A probe runs at most once at a time on a CPU (the kernel does not
+	// nest a program in itself), so its cache entry needs no lock.
+	if (!c->last_slot || last->location != location || last->netns != netns || last->ifindex != ifindex ||
+	    last->reason != reason) {
+		struct agg_key k = {.location = location, .netns = netns, .ifindex = ifindex, .reason = reason, .probe = p};
+		long s = agg_slot(&k);
+		if (s < 0) {
+			c->lost++;
 			return;
-		// A nested program may have inserted the key meanwhile; if not,
-		// the map is full.
-		v = bpf_map_lookup_elem(&agg, &k);
+		}
+		slot = s;
+		*last = k;
+		c->last_slot = slot + 1;
 	}
+	__u64 *v = bpf_map_lookup_elem(&agg_counts, &slot);
 	if (v)
 		(*v)++;
 	else
-		count_lost(c);
+		c->lost++;
 }
 
 // skb_event filters and records an event about skb. The caller fills the

@@ -48,9 +48,12 @@ type NettraceEvent struct {
 }
 
 type NettraceProbeCounters struct {
-	_      structs.HostLayout
-	Events uint64
-	Lost   uint64
+	_        structs.HostLayout
+	Events   uint64
+	Lost     uint64
+	Last     NettraceAggKey
+	LastSlot uint32
+	Pad      uint32
 }
 
 type NettraceProbeId uint32
@@ -80,7 +83,8 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	NettraceMapAgg                   = "agg"
+	NettraceMapAggCounts             = "agg_counts"
+	NettraceMapAggSlots              = "agg_slots"
 	NettraceMapEvents                = "events"
 	NettraceMapProbeStats            = "probe_stats"
 	NettraceProgConsumeSkb           = "consume_skb"
@@ -100,6 +104,7 @@ const (
 	NettraceProgXdpException         = "xdp_exception"
 	NettraceProgXdpRedirectErr       = "xdp_redirect_err"
 	NettraceProgXdpRedirectOk        = "xdp_redirect_ok"
+	NettraceVarAggNextSlot           = "agg_next_slot"
 	NettraceVarCfgAggregate          = "cfg_aggregate"
 	NettraceVarCfgCaplen             = "cfg_caplen"
 	NettraceVarCfgDaddr              = "cfg_daddr"
@@ -181,7 +186,8 @@ type NettraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NettraceMapSpecs struct {
-	Agg        *ebpf.MapSpec `ebpf:"agg"`
+	AggCounts  *ebpf.MapSpec `ebpf:"agg_counts"`
+	AggSlots   *ebpf.MapSpec `ebpf:"agg_slots"`
 	Events     *ebpf.MapSpec `ebpf:"events"`
 	ProbeStats *ebpf.MapSpec `ebpf:"probe_stats"`
 }
@@ -190,6 +196,7 @@ type NettraceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NettraceVariableSpecs struct {
+	AggNextSlot    *ebpf.VariableSpec `ebpf:"agg_next_slot"`
 	CfgAggregate   *ebpf.VariableSpec `ebpf:"cfg_aggregate"`
 	CfgCaplen      *ebpf.VariableSpec `ebpf:"cfg_caplen"`
 	CfgDaddr       *ebpf.VariableSpec `ebpf:"cfg_daddr"`
@@ -226,14 +233,16 @@ func (o *NettraceObjects) Close() error {
 //
 // It can be passed to LoadNettraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NettraceMaps struct {
-	Agg        *ebpf.Map `ebpf:"agg"`
+	AggCounts  *ebpf.Map `ebpf:"agg_counts"`
+	AggSlots   *ebpf.Map `ebpf:"agg_slots"`
 	Events     *ebpf.Map `ebpf:"events"`
 	ProbeStats *ebpf.Map `ebpf:"probe_stats"`
 }
 
 func (m *NettraceMaps) Close() error {
 	return _NettraceClose(
-		m.Agg,
+		m.AggCounts,
+		m.AggSlots,
 		m.Events,
 		m.ProbeStats,
 	)
@@ -243,6 +252,7 @@ func (m *NettraceMaps) Close() error {
 //
 // It can be passed to LoadNettraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NettraceVariables struct {
+	AggNextSlot    *ebpf.Variable `ebpf:"agg_next_slot"`
 	CfgAggregate   *ebpf.Variable `ebpf:"cfg_aggregate"`
 	CfgCaplen      *ebpf.Variable `ebpf:"cfg_caplen"`
 	CfgDaddr       *ebpf.Variable `ebpf:"cfg_daddr"`

@@ -240,7 +240,11 @@ func (c *Collector) Notes() []string { return c.notes }
 // allocates nothing per event; SetDeadline bounds each wait.
 func (c *Collector) Ring() *Ring { return c.rd }
 
-// Stats returns per-probe, per-CPU events and losses since Open.
+// Stats returns per-probe, per-CPU events and losses since Open. A probe
+// whose program the kernel skipped because it was already running on that
+// CPU (an interrupt nesting the same tracepoint) gets one more entry, on
+// tracefile.CPUAny: the kernel counts those per program only
+// (recursion_misses), and they are lost events like any other.
 func (c *Collector) Stats() ([]tracefile.LossEntry, error) {
 	m := c.objs.Maps["probe_stats"]
 	vals := make([]bpf.NettraceProbeCounters, c.ncpu)
@@ -252,20 +256,33 @@ func (c *Collector) Stats() ([]tracefile.LossEntry, error) {
 		for cpu, v := range vals {
 			out = append(out, tracefile.LossEntry{Probe: uint16(a.ID), CPU: uint32(cpu), Events: v.Events, Lost: v.Lost})
 		}
+		st, err := c.objs.Programs[a.Program].Stats()
+		if err != nil {
+			return nil, fmt.Errorf("read %s program stats: %w", a.Name, err)
+		}
+		if st.RecursionMisses > 0 {
+			out = append(out, tracefile.LossEntry{Probe: uint16(a.ID), CPU: tracefile.CPUAny, Events: st.RecursionMisses, Lost: st.RecursionMisses})
+		}
 	}
 	return out, nil
 }
 
 // Aggregates returns the counts of the aggregate mode, summed over CPUs.
+// agg_slots names the slot of each key in agg_counts, where each CPU
+// counts; a key inserted after agg_slots was read shows at the next call.
 func (c *Collector) Aggregates() ([]tracefile.AggEntry, error) {
-	m := c.objs.Maps["agg"]
+	slots, counts := c.objs.Maps["agg_slots"], c.objs.Maps["agg_counts"]
 	var (
-		k   bpf.NettraceAggKey
-		v   = make([]uint64, c.ncpu)
-		out []tracefile.AggEntry
+		k    bpf.NettraceAggKey
+		slot uint32
+		v    = make([]uint64, c.ncpu)
+		out  []tracefile.AggEntry
 	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	it := slots.Iterate()
+	for it.Next(&k, &slot) {
+		if err := counts.Lookup(slot, &v); err != nil {
+			return nil, fmt.Errorf("read agg_counts[%d]: %w", slot, err)
+		}
 		var n uint64
 		for _, x := range v {
 			n += x
@@ -273,19 +290,29 @@ func (c *Collector) Aggregates() ([]tracefile.AggEntry, error) {
 		out = append(out, tracefile.AggEntry{Probe: k.Probe, Netns: k.Netns, Ifindex: k.Ifindex, Reason: k.Reason, Location: k.Location, Count: n})
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read agg map: %w", err)
+		return nil, fmt.Errorf("read agg_slots: %w", err)
 	}
 	return out, nil
 }
 
-// Close detaches the probes and frees their maps.
-func (c *Collector) Close() error {
+// Detach detaches the probes and keeps their maps, so that what they
+// counted and wrote can still be read, and no longer changes: once Detach
+// returns no program is running (closing a link waits for those in
+// flight), and Ring drains to empty.
+func (c *Collector) Detach() error {
 	var errs []error
-	if c.rd != nil {
-		errs = append(errs, c.rd.Close())
-	}
 	for _, l := range c.links {
 		errs = append(errs, l.Close())
+	}
+	c.links = nil
+	return errors.Join(errs...)
+}
+
+// Close detaches the probes and frees their maps.
+func (c *Collector) Close() error {
+	errs := []error{c.Detach()}
+	if c.rd != nil {
+		errs = append(errs, c.rd.Close())
 	}
 	if c.objs != nil {
 		c.objs.Close()

@@ -117,10 +117,16 @@ type Loss struct {
 // LossEntry counts one probe on one CPU since the recording started.
 type LossEntry struct {
 	Probe  uint16 `json:"probe"`
-	CPU    uint32 `json:"cpu"`
+	CPU    uint32 `json:"cpu"`    // CPUAny: events the kernel did not hand to the probe
 	Events uint64 `json:"events"` // passed the filters
 	Lost   uint64 `json:"lost"`   // not recorded
 }
+
+// CPUAny is the CPU of a LossEntry that counts the tracepoint hits the
+// kernel skipped because the probe was already running on that CPU (an
+// interrupt nesting the same tracepoint): the kernel counts them per
+// program, not per CPU. They are in both Events and Lost.
+const CPUAny = ^uint32(0)
 
 // Counters is one snapshot of one counter source.
 type Counters struct {

@@ -46,7 +46,7 @@ type JSONLoss struct {
 	Type   string `json:"type"` // "loss"
 	TimeNS uint64 `json:"time_ns"`
 	Event  string `json:"event"`
-	CPU    uint32 `json:"cpu"`
+	CPU    uint32 `json:"cpu"`  // 4294967295 (tracefile.CPUAny): nested hits the kernel skipped, on any CPU
 	Lost   uint64 `json:"lost"` // since the previous loss line of this event and CPU
 }
 

@@ -134,7 +134,11 @@ func Text(w io.Writer, r *tracefile.Reader, opts *Options) (Stats, error) {
 		},
 		loss: func(time uint64, deltas []lossDelta) error {
 			for _, d := range deltas {
-				if d.Lost > 0 {
+				switch {
+				case d.Lost == 0:
+				case d.CPU == tracefile.CPUAny:
+					fmt.Fprintf(bw, "# LOST %d %s events before %s (nested: the probe was already running on that cpu)\n", d.Lost, p.name(d.Probe), p.time(time))
+				default:
 					fmt.Fprintf(bw, "# LOST %d %s events on cpu %d before %s (ring buffer full)\n", d.Lost, p.name(d.Probe), d.CPU, p.time(time))
 				}
 			}

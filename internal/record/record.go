@@ -121,10 +121,13 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 			}
 		}
 	}
-	// Drain what the kernel wrote before the probes stop: what is there
-	// now, and a sample that was being written (bounded: under load the
-	// ring is never empty).
-	for range 3 {
+	// With the probes detached nothing writes to the ring or the counters
+	// any more: the ring drains to empty and the last snapshot is exact
+	// (written + lost = seen, aggregates = events).
+	if err := c.Detach(); err != nil {
+		return nil, fmt.Errorf("detach probes: %w", err)
+	}
+	for {
 		n, err := ring.Batch(r.event)
 		if err != nil {
 			return nil, fmt.Errorf("read nettrace ring buffer: %w", err)

@@ -371,6 +371,116 @@ func TestAggregate(t *testing.T) {
 	}
 }
 
+// In aggregate mode every event a probe counted is in exactly one
+// aggregate entry, however often consecutive events change key: the last
+// aggregates, per probe, add up to the events the End record counts, less
+// those lost. No filter, so that every namespace's traffic mixes keys.
+func TestAggregateMatchesProbeCounts(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes:    recordtest.Select(t, "netif_receive_skb,napi_poll,kfree_skb,consume_skb"),
+		Aggregate: true,
+	}}, func() error { return testutil.SendUDP(b, 9, 500, 32) })
+	var last tracefile.Aggregate
+	r := walk(t, data, func(rec *tracefile.Record) {
+		if rec.Type == tracefile.TypeAggregate {
+			if err := rec.Decode(&last); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	counted, keys := map[uint16]uint64{}, map[uint16]int{}
+	for _, a := range last.Entries {
+		counted[a.Probe] += a.Count
+		keys[a.Probe]++
+	}
+	if r.End() == nil {
+		t.Fatal("no end record")
+	}
+	for _, p := range r.End().Probes {
+		name := probes.ByID(probes.ID(p.Probe)).Name
+		if p.Events == 0 {
+			t.Errorf("%s counted no events", name)
+		}
+		if got, want := counted[p.Probe], p.Events-p.Lost; got != want {
+			t.Errorf("%s: aggregates sum to %d over %d keys, the probe counted %d events and %d lost", name, got, keys[p.Probe], p.Events, p.Lost)
+		}
+		t.Logf("%s: %d events in %d keys, %d lost", name, counted[p.Probe], keys[p.Probe], p.Lost)
+	}
+}
+
+// Drops whose key changes at every event (alternately on the veth and on
+// loopback in the same namespace, so on the same CPU) are each counted
+// under their own key: the kernel's one-key cache must not count an event
+// under the key before it.
+func TestAggregateAlternatingKeys(t *testing.T) {
+	b := testutil.Bed(t, nil)
+	const n, port = 100, 9
+	// Unconnected sockets: a connected one would take the ICMP error of
+	// one datagram as the result of the next write, which is not sent.
+	listen := func(s testbed.Side) *net.UDPConn {
+		var c *net.UDPConn
+		err := b.Do(s, func() (err error) {
+			c, err = net.ListenUDP("udp4", nil)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	veth, lo := listen(testbed.A), listen(testbed.B)
+	to := map[*net.UDPConn]*net.UDPAddr{
+		veth: net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)),
+		lo:   net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)),
+	}
+	data := recordtest.While(t, &record.Options{Probes: probes.Options{
+		Probes:    recordtest.Select(t, "kfree_skb"),
+		Filter:    probes.Filter{Netns: recordtest.NetnsInode(t, b, testbed.B), DstPort: port},
+		Aggregate: true,
+	}}, func() error {
+		msg := make([]byte, 32)
+		for range n {
+			for _, c := range []*net.UDPConn{veth, lo} {
+				if _, err := c.WriteToUDP(msg, to[c]); err != nil {
+					return err
+				}
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		return nil
+	})
+	var last tracefile.Aggregate
+	r := walk(t, data, func(rec *tracefile.Record) {
+		if rec.Type == tracefile.TypeAggregate {
+			if err := rec.Decode(&last); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	byIf := map[uint32]uint64{}
+	for _, a := range last.Entries {
+		if tracefmt.Reason(r.Meta(), a.Reason) != "NO_SOCKET" {
+			t.Errorf("aggregate entry %+v: reason %s", a, tracefmt.Reason(r.Meta(), a.Reason))
+		}
+		byIf[a.Ifindex] += a.Count
+	}
+	var vethIndex int
+	if err := b.Do(testbed.B, func() error {
+		i, err := net.InterfaceByName(b.Link(testbed.B))
+		if err == nil {
+			vethIndex = i.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if byIf[uint32(vethIndex)] != n || byIf[1] != n || len(byIf) != 2 {
+		t.Errorf("drops by ifindex %v, want %d on %s (%d) and %d on lo (1)", byIf, n, b.Link(testbed.B), vethIndex, n)
+	}
+}
+
 func mustReader(t *testing.T, data []byte) *tracefile.Reader {
 	r, err := tracefile.NewReader(bytes.NewReader(data))
 	if err != nil {
