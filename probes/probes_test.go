@@ -81,7 +81,7 @@ func TestEventLayout(t *testing.T) {
 		t.Fatalf("struct event head is %d bytes, tracefile.EventHeadSize %d", got, tracefile.EventHeadSize)
 	}
 	var e tracefile.Event
-	if err := tracefile.DecodeEvent(buf.Bytes(), &e); err != nil {
+	if err := tracefile.DecodeRawEvent(buf.Bytes(), &e); err != nil {
 		t.Fatal(err)
 	}
 	want := tracefile.Event{Time: 1, Skb: 2, Location: 3, Sk: 4, PID: 5, TID: 6, CPU: 7, Netns: 8, Ifindex: 9, Len: 10,

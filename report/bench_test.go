@@ -37,7 +37,6 @@ func writeMix(tb testing.TB, out io.Writer, n int) {
 	ip[22], ip[23] = 7000>>8, 7000&0xff
 	seq := []probes.ID{probes.SoftirqEntry, probes.NapiPoll, probes.NetifReceiveSkb, probes.SkbCopyDatagramIovec, probes.ConsumeSkb,
 		probes.NetifReceiveSkb, probes.KfreeSkb, probes.SoftirqExit}
-	var raw []byte
 	for i := range n {
 		id := seq[i%len(seq)]
 		pktNo := uint64(i / len(seq) * 2)
@@ -52,8 +51,7 @@ func writeMix(tb testing.TB, out io.Writer, n int) {
 		if id == probes.SoftirqEntry || id == probes.SoftirqExit {
 			e.Arg[0] = vecNetRX
 		}
-		raw = tracefile.AppendEvent(raw[:0], &e)
-		if err := w.WriteRecord(tracefile.TypeEvent, raw); err != nil {
+		if err := w.WriteEvent(&e); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -246,7 +246,6 @@ type builder struct {
 	pending   map[uint32]uint64 // drops after the last snapshot
 
 	agg map[tracefile.AggEntry]uint64 // aggregate mode: previous cumulative counts
-	ev  tracefile.Event
 }
 
 // probeState is one probe of the file.
@@ -322,10 +321,7 @@ func Build(r *tracefile.Reader, opts *Options) (*Report, error) {
 func (b *builder) record(rec *tracefile.Record) error {
 	switch rec.Type {
 	case tracefile.TypeEvent:
-		if err := tracefile.DecodeEvent(rec.Payload, &b.ev); err != nil {
-			return err
-		}
-		b.event(&b.ev)
+		b.event(b.r.Event())
 	case tracefile.TypeLoss:
 		var l tracefile.Loss
 		if err := rec.Decode(&l); err != nil {

@@ -170,11 +170,9 @@ func synthetic(t testing.TB, counters []tracefile.Counters, fn func(emit func(tr
 		t.Fatal(err)
 	}
 	w.WriteJSON(tracefile.TypeInterface, tracefile.Interface{Netns: 1, Ifindex: 2, Name: "vmxb"})
-	var raw []byte
 	fn(func(e tracefile.Event) {
 		e.Netns = 1
-		raw = tracefile.AppendEvent(raw[:0], &e)
-		if err := w.WriteRecord(tracefile.TypeEvent, raw); err != nil {
+		if err := w.WriteEvent(&e); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -7,9 +7,12 @@
 // counter snapshots). The package must not depend on BPF or on the running
 // kernel: `nettrace script` and `nettrace report` read files anywhere.
 //
-// # Format, version 1
+// # Format, version 2
 //
-// All integers are little endian.
+// All integers are little endian. Version 2 differs from version 1 only in
+// the event records' payload: compact (see event.go) instead of the
+// kernel's struct event as is, which made files half again as large. The
+// reader reads both.
 //
 //	file   = header record*
 //	header = "NETTRACE" version:u32 flags:u32            (16 bytes)
@@ -20,7 +23,7 @@
 // so that newer writers stay readable. Record types:
 //
 //	1 Meta       JSON, first record: see [Meta]
-//	2 Event      binary: see [Event] and EventHeadSize; the captured bytes follow the head
+//	2 Event      binary: see [Event]; version 1: the raw layout of EventHeadSize bytes, then the captured bytes
 //	3 Interface  JSON: a (netns, ifindex) seen for the first time, with its name
 //	4 Symbol     JSON: a kernel symbol, written before the first event that needs it
 //	5 Loss       JSON: cumulative events and losses per probe and CPU, when they changed

@@ -49,6 +49,9 @@ type Reader struct {
 	ifaces map[[2]uint32]string
 	syms   []Symbol // sorted by Addr
 	events int64
+	ver    uint32
+	ev     Event     // of the last event record
+	tasks  taskCache // version 2: comm and dev per CPU
 }
 
 // NewReader reads the header and the Meta record of a trace file.
@@ -64,8 +67,9 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if string(h[:len(Magic)]) != Magic {
 		return nil, fmt.Errorf("magic %q: %w", h[:len(Magic)], ErrNotTrace)
 	}
-	if v := le.Uint32(h[8:]); v != Version {
-		return nil, fmt.Errorf("version %d, this nettrace reads version %d: %w", v, Version, ErrVersion)
+	tr.ver = le.Uint32(h[8:])
+	if tr.ver != 1 && tr.ver != Version {
+		return nil, fmt.Errorf("version %d, this nettrace reads versions 1 to %d: %w", tr.ver, Version, ErrVersion)
 	}
 	tr.off = int64(len(h))
 	rec, err := tr.Next()
@@ -95,6 +99,11 @@ func (tr *Reader) Offset() int64 { return tr.off }
 
 // Events returns how many event records Next has returned.
 func (tr *Reader) Events() int64 { return tr.events }
+
+// Event returns the event of the event record Next returned last. It is
+// overwritten by the next call to Next, and its Data aliases the reader's
+// buffer until then.
+func (tr *Reader) Event() *Event { return &tr.ev }
 
 // Next returns the next record. At the end of a complete file it returns
 // io.EOF; at the end of a file without an End record, an error wrapping
@@ -136,6 +145,17 @@ func (tr *Reader) Next() (Record, error) {
 	}
 	switch t {
 	case TypeEvent:
+		// Decoded here, not on demand: a version 2 event may take its comm
+		// and dev from the event before it on its CPU, whether or not the
+		// caller looked at that one.
+		if tr.ver == 1 {
+			err = DecodeRawEvent(payload, &tr.ev)
+		} else {
+			err = decodeCompact(payload, &tr.ev, &tr.tasks)
+		}
+		if err != nil {
+			return Record{}, fmt.Errorf("%s record at offset %d: %w", t, start, err)
+		}
 		tr.events++
 	case TypeInterface:
 		var i Interface

@@ -5,8 +5,9 @@ import (
 	"fmt"
 )
 
-// Version is the format version this package writes and reads.
-const Version = 1
+// Version is the format version this package writes. It reads this one
+// and version 1, whose events are the kernel's struct event as is.
+const Version = 2
 
 // Magic opens every trace file.
 const Magic = "NETTRACE"
@@ -168,8 +169,9 @@ type ProbeTotals struct {
 	Lost   uint64 `json:"lost"`
 }
 
-// EventHeadSize is the size of an event record before its captured bytes;
-// the layout is bpf/nettrace.c's struct event.
+// EventHeadSize is the size of a raw event before its captured bytes: the
+// layout of bpf/nettrace.c's struct event, which is also the event payload
+// of version 1 files.
 const EventHeadSize = 120
 
 // MaxCapLen is the most bytes of a packet an event carries.
@@ -181,8 +183,7 @@ const (
 	FlagEthernet = 1
 )
 
-// Event is one kernel event. Data aliases the reader's buffer and is valid
-// until the next call to Next.
+// Event is one kernel event. Data aliases the buffer it was decoded from.
 type Event struct {
 	Time     uint64 // CLOCK_MONOTONIC, ns
 	Skb      uint64
@@ -224,8 +225,9 @@ var ByteOrder = binary.LittleEndian
 
 var le = ByteOrder
 
-// DecodeEvent decodes an event record's payload into e.
-func DecodeEvent(p []byte, e *Event) error {
+// DecodeRawEvent decodes a raw event (a ring buffer sample of
+// bpf/nettrace.c, or a version 1 event record's payload) into e.
+func DecodeRawEvent(p []byte, e *Event) error {
 	if len(p) < EventHeadSize {
 		return fmt.Errorf("event of %d bytes, shorter than its %d-byte head: %w", len(p), EventHeadSize, ErrCorrupt)
 	}
@@ -254,32 +256,4 @@ func DecodeEvent(p []byte, e *Event) error {
 	e.Flags = le.Uint16(p[114:])
 	e.Data = p[EventHeadSize : EventHeadSize+caplen]
 	return nil
-}
-
-// AppendEvent encodes e as an event record's payload.
-func AppendEvent(b []byte, e *Event) []byte {
-	var h [EventHeadSize]byte
-	n := min(len(e.Data), MaxCapLen)
-	le.PutUint64(h[0:], e.Time)
-	le.PutUint64(h[8:], e.Skb)
-	le.PutUint64(h[16:], e.Location)
-	le.PutUint64(h[24:], e.Sk)
-	le.PutUint32(h[32:], e.PID)
-	le.PutUint32(h[36:], e.TID)
-	le.PutUint32(h[40:], e.CPU)
-	le.PutUint32(h[44:], e.Netns)
-	le.PutUint32(h[48:], e.Ifindex)
-	le.PutUint32(h[52:], e.Len)
-	le.PutUint32(h[56:], e.Reason)
-	le.PutUint16(h[60:], e.Probe)
-	le.PutUint16(h[62:], e.Protocol)
-	for i, a := range e.Arg {
-		le.PutUint32(h[64+4*i:], uint32(a))
-	}
-	copy(h[80:96], e.Comm[:])
-	copy(h[96:112], e.Dev[:])
-	le.PutUint16(h[112:], uint16(n))
-	le.PutUint16(h[114:], e.Flags)
-	b = append(b, h[:]...)
-	return append(b, e.Data[:n]...)
 }

@@ -14,13 +14,49 @@ func testMeta() *Meta {
 		DropReasons: map[uint32]string{3: "NO_SOCKET"}}
 }
 
+// testEvent varies what a compact event may leave out: zero fields, the
+// CPU, and the comm and dev from one event on a CPU to the next.
 func testEvent(i int) *Event {
-	e := &Event{Time: uint64(1e9 + i), Skb: 0xffff888100000000 + uint64(i), Location: 0xffffffff81000010, PID: 7, TID: 8, CPU: 1,
+	e := &Event{Time: uint64(1e9 + i), Skb: 0xffff888100000000 + uint64(i), Location: 0xffffffff81000010, PID: 7, TID: 8, CPU: uint32(i % 3),
 		Netns: 4026531840, Ifindex: 2, Len: 84, Reason: 3, Probe: 3, Protocol: 0x800, Arg: [4]int32{-1, 2, 3, 4}, Flags: FlagEthernet}
-	copy(e.Comm[:], "sockperf")
-	copy(e.Dev[:], "vmxb")
+	if i%4 == 0 {
+		e.Skb, e.Location, e.Reason, e.Arg[1], e.Flags = 0, 0, 0, 0, 0
+	}
+	copy(e.Comm[:], []string{"sockperf", "ksoftirqd/1"}[i/7%2])
+	if i%5 != 0 {
+		copy(e.Dev[:], "vmxb")
+	}
 	e.Data = bytes.Repeat([]byte{byte(i)}, i%(MaxCapLen+1))
 	return e
+}
+
+// appendRaw encodes e as the kernel lays out struct event: the event
+// payload of version 1 files.
+func appendRaw(b []byte, e *Event) []byte {
+	var h [EventHeadSize]byte
+	n := min(len(e.Data), MaxCapLen)
+	le.PutUint64(h[0:], e.Time)
+	le.PutUint64(h[8:], e.Skb)
+	le.PutUint64(h[16:], e.Location)
+	le.PutUint64(h[24:], e.Sk)
+	le.PutUint32(h[32:], e.PID)
+	le.PutUint32(h[36:], e.TID)
+	le.PutUint32(h[40:], e.CPU)
+	le.PutUint32(h[44:], e.Netns)
+	le.PutUint32(h[48:], e.Ifindex)
+	le.PutUint32(h[52:], e.Len)
+	le.PutUint32(h[56:], e.Reason)
+	le.PutUint16(h[60:], e.Probe)
+	le.PutUint16(h[62:], e.Protocol)
+	for i, a := range e.Arg {
+		le.PutUint32(h[64+4*i:], uint32(a))
+	}
+	copy(h[80:96], e.Comm[:])
+	copy(h[96:112], e.Dev[:])
+	le.PutUint16(h[112:], uint16(n))
+	le.PutUint16(h[114:], e.Flags)
+	b = append(b, h[:]...)
+	return append(b, e.Data[:n]...)
 }
 
 // writeTrace writes n events framed by the other record kinds.
@@ -38,7 +74,7 @@ func writeTrace(t testing.TB, n int, end bool) []byte {
 	must(w.WriteJSON(TypeInterface, Interface{Netns: 4026531840, Ifindex: 2, Name: "vmxb"}))
 	must(w.WriteJSON(TypeSymbol, Symbol{Addr: 0xffffffff81000000, Name: "__udp4_lib_rcv"}))
 	for i := range n {
-		must(w.WriteRecord(TypeEvent, AppendEvent(nil, testEvent(i))))
+		must(w.WriteEvent(testEvent(i)))
 	}
 	must(w.WriteJSON(TypeLoss, Loss{Time: 5, Entries: []LossEntry{{Probe: 3, CPU: 1, Events: uint64(n), Lost: 2}}}))
 	if end {
@@ -54,7 +90,6 @@ func readAll(b []byte) (events int, err error) {
 	if err != nil {
 		return 0, err
 	}
-	var e Event
 	for {
 		rec, err := r.Next()
 		if err == io.EOF {
@@ -64,9 +99,6 @@ func readAll(b []byte) (events int, err error) {
 			return events, err
 		}
 		if rec.Type == TypeEvent {
-			if err := DecodeEvent(rec.Payload, &e); err != nil {
-				return events, err
-			}
 			events++
 		}
 	}
@@ -81,7 +113,6 @@ func TestRoundTrip(t *testing.T) {
 	if r.Meta().DropReasons[3] != "NO_SOCKET" || r.Meta().Probes[0].Name != "skb:kfree_skb" {
 		t.Fatalf("meta = %+v", r.Meta())
 	}
-	var got Event
 	i := 0
 	for {
 		rec, err := r.Next()
@@ -94,9 +125,7 @@ func TestRoundTrip(t *testing.T) {
 		if rec.Type != TypeEvent {
 			continue
 		}
-		if err := DecodeEvent(rec.Payload, &got); err != nil {
-			t.Fatal(err)
-		}
+		got := *r.Event()
 		want := testEvent(i)
 		if !bytes.Equal(got.Data, want.Data) {
 			t.Fatalf("event %d data = %x, want %x", i, got.Data, want.Data)
@@ -169,23 +198,119 @@ func TestCorrupt(t *testing.T) {
 	}
 }
 
+// writeV1 writes a version 1 trace of n events: its event records are the
+// kernel's struct event as is.
+func writeV1(t testing.TB, n int) []byte {
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, testMeta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := w.WriteRecord(TypeEvent, appendRaw(nil, testEvent(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(&End{Time: 9}); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	le.PutUint32(b[8:], 1)
+	return b
+}
+
+// Files of version 1 (raw events) still read, event for event.
+func TestVersion1(t *testing.T) {
+	r, err := NewReader(bytes.NewReader(writeV1(t, 50)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; {
+		rec, err := r.Next()
+		if err == io.EOF {
+			if i != 50 {
+				t.Fatalf("read %d events, want 50", i)
+			}
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Type != TypeEvent {
+			continue
+		}
+		got, want := *r.Event(), *testEvent(i)
+		if !bytes.Equal(got.Data, want.Data) {
+			t.Fatalf("event %d data = %x, want %x", i, got.Data, want.Data)
+		}
+		got.Data, want.Data = nil, nil
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("event %d = %+v, want %+v", i, got, want)
+		}
+		i++
+	}
+}
+
+// A compact event is about half a raw one: the sizes of a receive path's
+// typical pair, netif_receive_skb with 106 captured bytes and napi_poll.
+func TestCompactSize(t *testing.T) {
+	rx := Event{Time: 1, CPU: 1, PID: 7, TID: 7, Skb: 0xffff888100000000, Netns: 4026531840, Ifindex: 2, Len: 106,
+		Protocol: 0x800, Flags: FlagEthernet, Data: make([]byte, 106)}
+	copy(rx.Comm[:], "sockperf")
+	copy(rx.Dev[:], "vmxb")
+	poll := Event{Time: 2, CPU: 1, PID: 7, TID: 7, Location: 0xffff888100001000, Netns: 4026531840, Ifindex: 2, Arg: [4]int32{1, 64}, Comm: rx.Comm, Dev: rx.Dev}
+	var c taskCache
+	last, _ := c.at(1)
+	first := len(appendCompact(nil, &rx, last))
+	rxn, polln := len(appendCompact(nil, &rx, last)), len(appendCompact(nil, &poll, last))
+	if first != rxn+32 {
+		t.Errorf("first event on a CPU %d bytes, the next %d: comm and dev not left out", first, rxn)
+	}
+	raw := 2*EventHeadSize + len(rx.Data)
+	if rxn+polln > raw*6/10 {
+		t.Errorf("compact pair %d + %d bytes, raw %d", rxn, polln, raw)
+	}
+	t.Logf("netif_receive_skb %d bytes, napi_poll %d bytes; raw %d together", rxn, polln, raw)
+}
+
+// Malformed compact events are errors that name the record, never panics
+// nor events read past their record.
+func TestCompactCorrupt(t *testing.T) {
+	e := testEvent(9)
+	var c taskCache
+	last, _ := c.at(e.CPU)
+	good := appendCompact(nil, e, last)
+	for _, tc := range []struct {
+		name string
+		p    []byte
+	}{
+		{"short", good[:compactFixed-1]},
+		{"fields cut", good[:compactFixed+3]},
+		{"data cut", good[:len(good)-1]},
+		{"trailing", append(bytes.Clone(good), 0)},
+		{"cpu", func() []byte { b := bytes.Clone(good); le.PutUint32(b[12:], MaxCPU); return b }()},
+	} {
+		var got Event
+		var rc taskCache
+		if err := decodeCompact(tc.p, &got, &rc); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", tc.name, err)
+		}
+	}
+}
+
 func FuzzReader(f *testing.F) {
 	f.Add(writeTrace(f, 3, true))
 	f.Add(writeTrace(f, 1, false))
+	f.Add(writeV1(f, 3))
 	f.Add([]byte(Magic))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := NewReader(bytes.NewReader(b))
 		if err != nil {
 			return
 		}
-		var e Event
 		for range 10000 {
-			rec, err := r.Next()
-			if err != nil {
+			if _, err := r.Next(); err != nil {
 				return
-			}
-			if rec.Type == TypeEvent {
-				_ = DecodeEvent(rec.Payload, &e)
 			}
 		}
 	})

@@ -12,10 +12,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Writer writes a trace file. It is not safe for concurrent use.
 type Writer struct {
-	w   *bufio.Writer
-	hdr [8]byte // fields, not locals, so that writing allocates nothing
-	crc [4]byte
-	err error
+	w     *bufio.Writer
+	hdr   [8]byte // fields, not locals, so that writing allocates nothing
+	crc   [4]byte
+	ev    []byte    // WriteEvent's encoding, reused
+	tasks taskCache // comm and dev per CPU, left out when unchanged
+	err   error
 }
 
 // NewWriter writes the file header and meta to w.
@@ -52,6 +54,19 @@ func (tw *Writer) WriteRecord(t RecordType, payload []byte) error {
 		tw.err = fmt.Errorf("write %s record: %w", t, err)
 	}
 	return tw.err
+}
+
+// WriteEvent writes an event record.
+func (tw *Writer) WriteEvent(e *Event) error {
+	if tw.err != nil {
+		return tw.err
+	}
+	last, err := tw.tasks.at(e.CPU)
+	if err != nil {
+		return fmt.Errorf("write event: %w", err)
+	}
+	tw.ev = appendCompact(tw.ev[:0], e, last)
+	return tw.WriteRecord(TypeEvent, tw.ev)
 }
 
 // WriteJSON writes v as a JSON record of type t.

@@ -23,15 +23,13 @@ func benchTrace(b *testing.B, n int) []byte {
 	w.WriteJSON(tracefile.TypeSymbol, tracefile.Symbol{Addr: 0xffffffff81000000, Name: "__udp4_lib_rcv"})
 	mix := []probes.ID{probes.NetifReceiveSkb, probes.SkbCopyDatagramIovec, probes.ConsumeSkb, probes.KfreeSkb, probes.NapiPoll}
 	data := make([]byte, 60)
-	var raw []byte
 	for i := range n {
 		e := tracefile.Event{Time: 1e12 + uint64(i)*1000, Skb: 0xffff888100000000 + uint64(i%64)*256, Location: 0xffffffff81000123,
 			PID: 1234, TID: 1234, CPU: uint32(i % 2), Netns: 4026531840, Ifindex: 2, Len: 92, Reason: 3, Probe: uint16(mix[i%len(mix)]),
 			Protocol: 0x800, Flags: tracefile.FlagEthernet, Data: data}
 		copy(e.Comm[:], "sockperf")
 		copy(e.Dev[:], "vmxb")
-		raw = tracefile.AppendEvent(raw[:0], &e)
-		if err := w.WriteRecord(tracefile.TypeEvent, raw); err != nil {
+		if err := w.WriteEvent(&e); err != nil {
 			b.Fatal(err)
 		}
 	}

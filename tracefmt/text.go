@@ -55,7 +55,6 @@ type handlers struct {
 func each(r *tracefile.Reader, opts *Options, h handlers) (Stats, error) {
 	var (
 		st     Stats
-		ev     tracefile.Event
 		rec    tracefile.Record // outside the loop: &rec escapes to h.record
 		err    error
 		loss   tracefile.Loss
@@ -76,14 +75,12 @@ func each(r *tracefile.Reader, opts *Options, h handlers) (Stats, error) {
 		}
 		switch rec.Type {
 		case tracefile.TypeEvent:
-			if err := tracefile.DecodeEvent(rec.Payload, &ev); err != nil {
-				return st, fmt.Errorf("event record at offset %d: %w", rec.Offset, err)
-			}
+			ev := r.Event()
 			if opts != nil && opts.Probes != nil && !opts.Probes[ev.Probe] {
 				continue
 			}
 			st.Events++
-			err = h.event(&ev)
+			err = h.event(ev)
 		case tracefile.TypeLoss:
 			if h.loss == nil {
 				continue

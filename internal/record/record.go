@@ -188,7 +188,7 @@ type recorder struct {
 
 func (r *recorder) event(raw []byte) error {
 	ev := &r.ev
-	if err := tracefile.DecodeEvent(raw, ev); err != nil {
+	if err := tracefile.DecodeRawEvent(raw, ev); err != nil {
 		return fmt.Errorf("ring buffer sample: %w", err)
 	}
 	if ev.Ifindex != 0 {
@@ -212,9 +212,7 @@ func (r *recorder) event(raw []byte) error {
 		}
 	}
 	r.events++
-	// The sample is written as the kernel laid it out, without the unused
-	// tail of its capture buffer.
-	return r.tw.WriteRecord(tracefile.TypeEvent, raw[:tracefile.EventHeadSize+len(ev.Data)])
+	return r.tw.WriteEvent(ev)
 }
 
 // tick writes what changed in the loss counters, a counter snapshot and,

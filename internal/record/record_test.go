@@ -38,10 +38,10 @@ func events(t *testing.T, data []byte, probe probes.ID) (*tracefile.Reader, []tr
 	t.Helper()
 	var out []tracefile.Event
 	var counters []tracefile.Counters
-	r := walk(t, data, func(rec *tracefile.Record) {
+	r := walk(t, data, func(rec *tracefile.Record, ev *tracefile.Event) {
 		switch rec.Type {
 		case tracefile.TypeEvent:
-			e := decode(t, rec)
+			e := *ev
 			if probes.ID(e.Probe) == probe {
 				e.Data = bytes.Clone(e.Data)
 				out = append(out, e)
@@ -57,8 +57,9 @@ func events(t *testing.T, data []byte, probe probes.ID) (*tracefile.Reader, []tr
 	return r, out, counters
 }
 
-// walk hands every record of a complete recording to fn.
-func walk(t *testing.T, data []byte, fn func(*tracefile.Record)) *tracefile.Reader {
+// walk hands every record of a complete recording to fn, with its event
+// for an event record (nil for others).
+func walk(t *testing.T, data []byte, fn func(*tracefile.Record, *tracefile.Event)) *tracefile.Reader {
 	t.Helper()
 	r := mustReader(t, data)
 	for {
@@ -69,21 +70,16 @@ func walk(t *testing.T, data []byte, fn func(*tracefile.Record)) *tracefile.Read
 		if err != nil {
 			t.Fatal(err)
 		}
-		fn(&rec)
+		var ev *tracefile.Event
+		if rec.Type == tracefile.TypeEvent {
+			ev = r.Event()
+		}
+		fn(&rec, ev)
 	}
 	if r.End() == nil {
 		t.Fatal("no end record")
 	}
 	return r
-}
-
-func decode(t *testing.T, rec *tracefile.Record) tracefile.Event {
-	t.Helper()
-	var e tracefile.Event
-	if err := tracefile.DecodeEvent(rec.Payload, &e); err != nil {
-		t.Fatal(err)
-	}
-	return e
 }
 
 func describe(r *tracefile.Reader, e *tracefile.Event) drop {
@@ -288,9 +284,9 @@ func TestLossAccounted(t *testing.T) {
 		})
 	})
 	written := map[uint16]uint64{}
-	r := walk(t, data, func(rec *tracefile.Record) {
+	r := walk(t, data, func(rec *tracefile.Record, ev *tracefile.Event) {
 		if rec.Type == tracefile.TypeEvent {
-			written[decode(t, rec).Probe]++
+			written[ev.Probe]++
 		}
 	})
 	var lost uint64
@@ -349,7 +345,7 @@ func TestAggregate(t *testing.T) {
 		Aggregate: true,
 	}}, func() error { return testutil.SendUDP(b, port, n, 32) })
 	var last tracefile.Aggregate
-	r := walk(t, data, func(rec *tracefile.Record) {
+	r := walk(t, data, func(rec *tracefile.Record, ev *tracefile.Event) {
 		switch rec.Type {
 		case tracefile.TypeEvent:
 			t.Fatal("event record in aggregate mode")
@@ -382,7 +378,7 @@ func TestAggregateMatchesProbeCounts(t *testing.T) {
 		Aggregate: true,
 	}}, func() error { return testutil.SendUDP(b, 9, 500, 32) })
 	var last tracefile.Aggregate
-	r := walk(t, data, func(rec *tracefile.Record) {
+	r := walk(t, data, func(rec *tracefile.Record, ev *tracefile.Event) {
 		if rec.Type == tracefile.TypeAggregate {
 			if err := rec.Decode(&last); err != nil {
 				t.Fatal(err)
@@ -452,7 +448,7 @@ func TestAggregateAlternatingKeys(t *testing.T) {
 		return nil
 	})
 	var last tracefile.Aggregate
-	r := walk(t, data, func(rec *tracefile.Record) {
+	r := walk(t, data, func(rec *tracefile.Record, ev *tracefile.Event) {
 		if rec.Type == tracefile.TypeAggregate {
 			if err := rec.Decode(&last); err != nil {
 				t.Fatal(err)

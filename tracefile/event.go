@@ -1,0 +1,197 @@
+package tracefile
+
+import "fmt"
+
+// Events are written compactly since version 2: a fixed part, then only
+// the fields the event has, as flagged in present. Most fields of most
+// events are zero (napi_poll has no skb, netif_receive_skb no location nor
+// args), and the task's comm and the device's name rarely change from one
+// event on a CPU to the next, so that half of a version 1 event was
+// repeated or empty bytes. Version 1 payloads are the kernel's struct event
+// as is ([DecodeRawEvent]).
+//
+//	event   = probe:u16 present:u16 time:u64 cpu:u32 pid:u32 tid:u32 field*
+//
+// then, in this order, each field whose bit is set in present:
+//
+//	0 skb:u64  1 location:u64  2 sk:u64  3 netns:u32  4 ifindex:u32  5 len:u32
+//	6 reason:u32  7 protocol:u16  8 flags:u16  9-12 arg[0..3]:i32
+//	13 comm:[16]  14 dev:[16]  15 caplen:u16 data[caplen]
+//
+// An event without comm (dev) has the comm (dev) of the previous event on
+// its CPU, or none if it is the CPU's first.
+const (
+	evSkb = 1 << iota
+	evLocation
+	evSk
+	evNetns
+	evIfindex
+	evLen
+	evReason
+	evProtocol
+	evFlags
+	evArg0
+	evArg1
+	evArg2
+	evArg3
+	evComm
+	evDev
+	evData
+)
+
+// compactFixed is the size of the fixed part of a compact event.
+const compactFixed = 2 + 2 + 8 + 4 + 4 + 4
+
+// MaxCPU bounds an event's CPU number, so that a corrupt one cannot make a
+// reader or writer allocate without bound (the kernel's own NR_CPUS limit
+// is 8192).
+const MaxCPU = 1 << 16
+
+// lastTask is what a compact event may leave out: the previous event on
+// the same CPU's comm and dev.
+type lastTask struct{ comm, dev [16]byte }
+
+// taskCache holds lastTask per CPU, for a writer or a reader.
+type taskCache []lastTask
+
+func (c *taskCache) at(cpu uint32) (*lastTask, error) {
+	if cpu >= MaxCPU {
+		return nil, fmt.Errorf("event on cpu %d (max %d): %w", cpu, MaxCPU-1, ErrCorrupt)
+	}
+	if int(cpu) >= len(*c) {
+		*c = append(*c, make([]lastTask, int(cpu)+1-len(*c))...)
+	}
+	return &(*c)[cpu], nil
+}
+
+// appendCompact appends e's compact encoding to b, leaving out the comm and
+// dev that last holds, and updates last.
+func appendCompact(b []byte, e *Event, last *lastTask) []byte {
+	var present uint16
+	b = le.AppendUint16(b, e.Probe)
+	at := len(b)
+	b = le.AppendUint16(b, 0) // present, known at the end
+	b = le.AppendUint64(b, e.Time)
+	b = le.AppendUint32(b, e.CPU)
+	b = le.AppendUint32(b, e.PID)
+	b = le.AppendUint32(b, e.TID)
+	for i, v := range [...]uint64{e.Skb, e.Location, e.Sk} {
+		if v != 0 {
+			present |= evSkb << i
+			b = le.AppendUint64(b, v)
+		}
+	}
+	for i, v := range [...]uint32{e.Netns, e.Ifindex, e.Len, e.Reason} {
+		if v != 0 {
+			present |= evNetns << i
+			b = le.AppendUint32(b, v)
+		}
+	}
+	for i, v := range [...]uint16{e.Protocol, e.Flags} {
+		if v != 0 {
+			present |= evProtocol << i
+			b = le.AppendUint16(b, v)
+		}
+	}
+	for i, v := range e.Arg {
+		if v != 0 {
+			present |= evArg0 << i
+			b = le.AppendUint32(b, uint32(v))
+		}
+	}
+	if e.Comm != last.comm {
+		present |= evComm
+		b = append(b, e.Comm[:]...)
+		last.comm = e.Comm
+	}
+	if e.Dev != last.dev {
+		present |= evDev
+		b = append(b, e.Dev[:]...)
+		last.dev = e.Dev
+	}
+	if n := min(len(e.Data), MaxCapLen); n > 0 {
+		present |= evData
+		b = le.AppendUint16(b, uint16(n))
+		b = append(b, e.Data[:n]...)
+	}
+	le.PutUint16(b[at:], present)
+	return b
+}
+
+// decodeCompact decodes a compact event from p into e, taking what it
+// leaves out from, and updating, cache.
+func decodeCompact(p []byte, e *Event, cache *taskCache) error {
+	if len(p) < compactFixed {
+		return fmt.Errorf("event of %d bytes, shorter than its %d fixed bytes: %w", len(p), compactFixed, ErrCorrupt)
+	}
+	e.Probe = le.Uint16(p)
+	present := le.Uint16(p[2:])
+	e.Time = le.Uint64(p[4:])
+	e.CPU = le.Uint32(p[12:])
+	e.PID = le.Uint32(p[16:])
+	e.TID = le.Uint32(p[20:])
+	last, err := cache.at(e.CPU)
+	if err != nil {
+		return err
+	}
+	// need is the size of every flagged field but the data's, so that the
+	// loads below need no check each.
+	need := compactFixed
+	for bit, size := range [16]int{8, 8, 8, 4, 4, 4, 4, 2, 2, 4, 4, 4, 4, 16, 16, 2} {
+		if present&(1<<bit) != 0 {
+			need += size
+		}
+	}
+	if need > len(p) {
+		return fmt.Errorf("event flags %#04x need %d bytes, it has %d: %w", present, need, len(p), ErrCorrupt)
+	}
+	p = p[compactFixed:]
+	u64 := func(bit uint16) uint64 {
+		if present&bit == 0 {
+			return 0
+		}
+		v := le.Uint64(p)
+		p = p[8:]
+		return v
+	}
+	u32 := func(bit uint16) uint32 {
+		if present&bit == 0 {
+			return 0
+		}
+		v := le.Uint32(p)
+		p = p[4:]
+		return v
+	}
+	u16 := func(bit uint16) uint16 {
+		if present&bit == 0 {
+			return 0
+		}
+		v := le.Uint16(p)
+		p = p[2:]
+		return v
+	}
+	e.Skb, e.Location, e.Sk = u64(evSkb), u64(evLocation), u64(evSk)
+	e.Netns, e.Ifindex, e.Len, e.Reason = u32(evNetns), u32(evIfindex), u32(evLen), u32(evReason)
+	e.Protocol, e.Flags = u16(evProtocol), u16(evFlags)
+	for i := range e.Arg {
+		e.Arg[i] = int32(u32(evArg0 << i))
+	}
+	if present&evComm != 0 {
+		copy(last.comm[:], p)
+		p = p[16:]
+	}
+	if present&evDev != 0 {
+		copy(last.dev[:], p)
+		p = p[16:]
+	}
+	e.Comm, e.Dev = last.comm, last.dev
+	n := int(u16(evData))
+	if n > MaxCapLen || n > len(p) {
+		return fmt.Errorf("event claims %d captured bytes, has %d: %w", n, len(p), ErrCorrupt)
+	}
+	if len(p) != n {
+		return fmt.Errorf("event has %d bytes after its fields: %w", len(p)-n, ErrCorrupt)
+	}
+	e.Data = p
+	return nil
+}
