@@ -87,6 +87,7 @@ const (
 	NettraceMapAggSlots              = "agg_slots"
 	NettraceMapEvents                = "events"
 	NettraceMapProbeStats            = "probe_stats"
+	NettraceMapWakeupChecked         = "wakeup_checked"
 	NettraceProgConsumeSkb           = "consume_skb"
 	NettraceProgKfreeSkb             = "kfree_skb"
 	NettraceProgNapiPoll             = "napi_poll"
@@ -186,10 +187,11 @@ type NettraceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NettraceMapSpecs struct {
-	AggCounts  *ebpf.MapSpec `ebpf:"agg_counts"`
-	AggSlots   *ebpf.MapSpec `ebpf:"agg_slots"`
-	Events     *ebpf.MapSpec `ebpf:"events"`
-	ProbeStats *ebpf.MapSpec `ebpf:"probe_stats"`
+	AggCounts     *ebpf.MapSpec `ebpf:"agg_counts"`
+	AggSlots      *ebpf.MapSpec `ebpf:"agg_slots"`
+	Events        *ebpf.MapSpec `ebpf:"events"`
+	ProbeStats    *ebpf.MapSpec `ebpf:"probe_stats"`
+	WakeupChecked *ebpf.MapSpec `ebpf:"wakeup_checked"`
 }
 
 // NettraceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -233,10 +235,11 @@ func (o *NettraceObjects) Close() error {
 //
 // It can be passed to LoadNettraceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NettraceMaps struct {
-	AggCounts  *ebpf.Map `ebpf:"agg_counts"`
-	AggSlots   *ebpf.Map `ebpf:"agg_slots"`
-	Events     *ebpf.Map `ebpf:"events"`
-	ProbeStats *ebpf.Map `ebpf:"probe_stats"`
+	AggCounts     *ebpf.Map `ebpf:"agg_counts"`
+	AggSlots      *ebpf.Map `ebpf:"agg_slots"`
+	Events        *ebpf.Map `ebpf:"events"`
+	ProbeStats    *ebpf.Map `ebpf:"probe_stats"`
+	WakeupChecked *ebpf.Map `ebpf:"wakeup_checked"`
 }
 
 func (m *NettraceMaps) Close() error {
@@ -245,6 +248,7 @@ func (m *NettraceMaps) Close() error {
 		m.AggSlots,
 		m.Events,
 		m.ProbeStats,
+		m.WakeupChecked,
 	)
 }
 
