@@ -66,4 +66,10 @@ struct bpf_prog {
 	struct bpf_prog_aux *aux;
 } __core;
 
+struct task_struct {
+	int pid;
+	int tgid;
+	char comm[16];
+} __core;
+
 struct proto;
