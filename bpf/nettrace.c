@@ -324,6 +324,10 @@ static __always_inline long agg_slot(struct agg_key *k)
 	__u32 *s = bpf_map_lookup_elem(&agg_slots, k);
 	if (s)
 		return *s;
+	// Looked at before taking one, so that a full agg_counts does not
+	// count agg_next_slot up at every event until it wraps to slots in use.
+	if (agg_next_slot >= AGG_MAX)
+		return -1;
 	__u32 slot = __sync_fetch_and_add(&agg_next_slot, 1);
 	if (slot >= AGG_MAX)
 		return -1;

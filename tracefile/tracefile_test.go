@@ -207,7 +207,7 @@ func writeV1(t testing.TB, n int) []byte {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if err := w.WriteRecord(TypeEvent, appendRaw(nil, testEvent(i))); err != nil {
+		if err := w.writeRecord(TypeEvent, appendRaw(nil, testEvent(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -217,6 +217,21 @@ func writeV1(t testing.TB, n int) []byte {
 	b := buf.Bytes()
 	le.PutUint32(b[8:], 1)
 	return b
+}
+
+// Event records go through WriteEvent only: a payload of another layout
+// would make the file unreadable.
+func TestWriteRecordRefusesEvents(t *testing.T) {
+	w, err := NewWriter(io.Discard, testMeta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteRecord(TypeEvent, appendRaw(nil, testEvent(1))); !errors.Is(err, ErrEventRecord) {
+		t.Errorf("WriteRecord(TypeEvent): %v, want ErrEventRecord", err)
+	}
+	if err := w.WriteJSON(TypeEvent, testEvent(1)); !errors.Is(err, ErrEventRecord) {
+		t.Errorf("WriteJSON(TypeEvent): %v, want ErrEventRecord", err)
+	}
 }
 
 // Files of version 1 (raw events) still read, event for event.

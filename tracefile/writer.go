@@ -3,6 +3,7 @@ package tracefile
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -35,9 +36,20 @@ func NewWriter(w io.Writer, meta *Meta) (*Writer, error) {
 	return tw, nil
 }
 
-// WriteRecord writes one record. The first error sticks: later writes
-// return it, so that a caller may check once.
+// ErrEventRecord: events are written with WriteEvent, which encodes them
+// as this version of the format does.
+var ErrEventRecord = errors.New("event records are written with WriteEvent")
+
+// WriteRecord writes one record other than an event. The first error
+// sticks: later writes return it, so that a caller may check once.
 func (tw *Writer) WriteRecord(t RecordType, payload []byte) error {
+	if t == TypeEvent {
+		return ErrEventRecord
+	}
+	return tw.writeRecord(t, payload)
+}
+
+func (tw *Writer) writeRecord(t RecordType, payload []byte) error {
 	if tw.err != nil {
 		return tw.err
 	}
@@ -66,7 +78,7 @@ func (tw *Writer) WriteEvent(e *Event) error {
 		return fmt.Errorf("write event: %w", err)
 	}
 	tw.ev = appendCompact(tw.ev[:0], e, last)
-	return tw.WriteRecord(TypeEvent, tw.ev)
+	return tw.writeRecord(TypeEvent, tw.ev)
 }
 
 // WriteJSON writes v as a JSON record of type t.
