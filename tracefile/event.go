@@ -145,53 +145,55 @@ func decodeCompact(p []byte, e *Event, cache *taskCache) error {
 	if need > len(p) {
 		return fmt.Errorf("event flags %#04x need %d bytes, it has %d: %w", present, need, len(p), ErrCorrupt)
 	}
-	p = p[compactFixed:]
-	u64 := func(bit uint16) uint64 {
-		if present&bit == 0 {
-			return 0
-		}
-		v := le.Uint64(p)
-		p = p[8:]
-		return v
-	}
-	u32 := func(bit uint16) uint32 {
-		if present&bit == 0 {
-			return 0
-		}
-		v := le.Uint32(p)
-		p = p[4:]
-		return v
-	}
-	u16 := func(bit uint16) uint16 {
-		if present&bit == 0 {
-			return 0
-		}
-		v := le.Uint16(p)
-		p = p[2:]
-		return v
-	}
-	e.Skb, e.Location, e.Sk = u64(evSkb), u64(evLocation), u64(evSk)
-	e.Netns, e.Ifindex, e.Len, e.Reason = u32(evNetns), u32(evIfindex), u32(evLen), u32(evReason)
-	e.Protocol, e.Flags = u16(evProtocol), u16(evFlags)
+	f := fields{p: p[compactFixed:], present: present}
+	e.Skb, e.Location, e.Sk = f.next(evSkb, 8), f.next(evLocation, 8), f.next(evSk, 8)
+	e.Netns, e.Ifindex = uint32(f.next(evNetns, 4)), uint32(f.next(evIfindex, 4))
+	e.Len, e.Reason = uint32(f.next(evLen, 4)), uint32(f.next(evReason, 4))
+	e.Protocol, e.Flags = uint16(f.next(evProtocol, 2)), uint16(f.next(evFlags, 2))
 	for i := range e.Arg {
-		e.Arg[i] = int32(u32(evArg0 << i))
+		e.Arg[i] = int32(f.next(evArg0<<i, 4))
 	}
 	if present&evComm != 0 {
-		copy(last.comm[:], p)
-		p = p[16:]
+		copy(last.comm[:], f.p)
+		f.p = f.p[16:]
 	}
 	if present&evDev != 0 {
-		copy(last.dev[:], p)
-		p = p[16:]
+		copy(last.dev[:], f.p)
+		f.p = f.p[16:]
 	}
 	e.Comm, e.Dev = last.comm, last.dev
-	n := int(u16(evData))
-	if n > MaxCapLen || n > len(p) {
-		return fmt.Errorf("event claims %d captured bytes, has %d: %w", n, len(p), ErrCorrupt)
+	n := int(f.next(evData, 2))
+	if n > MaxCapLen || n > len(f.p) {
+		return fmt.Errorf("event claims %d captured bytes, has %d: %w", n, len(f.p), ErrCorrupt)
 	}
-	if len(p) != n {
-		return fmt.Errorf("event has %d bytes after its fields: %w", len(p)-n, ErrCorrupt)
+	if len(f.p) != n {
+		return fmt.Errorf("event has %d bytes after its fields: %w", len(f.p)-n, ErrCorrupt)
 	}
-	e.Data = p
+	e.Data = f.p
 	return nil
+}
+
+// fields reads a compact event's flagged fields in order; the caller has
+// checked that they are all there.
+type fields struct {
+	p       []byte
+	present uint16
+}
+
+// next returns the field of size bytes flagged by bit, 0 when it is absent.
+func (f *fields) next(bit uint16, size int) uint64 {
+	if f.present&bit == 0 {
+		return 0
+	}
+	var v uint64
+	switch size {
+	case 8:
+		v = le.Uint64(f.p)
+	case 4:
+		v = uint64(le.Uint32(f.p))
+	default:
+		v = uint64(le.Uint16(f.p))
+	}
+	f.p = f.p[size:]
+	return v
 }
