@@ -126,11 +126,7 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 	case level == unix.SOL_SOCKET && (name == unix.SO_RCVBUF || name == unix.SO_RCVBUFFORCE) && n >= 4:
 		eng.SetRcvBuf(f, int(*(*int32)(val)))
 	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_LOOP && n >= 1:
-		on := *(*uint8)(val) != 0
-		if n >= 4 {
-			on = *(*int32)(val) != 0
-		}
-		eng.SetMulticastLoop(f, on)
+		eng.SetMulticastLoop(f, optInt(val, n) != 0)
 	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_IF && n >= 4:
 		// struct in_addr, ip_mreq or ip_mreqn, as the kernel takes them.
 		ifindex := 0
@@ -143,16 +139,21 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 		}
 		eng.SetMulticastIf(f, netip.AddrFrom4(*addr), ifindex)
 	case level == unix.IPPROTO_IP && (name == unix.IP_TTL || name == unix.IP_MULTICAST_TTL) && n >= 1:
-		ttl := int(*(*uint8)(val))
-		if n >= 4 {
-			ttl = int(*(*int32)(val))
-		}
-		eng.SetTTL(f, ttl, name == unix.IP_MULTICAST_TTL)
+		eng.SetTTL(f, optInt(val, n), name == unix.IP_MULTICAST_TTL)
 	case level == unix.IPPROTO_IP:
 		if group, ifaddr, ifindex, ok := sourceOptionGroup(int(name), unsafe.Slice((*byte)(val), n)); ok {
 			eng.SourceMembership(f, sourceOptionJoins(int(name)), group, ifaddr, ifindex)
 		}
 	}
+}
+
+// optInt reads an IPPROTO_IP option's value as the kernel does: an int,
+// or a single byte when the option is shorter.
+func optInt(val unsafe.Pointer, n C.socklen_t) int {
+	if n >= 4 {
+		return int(*(*int32)(val))
+	}
+	return int(*(*uint8)(val))
 }
 
 // sourceOptionJoins says whether a source option may add a membership.

@@ -212,12 +212,7 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	n.mcKernel.Store(c.mcKernel.Load())
 	n.rxLim.Store(c.rxLim.Load())
 	st.rxMu.Lock()
-	for g, f := range c.sources { // a socket bound to its group has no rule to steer again
-		if n.sources == nil {
-			n.sources = map[[4]byte]sourceFilter{}
-		}
-		n.sources[g] = f
-	}
+	n.sources = maps.Clone(c.sources) // a socket bound to its group has no rule to steer again
 	var it rxItem
 	for c.popLocked(&it) {
 		if n.rxLen == len(n.rxq) {
@@ -363,19 +358,7 @@ func (c *UDPConn) SteerGroup(group netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("udp %s: source filter of %s: %w", c.local, group, err)
 	}
-	c.st.rxMu.Lock()
-	if f.include || len(f.srcs) > 0 {
-		if c.sources == nil {
-			c.sources = map[[4]byte]sourceFilter{}
-		}
-		c.sources[group.As4()] = f
-	} else if c.sources != nil {
-		delete(c.sources, group.As4())
-		if len(c.sources) == 0 {
-			c.sources = nil
-		}
-	}
-	c.st.rxMu.Unlock()
+	c.setSources(group, f)
 	if !member {
 		c.unsteerGroup(group)
 		return nil
@@ -416,14 +399,7 @@ func (c *UDPConn) LeaveGroup(group netip.Addr) error {
 // unsteerGroup stops steering group here and forgets its source filter;
 // it says whether the group was steered.
 func (c *UDPConn) unsteerGroup(group netip.Addr) bool {
-	c.st.rxMu.Lock()
-	if c.sources != nil {
-		delete(c.sources, group.As4())
-		if len(c.sources) == 0 {
-			c.sources = nil
-		}
-	}
-	c.st.rxMu.Unlock()
+	c.setSources(group, sourceFilter{})
 	id, ok := c.groups[group]
 	if ok {
 		delete(c.groups, group)
@@ -431,6 +407,25 @@ func (c *UDPConn) unsteerGroup(group netip.Addr) bool {
 		c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
 	}
 	return ok
+}
+
+// setSources sets group's source filter, and forgets it when f refuses
+// nothing (exclude mode without sources), so that c.sources stays nil for
+// a socket without filters: enqueueLocked looks at nothing more then.
+func (c *UDPConn) setSources(group netip.Addr, f sourceFilter) {
+	c.st.rxMu.Lock()
+	defer c.st.rxMu.Unlock()
+	if f.include || len(f.srcs) > 0 {
+		if c.sources == nil {
+			c.sources = map[[4]byte]sourceFilter{}
+		}
+		c.sources[group.As4()] = f
+		return
+	}
+	delete(c.sources, group.As4())
+	if len(c.sources) == 0 {
+		c.sources = nil
+	}
 }
 
 // sourceFilter is one group's source filter: the sources accepted

@@ -111,7 +111,7 @@ type Socket struct {
 	ttl    int          // IP_TTL asked, -1: none
 	mttl   int          // IP_MULTICAST_TTL asked, -1: none
 	mcLoop bool         // IP_MULTICAST_LOOP
-	mcIf   string       // IP_MULTICAST_IF's interface, "": by route
+	mcIf   string       // IP_MULTICAST_IF's interface, "": by route; why not, when it could not be named
 	groups []netip.Addr // joined by the kernel while a candidate
 	fds    []int        // the fds naming it (dup), guarded by Engine.mu
 	// kernelReads are the fds a candidate's receives are reading from the
@@ -431,6 +431,22 @@ func ifaceRoute(dst netip.Addr) (string, error) {
 	return ifi.Name, nil
 }
 
+// ifaceNamed names the interface of an ip_mreqn or IP_MULTICAST_IF:
+// ifindex, else the one owning ifaddr, else "" (the route's).
+func ifaceNamed(ifaddr netip.Addr, ifindex int) (string, error) {
+	switch {
+	case ifindex > 0:
+		ifi, err := net.InterfaceByIndex(ifindex)
+		if err != nil {
+			return "", fmt.Errorf("interface %d: %w", ifindex, err)
+		}
+		return ifi.Name, nil
+	case ifaddr.IsValid() && !ifaddr.IsUnspecified():
+		return ifaceOwning(ifaddr)
+	}
+	return "", nil
+}
+
 func onlyInterface() (string, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
@@ -640,18 +656,9 @@ func (e *Engine) SetMulticastLoop(fd int, on bool) {
 // interface (neither: back to the route's). Multicast for an interface
 // other than the socket's stack's goes through the kernel.
 func (e *Engine) SetMulticastIf(fd int, ifaddr netip.Addr, ifindex int) {
-	var name string
-	if ifindex > 0 {
-		if ifi, err := net.InterfaceByIndex(ifindex); err == nil {
-			name = ifi.Name
-		} else {
-			name = fmt.Sprintf("ifindex %d", ifindex) // matches no stack
-		}
-	} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
-		var err error
-		if name, err = ifaceOwning(ifaddr); err != nil {
-			name = ifaddr.String()
-		}
+	name, err := ifaceNamed(ifaddr, ifindex)
+	if err != nil {
+		name = err.Error() // an interface the kernel has and no stack serves
 	}
 	e.setMulticast(fd, func(s *Socket) { s.mcIf = name })
 }
@@ -712,20 +719,10 @@ func (e *Engine) joinCandidate(s *Socket, group, ifaddr netip.Addr, ifindex int)
 		}
 		return false
 	}
-	var ifname string
-	if ifindex > 0 {
-		ifi, err := net.InterfaceByIndex(ifindex)
-		if err != nil {
-			e.notOffloaded(s, fmt.Sprintf("join %s: interface %d: %v", group, ifindex, err))
-			return false
-		}
-		ifname = ifi.Name
-	} else if ifaddr.IsValid() && !ifaddr.IsUnspecified() {
-		var err error
-		if ifname, err = ifaceOwning(ifaddr); err != nil {
-			e.notOffloaded(s, fmt.Sprintf("join %s: %v", group, err))
-			return false
-		}
+	ifname, err := ifaceNamed(ifaddr, ifindex)
+	if err != nil {
+		e.notOffloaded(s, fmt.Sprintf("join %s: %v", group, err))
+		return false
 	}
 	return e.decide(s, rules.UDPReceiver, netip.AddrPortFrom(group, local.Port()), netip.AddrPort{}, ifname) == StateOffloaded
 }
