@@ -60,6 +60,12 @@ func Namespaces() ([]Namespace, error) {
 		if err != nil {
 			continue // removed meanwhile
 		}
+		if !isNetns(h) {
+			// Opened between `ip netns del`'s unmount and its unlink: the
+			// mount point, not a namespace.
+			h.Close()
+			continue
+		}
 		ino := inode(h)
 		if seen[ino] {
 			h.Close()
@@ -73,6 +79,12 @@ func Namespaces() ([]Namespace, error) {
 
 // Close releases the namespace handle.
 func (n *Namespace) Close() { n.h.Close() }
+
+// isNetns says whether h is a namespace (of the nsfs file system).
+func isNetns(h netns.NsHandle) bool {
+	var st unix.Statfs_t
+	return unix.Fstatfs(int(h), &st) == nil && st.Type == unix.NSFS_MAGIC
+}
 
 func inode(h netns.NsHandle) uint32 {
 	var st unix.Stat_t
@@ -224,7 +236,7 @@ func namespace(now uint64, ns *Namespace) ([]tracefile.Counters, error) {
 	err := netnsutil.Do(ns.h, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
-			return fmt.Errorf("%s: list links: %w", where, err)
+			return fmt.Errorf("list links: %w", err)
 		}
 		et, etErr := ethtool.NewEthtool()
 		if etErr == nil {
@@ -245,16 +257,19 @@ func namespace(now uint64, ns *Namespace) ([]tracefile.Counters, error) {
 		out = append(out, xskCounters(now, ns.Inode, links)...)
 		b, err := os.ReadFile("/proc/thread-self/net/snmp")
 		if err != nil {
-			return fmt.Errorf("%s: %w", where, err)
+			return err
 		}
 		vals, err := ParseSNMP(b)
 		if err != nil {
-			return fmt.Errorf("%s: /proc/net/snmp: %w", where, err)
+			return fmt.Errorf("/proc/net/snmp: %w", err)
 		}
 		out = append(out, tracefile.Counters{Time: now, Source: "snmp", Netns: ns.Inode, Values: vals})
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", where, err)
+	}
+	return out, nil
 }
 
 // xskCounters reads the XDP_STATISTICS of every AF_XDP socket of the

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/tracefile"
@@ -104,5 +106,26 @@ func TestSteeringNamedFromStatsFile(t *testing.T) {
 	nameSteering(recs, names)
 	if got := []string{recs[0].Device, recs[1].Device, recs[2].Device}; !slices.Equal(got, []string{"vmxq", "ifindex 8", "ifindex 7"}) {
 		t.Errorf("devices %q, want the steering program on ifindex 7 named vmxq and nothing else renamed", got)
+	}
+}
+
+// A file left at a namespace's name while `ip netns del` removes it (the
+// unmounted mount point) is not taken for a namespace.
+func TestIsNetns(t *testing.T) {
+	self, err := netns.Get()
+	if err != nil {
+		t.Skipf("own network namespace: %v", err)
+	}
+	defer self.Close()
+	if !isNetns(self) {
+		t.Errorf("own network namespace not taken for one")
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "vmx-gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if isNetns(netns.NsHandle(f.Fd())) {
+		t.Errorf("a plain file taken for a network namespace")
 	}
 }
