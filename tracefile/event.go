@@ -2,13 +2,10 @@ package tracefile
 
 import "fmt"
 
-// Events are written compactly since version 2: a fixed part, then only
-// the fields the event has, as flagged in present. Most fields of most
-// events are zero (napi_poll has no skb, netif_receive_skb no location nor
-// args), and the task's comm and the device's name rarely change from one
-// event on a CPU to the next, so that half of a version 1 event was
-// repeated or empty bytes. Version 1 payloads are the kernel's struct event
-// as is ([DecodeRawEvent]).
+// Version 2 files hold an Event record per event, compact: a fixed part,
+// then only the fields the event has, as flagged in present (version 1
+// payloads are the kernel's struct event as is, [DecodeRawEvent]). The
+// reader keeps reading them; version 3 writes Events records (events.go).
 //
 //	event   = probe:u16 present:u16 time:u64 cpu:u32 pid:u32 tid:u32 field*
 //
@@ -62,60 +59,6 @@ func (c *taskCache) at(cpu uint32) (*lastTask, error) {
 		*c = append(*c, make([]lastTask, int(cpu)+1-len(*c))...)
 	}
 	return &(*c)[cpu], nil
-}
-
-// appendCompact appends e's compact encoding to b, leaving out the comm and
-// dev that last holds, and updates last.
-func appendCompact(b []byte, e *Event, last *lastTask) []byte {
-	var present uint16
-	b = le.AppendUint16(b, e.Probe)
-	at := len(b)
-	b = le.AppendUint16(b, 0) // present, known at the end
-	b = le.AppendUint64(b, e.Time)
-	b = le.AppendUint32(b, e.CPU)
-	b = le.AppendUint32(b, e.PID)
-	b = le.AppendUint32(b, e.TID)
-	for i, v := range [...]uint64{e.Skb, e.Location, e.Sk} {
-		if v != 0 {
-			present |= evSkb << i
-			b = le.AppendUint64(b, v)
-		}
-	}
-	for i, v := range [...]uint32{e.Netns, e.Ifindex, e.Len, e.Reason} {
-		if v != 0 {
-			present |= evNetns << i
-			b = le.AppendUint32(b, v)
-		}
-	}
-	for i, v := range [...]uint16{e.Protocol, e.Flags} {
-		if v != 0 {
-			present |= evProtocol << i
-			b = le.AppendUint16(b, v)
-		}
-	}
-	for i, v := range e.Arg {
-		if v != 0 {
-			present |= evArg0 << i
-			b = le.AppendUint32(b, uint32(v))
-		}
-	}
-	if e.Comm != last.comm {
-		present |= evComm
-		b = append(b, e.Comm[:]...)
-		last.comm = e.Comm
-	}
-	if e.Dev != last.dev {
-		present |= evDev
-		b = append(b, e.Dev[:]...)
-		last.dev = e.Dev
-	}
-	if n := min(len(e.Data), MaxCapLen); n > 0 {
-		present |= evData
-		b = le.AppendUint16(b, uint16(n))
-		b = append(b, e.Data[:n]...)
-	}
-	le.PutUint16(b[at:], present)
-	return b
 }
 
 // decodeCompact decodes a compact event from p into e, taking what it

@@ -50,8 +50,11 @@ type Reader struct {
 	syms   []Symbol // sorted by Addr
 	events int64
 	ver    uint32
-	ev     Event     // of the last event record
+	ev     Event     // of the last event
 	tasks  taskCache // version 2: comm and dev per CPU
+	batch  Record    // version 3: the Events record being read
+	dec    eventDecoder
+	state  eventState // what the batch's events are encoded against
 }
 
 // NewReader reads the header and the Meta record of a trace file.
@@ -68,7 +71,7 @@ func NewReader(r io.Reader) (*Reader, error) {
 		return nil, fmt.Errorf("magic %q: %w", h[:len(Magic)], ErrNotTrace)
 	}
 	tr.ver = le.Uint32(h[8:])
-	if tr.ver != 1 && tr.ver != Version {
+	if tr.ver < 1 || tr.ver > Version {
 		return nil, fmt.Errorf("version %d, this nettrace reads versions 1 to %d: %w", tr.ver, Version, ErrVersion)
 	}
 	tr.off = int64(len(h))
@@ -94,10 +97,7 @@ func (tr *Reader) Meta() *Meta { return &tr.meta }
 // End returns the End record once Next has passed it, else nil.
 func (tr *Reader) End() *End { return tr.end }
 
-// Offset returns the offset of the next record.
-func (tr *Reader) Offset() int64 { return tr.off }
-
-// Events returns how many event records Next has returned.
+// Events returns how many events Next has returned.
 func (tr *Reader) Events() int64 { return tr.events }
 
 // Event returns the event of the event record Next returned last. It is
@@ -105,10 +105,14 @@ func (tr *Reader) Events() int64 { return tr.events }
 // buffer until then.
 func (tr *Reader) Event() *Event { return &tr.ev }
 
-// Next returns the next record. At the end of a complete file it returns
-// io.EOF; at the end of a file without an End record, an error wrapping
-// ErrTruncated.
+// Next returns the next record. The events of an Events record come one
+// at a time, as records of TypeEvent whose Offset is the Events record's.
+// At the end of a complete file it returns io.EOF; at the end of a file
+// without an End record, an error wrapping ErrTruncated.
 func (tr *Reader) Next() (Record, error) {
+	if len(tr.dec.p) > 0 {
+		return tr.nextEvent()
+	}
 	start := tr.off
 	h := tr.hdr[:]
 	n, err := io.ReadFull(tr.r, h)
@@ -157,6 +161,17 @@ func (tr *Reader) Next() (Record, error) {
 			return Record{}, fmt.Errorf("%s record at offset %d: %w", t, start, err)
 		}
 		tr.events++
+	case TypeEvents:
+		if tr.ver < 3 {
+			return Record{}, fmt.Errorf("%s record at offset %d in a version %d file: %w", t, start, tr.ver, ErrCorrupt)
+		}
+		if len(payload) == 0 {
+			return Record{}, fmt.Errorf("empty %s record at offset %d: %w", t, start, ErrCorrupt)
+		}
+		tr.batch = rec
+		tr.dec = eventDecoder{p: payload}
+		tr.state.reset()
+		return tr.nextEvent()
 	case TypeInterface:
 		var i Interface
 		if err := rec.Decode(&i); err != nil {
@@ -177,6 +192,17 @@ func (tr *Reader) Next() (Record, error) {
 		tr.end = &e
 	}
 	return rec, nil
+}
+
+// nextEvent decodes the next event of the Events record being read.
+func (tr *Reader) nextEvent() (Record, error) {
+	start := tr.dec.off
+	if err := tr.dec.next(&tr.state, &tr.ev); err != nil {
+		tr.dec.p = nil
+		return Record{}, fmt.Errorf("%s record at offset %d: %w", tr.batch.Type, tr.batch.Offset, err)
+	}
+	tr.events++
+	return Record{Type: TypeEvent, Offset: tr.batch.Offset, Payload: tr.batch.Payload[start:tr.dec.off]}, nil
 }
 
 func (tr *Reader) addSymbol(s Symbol) {

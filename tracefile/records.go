@@ -6,8 +6,9 @@ import (
 )
 
 // Version is the format version this package writes. It reads this one
-// and version 1, whose events are the kernel's struct event as is.
-const Version = 2
+// and the ones before: version 1, whose events are the kernel's struct
+// event as is, and version 2, whose events are a record each.
+const Version = 3
 
 // Magic opens every trace file.
 const Magic = "NETTRACE"
@@ -29,6 +30,7 @@ const (
 	TypeCounters  RecordType = 6
 	TypeAggregate RecordType = 7
 	TypeEnd       RecordType = 8
+	TypeEvents    RecordType = 9
 )
 
 func (t RecordType) String() string {
@@ -49,6 +51,8 @@ func (t RecordType) String() string {
 		return "aggregate"
 	case TypeEnd:
 		return "end"
+	case TypeEvents:
+		return "events"
 	}
 	return fmt.Sprintf("type %d", uint32(t))
 }

@@ -232,64 +232,13 @@ func TestWriteRecordRefusesEvents(t *testing.T) {
 	if err := w.WriteJSON(TypeEvent, testEvent(1)); !errors.Is(err, ErrEventRecord) {
 		t.Errorf("WriteJSON(TypeEvent): %v, want ErrEventRecord", err)
 	}
-}
-
-// Files of version 1 (raw events) still read, event for event.
-func TestVersion1(t *testing.T) {
-	r, err := NewReader(bytes.NewReader(writeV1(t, 50)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; ; {
-		rec, err := r.Next()
-		if err == io.EOF {
-			if i != 50 {
-				t.Fatalf("read %d events, want 50", i)
-			}
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rec.Type != TypeEvent {
-			continue
-		}
-		got, want := *r.Event(), *testEvent(i)
-		if !bytes.Equal(got.Data, want.Data) {
-			t.Fatalf("event %d data = %x, want %x", i, got.Data, want.Data)
-		}
-		got.Data, want.Data = nil, nil
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("event %d = %+v, want %+v", i, got, want)
-		}
-		i++
+	if err := w.WriteRecord(TypeEvents, []byte{0, 0, 0, 0}); !errors.Is(err, ErrEventRecord) {
+		t.Errorf("WriteRecord(TypeEvents): %v, want ErrEventRecord", err)
 	}
 }
 
-// A compact event is about half a raw one: the sizes of a receive path's
-// typical pair, netif_receive_skb with 106 captured bytes and napi_poll.
-func TestCompactSize(t *testing.T) {
-	rx := Event{Time: 1, CPU: 1, PID: 7, TID: 7, Skb: 0xffff888100000000, Netns: 4026531840, Ifindex: 2, Len: 106,
-		Protocol: 0x800, Flags: FlagEthernet, Data: make([]byte, 106)}
-	copy(rx.Comm[:], "sockperf")
-	copy(rx.Dev[:], "vmxb")
-	poll := Event{Time: 2, CPU: 1, PID: 7, TID: 7, Location: 0xffff888100001000, Netns: 4026531840, Ifindex: 2, Arg: [4]int32{1, 64}, Comm: rx.Comm, Dev: rx.Dev}
-	var c taskCache
-	last, _ := c.at(1)
-	first := len(appendCompact(nil, &rx, last))
-	rxn, polln := len(appendCompact(nil, &rx, last)), len(appendCompact(nil, &poll, last))
-	if first != rxn+32 {
-		t.Errorf("first event on a CPU %d bytes, the next %d: comm and dev not left out", first, rxn)
-	}
-	raw := 2*EventHeadSize + len(rx.Data)
-	if rxn+polln > raw*6/10 {
-		t.Errorf("compact pair %d + %d bytes, raw %d", rxn, polln, raw)
-	}
-	t.Logf("netif_receive_skb %d bytes, napi_poll %d bytes; raw %d together", rxn, polln, raw)
-}
-
-// Malformed compact events are errors that name the record, never panics
-// nor events read past their record.
+// Malformed version 2 events are errors that name the record, never
+// panics nor events read past their record.
 func TestCompactCorrupt(t *testing.T) {
 	e := testEvent(9)
 	var c taskCache
@@ -317,6 +266,7 @@ func FuzzReader(f *testing.F) {
 	f.Add(writeTrace(f, 3, true))
 	f.Add(writeTrace(f, 1, false))
 	f.Add(writeV1(f, 3))
+	f.Add(writeV2(f, 3))
 	f.Add([]byte(Magic))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := NewReader(bytes.NewReader(b))

@@ -13,17 +13,18 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Writer writes a trace file. It is not safe for concurrent use.
 type Writer struct {
-	w     *bufio.Writer
-	hdr   [8]byte // fields, not locals, so that writing allocates nothing
-	crc   [4]byte
-	ev    []byte    // WriteEvent's encoding, reused
-	tasks taskCache // comm and dev per CPU, left out when unchanged
-	err   error
+	w      *bufio.Writer
+	hdr    [8]byte // fields, not locals, so that writing allocates nothing
+	crc    [4]byte
+	events []byte     // the Events record being gathered
+	state  eventState // what its events are encoded against
+	err    error
 }
 
 // NewWriter writes the file header and meta to w.
 func NewWriter(w io.Writer, meta *Meta) (*Writer, error) {
-	tw := &Writer{w: bufio.NewWriterSize(w, 1<<20)}
+	tw := &Writer{w: bufio.NewWriterSize(w, 1<<20), events: make([]byte, 0, eventsBatch+1024)}
+	tw.state.reset()
 	var h [16]byte
 	copy(h[:], Magic)
 	le.PutUint32(h[8:], Version)
@@ -40,11 +41,15 @@ func NewWriter(w io.Writer, meta *Meta) (*Writer, error) {
 // as this version of the format does.
 var ErrEventRecord = errors.New("event records are written with WriteEvent")
 
-// WriteRecord writes one record other than an event. The first error
-// sticks: later writes return it, so that a caller may check once.
+// WriteRecord writes one record other than an event. The events written
+// before it are written before it. The first error sticks: later writes
+// return it, so that a caller may check once.
 func (tw *Writer) WriteRecord(t RecordType, payload []byte) error {
-	if t == TypeEvent {
+	if t == TypeEvent || t == TypeEvents {
 		return ErrEventRecord
+	}
+	if err := tw.flushEvents(); err != nil {
+		return err
 	}
 	return tw.writeRecord(t, payload)
 }
@@ -68,17 +73,38 @@ func (tw *Writer) writeRecord(t RecordType, payload []byte) error {
 	return tw.err
 }
 
-// WriteEvent writes an event record.
+// WriteEvent adds an event to the Events record being gathered, which is
+// written once it holds eventsBatch bytes, before any other record, and by
+// Flush.
 func (tw *Writer) WriteEvent(e *Event) error {
 	if tw.err != nil {
 		return tw.err
 	}
-	last, err := tw.tasks.at(e.CPU)
+	if tw.state.full() {
+		if err := tw.flushEvents(); err != nil {
+			return err
+		}
+	}
+	b, err := tw.state.appendEvent(tw.events, e)
 	if err != nil {
 		return fmt.Errorf("write event: %w", err)
 	}
-	tw.ev = appendCompact(tw.ev[:0], e, last)
-	return tw.writeRecord(TypeEvent, tw.ev)
+	tw.events = b
+	if len(b) >= eventsBatch {
+		return tw.flushEvents()
+	}
+	return nil
+}
+
+// flushEvents writes the Events record being gathered, if any.
+func (tw *Writer) flushEvents() error {
+	if len(tw.events) == 0 {
+		return tw.err
+	}
+	err := tw.writeRecord(TypeEvents, tw.events)
+	tw.events = tw.events[:0]
+	tw.state.reset()
+	return err
 }
 
 // WriteJSON writes v as a JSON record of type t.
@@ -92,8 +118,8 @@ func (tw *Writer) WriteJSON(t RecordType, v any) error {
 
 // Flush writes buffered records to the underlying writer.
 func (tw *Writer) Flush() error {
-	if tw.err != nil {
-		return tw.err
+	if err := tw.flushEvents(); err != nil {
+		return err
 	}
 	if err := tw.w.Flush(); err != nil {
 		tw.err = fmt.Errorf("flush trace file: %w", err)
