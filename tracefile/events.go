@@ -271,15 +271,10 @@ func (d *eventDecoder) uvarint(what string) uint64 {
 	return v
 }
 
+// varint reads a zig-zag varint, as binary.AppendVarint writes it.
 func (d *eventDecoder) varint(what string) int64 {
-	v, n := binary.Varint(d.p)
-	if n <= 0 {
-		d.fail(what)
-		d.p = nil
-		return 0
-	}
-	d.p, d.off = d.p[n:], d.off+n
-	return v
+	u := d.uvarint(what)
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 func (d *eventDecoder) bytes(what string, n int) []byte {
@@ -296,13 +291,16 @@ func (d *eventDecoder) bytes(what string, n int) []byte {
 // zeros stands in for the bytes of a cut field, at most 16.
 var zeros [16]byte
 
-// uint32 reads an uvarint that must not exceed limit.
-func (d *eventDecoder) uint32(what string, limit uint64) uint32 {
-	v := d.uvarint(what)
-	if v > limit {
-		d.fail(what)
+// uvarintIf reads the field flagged by bit into v when changed has it: an
+// uvarint that must fit v.
+func uvarintIf[T uint16 | uint32](d *eventDecoder, changed, bit uint64, what string, v *T) {
+	if changed&bit != 0 {
+		x := d.uvarint(what)
+		if x > uint64(^T(0)) {
+			d.fail(what)
+		}
+		*v = T(x)
 	}
-	return uint32(v)
 }
 
 // next decodes the record's next event into e against the state. e.Data
@@ -336,36 +334,20 @@ func (d *eventDecoder) next(s *eventState, e *Event) error {
 	if changed&chData != 0 {
 		d.data(sl)
 	}
-	if changed&chLen != 0 {
-		p.Len = d.uint32("len", 1<<32-1)
-	}
-	if changed&chPID != 0 {
-		p.PID = d.uint32("pid", 1<<32-1)
-	}
-	if changed&chTID != 0 {
-		p.TID = d.uint32("tid", 1<<32-1)
-	}
+	uvarintIf(d, changed, chLen, "len", &p.Len)
+	uvarintIf(d, changed, chPID, "pid", &p.PID)
+	uvarintIf(d, changed, chTID, "tid", &p.TID)
 	if changed&chLocation != 0 {
 		p.Location = le.Uint64(d.bytes("location", 8))
 	}
 	if changed&chSk != 0 {
 		p.Sk = le.Uint64(d.bytes("sk", 8))
 	}
-	if changed&chNetns != 0 {
-		p.Netns = d.uint32("netns", 1<<32-1)
-	}
-	if changed&chIfindex != 0 {
-		p.Ifindex = d.uint32("ifindex", 1<<32-1)
-	}
-	if changed&chReason != 0 {
-		p.Reason = d.uint32("reason", 1<<32-1)
-	}
-	if changed&chProtocol != 0 {
-		p.Protocol = uint16(d.uint32("protocol", 1<<16-1))
-	}
-	if changed&chFlags != 0 {
-		p.Flags = uint16(d.uint32("flags", 1<<16-1))
-	}
+	uvarintIf(d, changed, chNetns, "netns", &p.Netns)
+	uvarintIf(d, changed, chIfindex, "ifindex", &p.Ifindex)
+	uvarintIf(d, changed, chReason, "reason", &p.Reason)
+	uvarintIf(d, changed, chProtocol, "protocol", &p.Protocol)
+	uvarintIf(d, changed, chFlags, "flags", &p.Flags)
 	for i := range p.Arg {
 		if changed&(chArg0<<i) != 0 {
 			v := d.varint("arg")

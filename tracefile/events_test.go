@@ -59,27 +59,15 @@ func TestVersion1(t *testing.T) {
 	sameEvents(t, readEvents(t, writeV1(t, 50)), 50, testEvent)
 }
 
-// writeV2 writes a version 2 trace of n events.
+// writeV2 writes a version 2 trace of n events: an event record each,
+// compact.
 func writeV2(t testing.TB, n int) []byte {
-	var buf bytes.Buffer
-	w, err := NewWriter(&buf, testMeta())
-	if err != nil {
-		t.Fatal(err)
-	}
 	var c taskCache
-	for i := range n {
+	return writeOld(t, 2, n, func(i int) []byte {
 		e := testEvent(i)
 		last, _ := c.at(e.CPU)
-		if err := w.writeRecord(TypeEvent, appendCompact(nil, e, last)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(&End{Time: 9}); err != nil {
-		t.Fatal(err)
-	}
-	b := buf.Bytes()
-	le.PutUint32(b[8:], 2)
-	return b
+		return appendCompact(nil, e, last)
+	})
 }
 
 func TestVersion2(t *testing.T) {

@@ -198,16 +198,16 @@ func TestCorrupt(t *testing.T) {
 	}
 }
 
-// writeV1 writes a version 1 trace of n events: its event records are the
-// kernel's struct event as is.
-func writeV1(t testing.TB, n int) []byte {
+// writeOld writes a trace of an older version whose events are a record
+// each, payload(i) the payload of event i.
+func writeOld(t testing.TB, version uint32, n int, payload func(int) []byte) []byte {
 	var buf bytes.Buffer
 	w, err := NewWriter(&buf, testMeta())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if err := w.writeRecord(TypeEvent, appendRaw(nil, testEvent(i))); err != nil {
+		if err := w.writeRecord(TypeEvent, payload(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -215,8 +215,14 @@ func writeV1(t testing.TB, n int) []byte {
 		t.Fatal(err)
 	}
 	b := buf.Bytes()
-	le.PutUint32(b[8:], 1)
+	le.PutUint32(b[8:], version)
 	return b
+}
+
+// writeV1 writes a version 1 trace of n events: its event records are the
+// kernel's struct event as is.
+func writeV1(t testing.TB, n int) []byte {
+	return writeOld(t, 1, n, func(i int) []byte { return appendRaw(nil, testEvent(i)) })
 }
 
 // Event records go through WriteEvent only: a payload of another layout
