@@ -20,10 +20,13 @@ import (
 //	events = event+
 //	event  = probe:uvarint cpu:uvarint changed:uvarint dtime:varint field*
 //
-// dtime is the time minus the time of the CPU's previous event in the
-// record (0 for its first). Then, in this order, each field whose bit is
-// set in changed; a field whose bit is clear has the value of the previous
-// event of the same probe and CPU in the record, or zero for the first:
+// uvarint and varint (zig-zag) are encoding/binary's. dtime is the time
+// minus that of the CPU's previous event in the record (for the CPU's
+// first, the time itself); times and skbs wrap at 64 bits, so that one
+// going back is a small negative delta. Then, in this order, each field
+// whose bit is set in changed; a field whose bit is clear has the value of
+// the previous event of the same probe and CPU in the record, or zero for
+// the first:
 //
 //	0 skb:varint (minus the previous skb)  1 data  2 len:uvarint
 //	3 pid:uvarint  4 tid:uvarint  5 location:u64  6 sk:u64  7 netns:uvarint
