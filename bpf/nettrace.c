@@ -500,7 +500,7 @@ static __always_inline struct event *plain_event(enum probe_id p, struct net_dev
 	{                                                     \
 		struct event *e = skb_event(p, skb, 0, 0);    \
 		if (e)                                        \
-			submit(e);             \
+			submit(e);                    \
 		return 0;                                     \
 	}
 

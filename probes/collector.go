@@ -236,8 +236,8 @@ func (c *Collector) Attached() []Attached { return c.attached }
 // probes left out.
 func (c *Collector) Notes() []string { return c.notes }
 
-// Ring returns the ring buffer reader. ReadInto with a reused record
-// allocates nothing per event; SetDeadline bounds each wait.
+// Ring returns the ring buffer reader: Batch hands samples over in place,
+// Wait blocks until the BPF side signals or a deadline passes.
 func (c *Collector) Ring() *Ring { return c.rd }
 
 // Stats returns per-probe, per-CPU events and losses since Open. A probe

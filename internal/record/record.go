@@ -96,13 +96,20 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 	}
 	next := start.Add(interval)
 	ring := c.Ring()
+	batch := func() (int, error) {
+		n, err := ring.Batch(r.event)
+		if err != nil {
+			return n, fmt.Errorf("read nettrace ring buffer: %w", err)
+		}
+		return n, nil
+	}
 	for {
 		// The clock and ctx are looked at once per batch, and whenever the
 		// ring is empty: a busy ring must not starve the snapshots, nor
 		// cost a clock read per event.
-		n, err := ring.Batch(r.event)
+		n, err := batch()
 		if err != nil {
-			return nil, fmt.Errorf("read nettrace ring buffer: %w", err)
+			return nil, err
 		}
 		if ctx.Err() != nil {
 			break
@@ -128,9 +135,9 @@ func Run(ctx context.Context, out io.Writer, opts *Options) (*Summary, error) {
 		return nil, fmt.Errorf("detach probes: %w", err)
 	}
 	for {
-		n, err := ring.Batch(r.event)
+		n, err := batch()
 		if err != nil {
-			return nil, fmt.Errorf("read nettrace ring buffer: %w", err)
+			return nil, err
 		}
 		if n == 0 {
 			break

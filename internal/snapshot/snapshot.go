@@ -113,39 +113,22 @@ func Take(now uint64, nss []Namespace, statsDir string) ([]tracefile.Counters, e
 	} else {
 		out = append(out, c...)
 	}
-	recs, err := vmaxdp(now, nss)
-	out = append(out, recs...)
-	if err != nil {
-		errs = append(errs, err)
-	}
+	var names map[[2]uint32]string
 	if statsDir != "" {
-		recs, names, err := processes(now, statsDir, out)
-		nameSteering(out, names)
+		var recs []tracefile.Counters
+		var err error
+		recs, names, err = processes(now, statsDir, out)
 		out = append(out, recs...)
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return out, errors.Join(errs...)
-}
-
-// nameSteering names the steering programs that linkName could not (their
-// namespace is not among those recorded, or cannot be entered) with the
-// interface names their engines publish, keyed by netns and ifindex.
-func nameSteering(recs []tracefile.Counters, names map[[2]uint32]string) {
-	for i := range recs {
-		r := &recs[i]
-		if r.Source != "vmaxdp" || !strings.HasPrefix(r.Device, "ifindex ") {
-			continue
-		}
-		ifindex, err := strconv.Atoi(strings.TrimPrefix(r.Device, "ifindex "))
-		if err != nil {
-			continue
-		}
-		if name, ok := names[[2]uint32{r.Netns, uint32(ifindex)}]; ok {
-			r.Device = name
-		}
+	recs, err := vmaxdp(now, nss, names)
+	out = append(out, recs...)
+	if err != nil {
+		errs = append(errs, err)
 	}
+	return out, errors.Join(errs...)
 }
 
 // processes reads the counters files of the live vmaxdp processes in dir:
@@ -393,9 +376,8 @@ func ParseSoftnet(now uint64, b []byte) ([]tracefile.Counters, error) {
 
 // vmaxdp reads the program counters of every steering program pinned under
 // steer.DefaultPinDir, each named by its namespace and interface as the
-// other sources are ("ifindex N" when its namespace is not among nss, until
-// nameSteering finds the name in its engine's counters file).
-func vmaxdp(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
+// other sources are (see linkName).
+func vmaxdp(now uint64, nss []Namespace, names map[[2]uint32]string) ([]tracefile.Counters, error) {
 	dirs, err := os.ReadDir(steer.DefaultPinDir)
 	if err != nil {
 		return nil, nil // no vmaxdp engine has run here
@@ -422,16 +404,21 @@ func vmaxdp(now uint64, nss []Namespace) ([]tracefile.Counters, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", path, err))
 			continue
 		}
-		out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp", Netns: netns, Device: linkName(nss, netns, ifindex), Values: map[string]uint64{
+		out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp", Netns: netns, Device: linkName(nss, names, netns, ifindex), Values: map[string]uint64{
 			"passed": c.Passed, "redirected": c.Redirected, "non_ip": c.NonIP, "fragments": c.Fragments, "parse_errors": c.ParseErrors,
 		}})
 	}
 	return out, errors.Join(errs...)
 }
 
-// linkName names interface ifindex of the namespace with inode netns.
-func linkName(nss []Namespace, netns uint32, ifindex int) string {
-	name := "ifindex " + strconv.Itoa(ifindex)
+// linkName names interface ifindex of the namespace with inode netns:
+// as the namespace calls it when it is among nss, else as its engine's
+// counters file does (names, from processes), else "ifindex N".
+func linkName(nss []Namespace, names map[[2]uint32]string, netns uint32, ifindex int) string {
+	name, ok := names[[2]uint32{netns, uint32(ifindex)}]
+	if !ok {
+		name = "ifindex " + strconv.Itoa(ifindex)
+	}
 	for i := range nss {
 		if nss[i].Inode != netns {
 			continue
