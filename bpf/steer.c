@@ -38,6 +38,7 @@ struct rule_counters {
 	__u64 matched_packets;
 	__u64 matched_bytes;
 	__u64 redirect_failures; // no AF_XDP socket on the arrival queue
+	__u64 too_long;          // longer than max_frame_len, or in several buffers: passed
 };
 
 struct prog_counters {
@@ -47,6 +48,13 @@ struct prog_counters {
 	__u64 fragments;
 	__u64 parse_errors;
 };
+
+// max_frame_len is the longest frame an AF_XDP socket of the engine takes
+// (its frame size less the kernel's headroom; 0: no limit), set before
+// load. A longer frame, or one in several buffers (MTU above a page, with
+// this program marked xdp.frags so that it may attach there), would fail
+// the redirect and be dropped: it is passed to the kernel socket instead.
+volatile const __u32 max_frame_len = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
@@ -145,7 +153,7 @@ static __always_inline struct rule_value *lookup(struct flow_key *k, __be32 sadd
 	return bpf_map_lookup_elem(&rules_port, k);
 }
 
-SEC("xdp")
+SEC("xdp.frags")
 int vmaxdp_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -203,9 +211,15 @@ int vmaxdp_steer(struct xdp_md *ctx)
 
 	__u32 id = rv->rule_id;
 	struct rule_counters *rs = bpf_map_lookup_elem(&rule_stats, &id);
+	__u64 len = bpf_xdp_get_buff_len(ctx);
 	if (rs) {
 		rs->matched_packets++;
-		rs->matched_bytes += data_end - data;
+		rs->matched_bytes += len;
+	}
+	if (len != (__u64)(data_end - data) || (max_frame_len && len > max_frame_len)) {
+		if (rs)
+			rs->too_long++;
+		return pass(ps, V_PASS);
 	}
 
 	// An engine that lost its socket on this queue must not black-hole the
@@ -222,7 +236,7 @@ int vmaxdp_steer(struct xdp_md *ctx)
 }
 
 // vmaxdp_pass is the baseline the steering program's cost is measured against.
-SEC("xdp")
+SEC("xdp.frags")
 int vmaxdp_pass(struct xdp_md *ctx)
 {
 	return XDP_PASS;

@@ -37,6 +37,7 @@ type SteerRuleCounters struct {
 	MatchedPackets   uint64
 	MatchedBytes     uint64
 	RedirectFailures uint64
+	TooLong          uint64
 }
 
 type SteerRuleValue struct {
@@ -59,6 +60,7 @@ const (
 	SteerMapXsksMap      = "xsks_map"
 	SteerProgVmaxdpPass  = "vmaxdp_pass"
 	SteerProgVmaxdpSteer = "vmaxdp_steer"
+	SteerVarMaxFrameLen  = "max_frame_len"
 )
 
 // LoadSteer returns the embedded CollectionSpec for Steer.
@@ -125,6 +127,7 @@ type SteerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SteerVariableSpecs struct {
+	MaxFrameLen *ebpf.VariableSpec `ebpf:"max_frame_len"`
 }
 
 // SteerObjects contains all objects after they have been loaded into the kernel.
@@ -174,6 +177,7 @@ func (m *SteerMaps) Close() error {
 //
 // It can be passed to LoadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SteerVariables struct {
+	MaxFrameLen *ebpf.Variable `ebpf:"max_frame_len"`
 }
 
 // SteerPrograms contains all programs after they have been loaded into the kernel.

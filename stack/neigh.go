@@ -141,7 +141,7 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 	now := time.Now()
 	h := nextHop{expires: now.Add(nextHopTTL).UnixNano()}
 	if dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.addr
+		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.Addr()
 		return h, nil
 	}
 	// A handle per lookup: one kept open would hold a netlink socket at a
@@ -166,7 +166,7 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 		h.viaKernel = true
 		return h, nil
 	}
-	h.src = st.addr
+	h.src = st.Addr()
 	if s, ok := netip.AddrFromSlice(r.Src.To4()); ok && r.Src != nil {
 		h.src = s
 	}

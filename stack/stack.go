@@ -3,7 +3,9 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +30,9 @@ const maxQueues = 64
 
 // Options configure a Stack. The zero value means defaults.
 type Options struct {
-	// Queues lists the interface queues to serve (default: all RX queues).
+	// Queues lists the interface queues to serve (default: every RX queue
+	// the interface runs, as `ethtool -l` counts them, followed as that
+	// count changes).
 	Queues []int
 	// XSK configures the AF_XDP sockets.
 	XSK *xsk.Options
@@ -51,8 +55,10 @@ type Options struct {
 	MTU int
 	// ResolveTimeout bounds the wait for ARP on a new neighbour (default 1 s).
 	ResolveTimeout time.Duration
-	// NewBackend opens the backend of a queue (default: an AF_XDP socket).
-	NewBackend func(ifname string, queue int) (backend.Backend, error)
+	// NewBackend opens the backend of a queue (default: an AF_XDP socket);
+	// rxOnly asks for one that only receives (the interface runs no TX
+	// queue of that number).
+	NewBackend func(ifname string, queue int, rxOnly bool) (backend.Backend, error)
 	// ProgressInterval: when no receive has polled the queues for this
 	// long, a goroutine of the stack drains their RX rings into the
 	// sockets' queues (VMAXDP_PROGRESS_ENGINE_INTERVAL, VMA's progress
@@ -88,6 +94,11 @@ type Counters struct {
 	// RxProgressFrames counts the frames the progress engine drained
 	// (see Options.ProgressInterval): no receive was polling.
 	RxProgressFrames atomic.Uint64
+	// RxPartialChecksum counts datagrams delivered with a partial UDP
+	// checksum (header.PartialUDPChecksum) on a link without a bus, where
+	// they come from this host's kernel with TX checksum offload on. On a
+	// link with a bus they are dropped as bad_udp_checksum.
+	RxPartialChecksum atomic.Uint64
 }
 
 // Zero sets every counter to zero (vmaxdp stats -z).
@@ -99,18 +110,34 @@ func (c *Counters) Zero() {
 	c.RxNoSocket.Store(0)
 	c.NeighUnresolved.Store(0)
 	c.RxProgressFrames.Store(0)
+	c.RxPartialChecksum.Store(0)
 }
 
 // queue is one backend queue.
 type queue struct {
-	idx int
+	idx int // the interface's queue number
 	be  backend.Backend
-	rx  [rxBatch]backend.Buf // guarded by Stack.rxMu
-	rel []backend.Buf        // frames to release, guarded by Stack.rxMu
+	// canTx: the interface runs a TX queue of that number too, so the
+	// queue's socket has a TX ring.
+	canTx bool
+	rx    [rxBatch]backend.Buf // guarded by Stack.rxMu
+	rel   []backend.Buf        // frames to release, guarded by Stack.rxMu
 
-	txMu sync.Mutex
-	tx   [rxBatch]backend.Buf // guarded by txMu
+	txMu   sync.Mutex
+	txBufs [rxBatch]backend.Buf // guarded by txMu
 }
+
+// QueueError is an interface queue the stack does not serve, and why. The
+// steering program passes what arrives on it to the kernel, so those
+// datagrams reach the sockets through their kernel sockets, counted in
+// each rule's redirect_failures.
+type QueueError struct {
+	Queue int
+	Err   error
+}
+
+func (e QueueError) Error() string { return fmt.Sprintf("queue %d: %v", e.Queue, e.Err) }
+func (e QueueError) Unwrap() error { return e.Err }
 
 // sockKey is how received datagrams find their socket; unused fields zero.
 type sockKey struct {
@@ -126,21 +153,37 @@ type Stack struct {
 	ifname  string
 	ifindex int
 	mac     header.MAC
-	mtu     int
-	addr    netip.Addr // the interface's first IPv4 address
+	mtu     atomic.Int32               // the interface's MTU, or Options.MTU when lower
+	addr    atomic.Pointer[netip.Addr] // the interface's first IPv4 address
 	ns      netns.NsHandle
 	nsInode uint32
 	prog    *steer.Program
-	queues  []*queue
-	ipID    atomic.Uint32
-	hops    nextHops
-	nextTxq atomic.Uint32 // the queue the next socket transmits on
+	// queues are the queues served, in the order opened; the slice is
+	// replaced (under mu), never changed, so readers load it without a lock.
+	queues   atomic.Pointer[[]*queue]
+	unserved []QueueError // guarded by mu
+	// partialCsum: the link carries frames from this host's kernel (veth
+	// and other links without a bus), whose UDP checksum may be partial.
+	partialCsum bool
+	txFrameLen  int // the longest frame a queue transmits
+	ipID        atomic.Uint32
+	hops        nextHops
+	nextTxq     atomic.Uint32 // the queue the next socket transmits on
 
 	rxMu  sync.Mutex
 	polls uint64 // pollLocked calls, guarded by rxMu
 
 	progressStop chan struct{} // nil: no progress engine
 	progressDone chan struct{}
+
+	// kernelOnly, when set, says why the stack sends nothing itself: the
+	// interface is down or gone, and the kernel sockets send (and report
+	// the kernel's errors). gone: the interface was deleted, its queues
+	// are dead and never polled again.
+	kernelOnly atomic.Pointer[string]
+	gone       atomic.Bool
+	watchStop  int           // eventfd that ends the watcher
+	watchDone  chan struct{} // nil: no watcher
 
 	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
 	// demultiplexer writes muxEvfd when it queues a datagram while one
@@ -197,7 +240,14 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	if o.NewBackend == nil {
 		xo := o.XSK
-		o.NewBackend = func(ifname string, q int) (backend.Backend, error) { return xsk.Open(ifname, q, xo) }
+		o.NewBackend = func(ifname string, q int, rxOnly bool) (backend.Backend, error) {
+			xq := xsk.Options{}
+			if xo != nil {
+				xq = *xo
+			}
+			xq.RxOnly = rxOnly
+			return xsk.Open(ifname, q, &xq)
+		}
 	}
 	st := &Stack{opts: o, ifname: ifname, ns: -1, conns: map[*UDPConn]struct{}{}}
 	st.muxEvfd.Store(-1)
@@ -226,48 +276,182 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, err
 	}
 	a := l.Attrs()
-	st.ifindex, st.mtu = a.Index, a.MTU
-	if o.MTU > 0 && o.MTU < st.mtu {
-		st.mtu = o.MTU
-	}
+	st.ifindex = a.Index
+	st.setMTU(a.MTU)
 	if len(a.HardwareAddr) != 6 {
 		return st, fmt.Errorf("not an Ethernet interface (hardware address %v)", a.HardwareAddr)
 	}
 	st.mac = header.MAC(a.HardwareAddr)
-	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
-	if err != nil || len(addrs) == 0 {
-		return st, fmt.Errorf("no IPv4 address: %w", errors.Join(err, errors.New("add one")))
+	if err := st.readAddr(nl, l); err != nil {
+		return st, err
 	}
-	st.addr, _ = netip.AddrFromSlice(addrs[0].IP.To4())
-	if len(o.Queues) == 0 {
-		for q := 0; q < max(1, a.NumRxQueues); q++ {
-			o.Queues = append(o.Queues, q)
-		}
-		st.opts.Queues = o.Queues
+	st.partialCsum = virtualLink(ifname)
+	ch, err := xsk.QueueChannels(ifname, a.NumRxQueues, a.NumTxQueues)
+	if err != nil {
+		return st, err
 	}
 	if len(o.Queues) > maxQueues {
 		return st, fmt.Errorf("%d queues: at most %d", len(o.Queues), maxQueues)
 	}
-	if st.prog, err = steer.Attach(ifname, o.Steer); err != nil {
+	so := steer.Options{}
+	if o.Steer != nil {
+		so = *o.Steer
+	}
+	if so.MaxFrameLen == 0 {
+		so.MaxFrameLen = o.XSK.RxFrameLen()
+	}
+	st.txFrameLen = int(o.XSK.TxFrameLen())
+	if st.prog, err = steer.Attach(ifname, &so); err != nil {
 		return st, err
 	}
-	for i, qi := range o.Queues {
-		be, err := o.NewBackend(ifname, qi)
-		if err != nil {
-			return st, err
-		}
-		st.queues = append(st.queues, &queue{idx: i, be: be, rel: make([]backend.Buf, 0, 2*rxBatch)})
-		if err := st.prog.RegisterQueue(qi, be.FD()); err != nil {
-			return st, err
-		}
+	queues := o.Queues
+	if len(queues) == 0 {
+		queues = firstQueues(ch.Rx)
+	}
+	if err := st.openQueues(queues, ch); err != nil {
+		return st, err
 	}
 	empty := map[sockKey]*UDPConn{}
 	st.socks.Store(&empty)
+	ls := linkState{up: a.Flags&net.FlagUp != 0, mtu: a.MTU, addr: st.Addr(), rx: ch.Rx}
+	if !ls.up {
+		reason := fmt.Sprintf("interface %s is down", ifname)
+		st.kernelOnly.Store(&reason)
+	}
+	if err := st.startWatch(ls); err != nil {
+		return st, err
+	}
 	if o.ProgressInterval > 0 {
 		st.progressStop, st.progressDone = make(chan struct{}), make(chan struct{})
 		go st.progress(o.ProgressInterval, o.ProgressMax)
 	}
 	return st, nil
+}
+
+// firstQueues lists the queues 0 to n-1, at most maxQueues.
+func firstQueues(n int) []int {
+	qs := make([]int, min(n, maxQueues))
+	for i := range qs {
+		qs[i] = i
+	}
+	return qs
+}
+
+// openQueues opens and registers the queues of qs not served yet. A queue
+// that fails is kept in unserved with its error; the others are served.
+// It fails only when no queue at all is served: with one or more, what
+// arrives on the others still reaches the sockets through the kernel.
+func (st *Stack) openQueues(qs []int, ch xsk.Channels) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	old := st.queueList()
+	served := map[int]bool{}
+	for _, q := range old {
+		served[q.idx] = true
+	}
+	next := slices.Clone(old)
+	st.unserved = st.unserved[:0]
+	for _, qi := range qs {
+		if served[qi] {
+			continue
+		}
+		if qi >= ch.Rx {
+			st.unserved = append(st.unserved, QueueError{qi, fmt.Errorf("the interface runs %d RX queues (ethtool -l %s)", ch.Rx, st.ifname)})
+			continue
+		}
+		rxOnly := qi >= ch.Tx
+		be, err := st.opts.NewBackend(st.ifname, qi, rxOnly)
+		if err != nil {
+			st.unserved = append(st.unserved, QueueError{qi, err})
+			continue
+		}
+		if err := st.prog.RegisterQueue(qi, be.FD()); err != nil {
+			be.Close()
+			st.unserved = append(st.unserved, QueueError{qi, err})
+			continue
+		}
+		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, rel: make([]backend.Buf, 0, 2*rxBatch)})
+	}
+	if len(next) == 0 {
+		errs := make([]error, len(st.unserved))
+		for i, u := range st.unserved {
+			errs[i] = u
+		}
+		return fmt.Errorf("no queue could be served: %w", errors.Join(errs...))
+	}
+	if !slices.ContainsFunc(next, func(q *queue) bool { return q.canTx }) {
+		return fmt.Errorf("no queue can transmit (the interface runs %d TX queues)", ch.Tx)
+	}
+	st.queues.Store(&next)
+	return nil
+}
+
+// pickTxQueue is the queue a new socket transmits on. Each socket
+// transmits on one queue, so its datagrams stay in order; sockets take the
+// queues that can transmit in turn, so that threads sending on different
+// sockets do not all wait on one queue's lock.
+func (st *Stack) pickTxQueue() *queue {
+	var txqs [maxQueues]*queue
+	n := 0
+	for _, q := range st.queueList() {
+		if q.canTx {
+			txqs[n] = q
+			n++
+		}
+	}
+	return txqs[int(st.nextTxq.Add(1)-1)%n]
+}
+
+// pollQueues is the queues a sleeper polls: none once the interface is
+// gone (their sockets would poll in error for ever).
+func (st *Stack) pollQueues() []*queue {
+	if st.gone.Load() {
+		return nil
+	}
+	return st.queueList()
+}
+
+// KernelOnly says why the stack sends nothing itself ("" when it does):
+// the interface is down, or was deleted, and the kernel sockets serve.
+func (st *Stack) KernelOnly() string {
+	if r := st.kernelOnly.Load(); r != nil {
+		return *r
+	}
+	return ""
+}
+
+// queueList is the queues served now.
+func (st *Stack) queueList() []*queue {
+	if qs := st.queues.Load(); qs != nil {
+		return *qs
+	}
+	return nil
+}
+
+// UnservedQueues lists the queues of the interface the stack does not
+// serve, and why (see QueueError).
+func (st *Stack) UnservedQueues() []QueueError {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return slices.Clone(st.unserved)
+}
+
+func (st *Stack) setMTU(mtu int) {
+	if st.opts.MTU > 0 && st.opts.MTU < mtu {
+		mtu = st.opts.MTU
+	}
+	st.mtu.Store(int32(mtu))
+}
+
+// readAddr reads the interface's first IPv4 address.
+func (st *Stack) readAddr(nl *netlink.Handle, l netlink.Link) error {
+	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
+	if err != nil || len(addrs) == 0 {
+		return fmt.Errorf("no IPv4 address: %w", errors.Join(err, errors.New("add one")))
+	}
+	a, _ := netip.AddrFromSlice(addrs[0].IP.To4())
+	st.addr.Store(&a)
+	return nil
 }
 
 // progress is the progress engine (Options.ProgressInterval). It costs
@@ -310,16 +494,17 @@ func (st *Stack) Interface() string { return st.ifname }
 // which names it in nettrace recordings and `ip netns identify`.
 func (st *Stack) NetnsInode() uint32 { return st.nsInode }
 
-// Addr is the interface's IPv4 address.
-func (st *Stack) Addr() netip.Addr { return st.addr }
+// Addr is the interface's first IPv4 address.
+func (st *Stack) Addr() netip.Addr { return *st.addr.Load() }
 
 // Program is the steering program, for its counters.
 func (st *Stack) Program() *steer.Program { return st.prog }
 
 // Backends lists the queues' backends, for their counters.
 func (st *Stack) Backends() []backend.Backend {
-	out := make([]backend.Backend, len(st.queues))
-	for i, q := range st.queues {
+	qs := st.queueList()
+	out := make([]backend.Backend, len(qs))
+	for i, q := range qs {
 		out[i] = q.be
 	}
 	return out
@@ -349,7 +534,7 @@ func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
 		}
 	}
 	st.muxWaiters.Add(1)
-	for _, q := range st.queues {
+	for _, q := range st.pollQueues() {
 		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
 	}
 	return append(pfds, unix.PollFd{Fd: st.muxEvfd.Load(), Events: unix.POLLIN}), nil
@@ -371,8 +556,11 @@ func (st *Stack) wakeMux() {
 // how many frames it saw. Caller holds rxMu.
 func (st *Stack) pollLocked() int {
 	st.polls++
+	if st.gone.Load() {
+		return 0
+	}
 	total := 0
-	for _, q := range st.queues {
+	for _, q := range st.queueList() {
 		st.flushLocked(q)
 		n := q.be.Receive(q.rx[:])
 		if n == 0 {
@@ -406,7 +594,17 @@ func (st *Stack) releaseLocked(q *queue, b backend.Buf) {
 
 func (st *Stack) demuxLocked(q *queue, socks map[sockKey]*UDPConn, b backend.Buf) {
 	var p header.Packet
-	if r := header.Parse(b.Data, &p); r != header.Ok {
+	switch r := header.Parse(b.Data, &p); {
+	case r == header.PartialUDPChecksum && st.partialCsum:
+		// What the kernel on the other end of a veth left for the link to
+		// finish: the kernel here would deliver it (it trusts
+		// CHECKSUM_PARTIAL), so the stack does too, and counts it.
+		st.Counters.RxPartialChecksum.Add(1)
+	case r == header.PartialUDPChecksum:
+		st.Counters.RxDropped[header.BadUDPChecksum].Add(1)
+		st.releaseLocked(q, b)
+		return
+	case r != header.Ok:
 		st.Counters.RxDropped[r].Add(1)
 		st.releaseLocked(q, b)
 		return
@@ -480,6 +678,7 @@ func (st *Stack) Close() error {
 	}
 	st.mu.Unlock()
 	var errs []error
+	st.stopWatch()
 	if st.progressStop != nil {
 		close(st.progressStop)
 		<-st.progressDone
@@ -489,8 +688,8 @@ func (st *Stack) Close() error {
 		c.Close()
 	}
 	if st.prog != nil {
-		for _, q := range st.opts.Queues[:len(st.queues)] {
-			st.prog.UnregisterQueue(q)
+		for _, q := range st.queueList() {
+			st.prog.UnregisterQueue(q.idx)
 		}
 		errs = append(errs, st.prog.Close())
 		st.prog = nil
@@ -499,10 +698,10 @@ func (st *Stack) Close() error {
 	// rxMu without entering the socket (a spinning reader's fast path pays
 	// no reference count), so the rings are closed under rxMu too.
 	st.rxMu.Lock()
-	for _, q := range st.queues {
+	for _, q := range st.queueList() {
 		errs = append(errs, q.be.Close())
 	}
-	st.queues = nil
+	st.queues.Store(nil)
 	st.rxMu.Unlock()
 	st.stopRefreshes()
 	if fd := st.muxEvfd.Swap(-1); fd >= 0 {

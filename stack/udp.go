@@ -243,10 +243,7 @@ func (c *UDPConn) detach() {
 }
 
 func (st *Stack) newConn(fd int, own bool) *UDPConn {
-	// Each socket transmits on one queue, so its datagrams stay in order;
-	// sockets take the queues in turn, so that threads sending on
-	// different sockets do not all wait on one queue's lock.
-	txq := st.queues[int(st.nextTxq.Add(1)-1)%len(st.queues)]
+	txq := st.pickTxQueue()
 	c := &UDPConn{st: st, ownFD: own, Counters: &SocketCounters{}, evfd: -1, txq: txq,
 		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity()), left: make(chan struct{}, 1)}
 	c.kfd.Store(int32(fd))
@@ -294,7 +291,7 @@ func (st *Stack) rxCapacity() int {
 	if st.opts.XSK != nil && st.opts.XSK.NumFrames != 0 {
 		n = int(st.opts.XSK.NumFrames)
 	}
-	return n / 2 * len(st.queues)
+	return n / 2 * len(st.queueList())
 }
 
 func (c *UDPConn) openKernel(laddr, raddr netip.AddrPort) error {
@@ -450,7 +447,7 @@ const maxSources = 256
 func (c *UDPConn) kernelSourceFilter(group netip.Addr) (f sourceFilter, member bool, err error) {
 	var buf [16 + 4*maxSources]byte
 	copy(buf[0:4], group.AsSlice())
-	copy(buf[4:8], c.st.addr.AsSlice())
+	copy(buf[4:8], c.st.Addr().AsSlice())
 	binary.NativeEndian.PutUint32(buf[12:16], maxSources)
 	n := uint32(len(buf))
 	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(c.FD()), unix.IPPROTO_IP, unix.IP_MSFILTER,
@@ -873,7 +870,7 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	}
 	var pfds [maxQueues + 2]unix.PollFd
 	n := 0
-	for _, q := range st.queues {
+	for _, q := range st.pollQueues() {
 		pfds[n] = unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN}
 		n++
 	}
@@ -991,13 +988,17 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 		return 0, c.sendErr(to, unix.EAFNOSUPPORT)
 	}
 	st := c.st
-	hop, err := c.hopTo(to)
-	if err != nil {
-		return 0, c.sendErr(to, err)
+	var hop nextHop
+	kernel := st.kernelOnly.Load() != nil // the interface is down or gone
+	if !kernel {
+		var err error
+		if hop, err = c.hopTo(to); err != nil {
+			return 0, c.sendErr(to, err)
+		}
+		// Not behind our interface, or multicast the kernel must loop back.
+		kernel = hop.viaKernel || to.Addr().IsMulticast() && c.mcKernel.Load()
 	}
-	if hop.viaKernel || to.Addr().IsMulticast() && c.mcKernel.Load() {
-		// Not behind our interface, or multicast the kernel must loop
-		// back: the kernel sends it.
+	if kernel {
 		for i, b := range msgs {
 			if err := c.sendKernel(b, to); err != nil {
 				return i, err
@@ -1013,14 +1014,15 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 	if to.Addr().IsMulticast() {
 		f.TTL = uint8(c.mttl.Load())
 	}
-	maxPayload := st.mtu - header.IPv4MinLen - header.UDPLen
+	maxPayload := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
 	q := c.txq
 	q.txMu.Lock()
 	defer q.txMu.Unlock()
 	sent := 0
 	for sent < len(msgs) {
 		if len(msgs[sent]) > maxPayload {
-			// Larger than one frame: the kernel fragments it.
+			// Larger than the MTU or a transmit frame: the kernel sends it
+			// (and fragments it when it must).
 			if err := c.sendKernel(msgs[sent], to); err != nil {
 				return sent, err
 			}
@@ -1028,12 +1030,12 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 			continue
 		}
 		run := 1
-		for run < len(q.tx) && sent+run < len(msgs) && len(msgs[sent+run]) <= maxPayload {
+		for run < len(q.txBufs) && sent+run < len(msgs) && len(msgs[sent+run]) <= maxPayload {
 			run++
 		}
 		got := 0
 		for try := 0; try < 1000 && got == 0; try++ {
-			got = q.be.Alloc(q.tx[:run])
+			got = q.be.Alloc(q.txBufs[:run])
 		}
 		if got == 0 {
 			c.Counters.TxNoBufs.Add(1)
@@ -1041,13 +1043,13 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 		}
 		bytes := 0
 		for i, b := range msgs[sent : sent+got] {
-			frame := q.tx[i].Data
+			frame := q.txBufs[i].Data
 			copy(frame[header.UDPHeadersLen:], b)
 			f.ID = uint16(st.ipID.Add(1))
-			q.tx[i].Data = frame[:header.BuildUDP(frame, &f, len(b))]
+			q.txBufs[i].Data = frame[:header.BuildUDP(frame, &f, len(b))]
 			bytes += len(b)
 		}
-		k, err := q.be.Transmit(q.tx[:got])
+		k, err := q.be.Transmit(q.txBufs[:got])
 		c.Counters.TxOffloadPackets.Add(uint64(k))
 		c.Counters.TxOffloadBytes.Add(uint64(bytes))
 		sent += k
@@ -1160,7 +1162,7 @@ func (c *UDPConn) Close() error {
 	for c.popLocked(&it) {
 		st.releaseLocked(it.q, it.buf)
 	}
-	for _, q := range st.queues {
+	for _, q := range st.queueList() {
 		st.flushLocked(q)
 	}
 	c.wake()

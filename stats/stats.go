@@ -190,6 +190,9 @@ type StackCounters struct {
 	// RxProgressFrames: frames the progress engine drained while no
 	// receive polled.
 	RxProgressFrames uint64 `json:"rx_progress_frames"`
+	// RxPartialChecksum: datagrams delivered with a partial UDP checksum
+	// (from this host's kernel over a veth with TX checksum offload on).
+	RxPartialChecksum uint64 `json:"rx_partial_checksum"`
 	// RxDropped counts the frames the parser dropped, by reason
 	// (header.Result names).
 	RxDropped []Drop `json:"rx_dropped"`
@@ -214,7 +217,8 @@ type Rule struct {
 
 // Redirected is how many matched packets reached the AF_XDP socket.
 func (r *Rule) Redirected() uint64 {
-	return r.Counters.MatchedPackets - min(r.Counters.RedirectFailures, r.Counters.MatchedPackets)
+	passed := r.Counters.RedirectFailures + r.Counters.TooLong
+	return r.Counters.MatchedPackets - min(passed, r.Counters.MatchedPackets)
 }
 
 // Field is one counter of a counter struct, under its one name.

@@ -315,6 +315,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		line(w, "Stack rx frames"+per, "%d", p.Stack.RxFrames)
 		line(w, "No socket", "%d", p.Stack.RxNoSocket)
 		line(w, "Progress engine frames"+per, "%d", p.Stack.RxProgressFrames)
+		line(w, "Partial checksums"+per, "%d (delivered: from this host's kernel, TX checksum offload on)", p.Stack.RxPartialChecksum)
 		for _, d := range p.Stack.RxDropped {
 			line(w, "Dropped "+d.Reason, "%d", d.Packets)
 		}
@@ -331,8 +332,8 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 				line(w, fmt.Sprintf("Rule %d", r.ID), "%s (%s): %s", r.Rule, owner, r.CountersError)
 				continue
 			}
-			line(w, fmt.Sprintf("Rule %d", r.ID), "%s (%s): %d / %d / %d [matched/redirected/redirect failures]%s",
-				r.Rule, owner, r.Counters.MatchedPackets, r.Redirected(), r.Counters.RedirectFailures, per)
+			line(w, fmt.Sprintf("Rule %d", r.ID), "%s (%s): %d / %d / %d / %d [matched/redirected/redirect failures/too long]%s",
+				r.Rule, owner, r.Counters.MatchedPackets, r.Redirected(), r.Counters.RedirectFailures, r.Counters.TooLong, per)
 		}
 	}
 	fmt.Fprintln(w, block)

@@ -92,6 +92,11 @@ type Options struct {
 	// Baseline attaches vmaxdp_pass, the empty XDP_PASS program, instead of
 	// the steering program; it exists to measure the steering cost.
 	Baseline bool
+	// MaxFrameLen is the longest frame the AF_XDP sockets take (0: no
+	// limit); longer frames, and frames in several buffers, are passed to
+	// the kernel and counted in the rule's too_long (a redirect would drop
+	// them).
+	MaxFrameLen uint32
 }
 
 // RuleKind says which fields of a Rule are matched.
@@ -143,6 +148,7 @@ type RuleCounters struct {
 	MatchedPackets   uint64 `json:"matched_packets"`
 	MatchedBytes     uint64 `json:"matched_bytes"`
 	RedirectFailures uint64 `json:"redirect_failures"`
+	TooLong          uint64 `json:"too_long"`
 }
 
 // ProgCounters are the program's counters summed over CPUs (struct prog_counters).
@@ -201,7 +207,14 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 			err = fmt.Errorf("steer %s: %w", ifname, err)
 		}
 	}()
-	if err := vbpf.LoadSteerObjects(&p.objs, nil); err != nil {
+	spec, err := vbpf.LoadSteer()
+	if err != nil {
+		return p, fmt.Errorf("load: %w", err)
+	}
+	if err := spec.Variables["max_frame_len"].Set(o.MaxFrameLen); err != nil {
+		return p, fmt.Errorf("load: max_frame_len: %w", err)
+	}
+	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		return p, fmt.Errorf("load: %w", err)
 	}
 	prog := p.objs.VmaxdpSteer
@@ -481,6 +494,7 @@ func (p *Program) RuleCounters(id RuleID) (RuleCounters, error) {
 		c.MatchedPackets += v.MatchedPackets
 		c.MatchedBytes += v.MatchedBytes
 		c.RedirectFailures += v.RedirectFailures
+		c.TooLong += v.TooLong
 	}
 	return c, nil
 }

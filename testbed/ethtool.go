@@ -22,3 +22,23 @@ func disableTxChecksum(ifname string) error {
 	}
 	return nil
 }
+
+// runningQueues reads the RX queues ifname runs (ethtool -l: netlink's
+// count is what the driver allocated) and whether it offloads TX
+// checksums, in the calling thread's namespace.
+func runningQueues(ifname string) (queues int, txChecksum bool, err error) {
+	et, err := ethtool.NewEthtool()
+	if err != nil {
+		return 0, false, fmt.Errorf("ethtool socket: %w", err)
+	}
+	defer et.Close()
+	ch, err := et.GetChannels(ifname)
+	if err != nil {
+		return 0, false, fmt.Errorf("ethtool -l %s: %w", ifname, err)
+	}
+	feats, err := et.Features(ifname)
+	if err != nil {
+		return 0, false, fmt.Errorf("ethtool -k %s: %w", ifname, err)
+	}
+	return int(ch.RxCount + ch.CombinedCount), feats["tx-checksum-ip-generic"], nil
+}

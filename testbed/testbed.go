@@ -39,20 +39,31 @@ const (
 
 func (s Side) String() string { return [...]string{"a", "b"}[s] }
 
-// Options configure a bed. The zero value means defaults.
+// Options configure a bed. The zero value means defaults: a tuned bed.
 type Options struct {
 	// Queues is the number of RX and TX queues of each veth end (default 1).
 	Queues int
 	// MTU of both ends (default 1500).
 	MTU int
+	// Plain makes the veth pair as `ip link add NAME type veth peer name
+	// PEER` makes it, as users have it: the kernel's default queues (one
+	// allocated per possible CPU, one running), every offload on (TX
+	// checksum offload among them, so the kernel's UDP leaves with a
+	// partial checksum) and IPv6 on. The default bed is tuned instead:
+	// Queues queues allocated and running, TX checksum offload and IPv6
+	// off. Both beds route multicast to the veth. Plain excludes Queues.
+	Plain bool
 }
 
 // Bed is a running test bed.
 type Bed struct {
-	Name   string
+	Name string
+	// Queues is the RX queues each end runs (ethtool -l).
 	Queues int
 	MTU    int
-	ns     [2]netns.NsHandle
+	// Plain: the bed was made with Options.Plain (TX checksum offload on).
+	Plain bool
+	ns    [2]netns.NsHandle
 }
 
 // Prefix is the bed's subnet; side A is .1 and side B is .2.
@@ -84,6 +95,9 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 	if opts != nil {
 		o = *opts
 	}
+	if o.Plain && o.Queues != 0 {
+		return nil, fmt.Errorf("testbed %s: a plain bed has the kernel's default queues: %d queues asked", name, o.Queues)
+	}
 	if o.Queues == 0 {
 		o.Queues = 1
 	}
@@ -102,7 +116,7 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 	if err := Down(name); err != nil {
 		return nil, err
 	}
-	b := &Bed{Name: name, Queues: o.Queues, MTU: o.MTU, ns: [2]netns.NsHandle{-1, -1}}
+	b := &Bed{Name: name, Queues: o.Queues, MTU: o.MTU, Plain: o.Plain, ns: [2]netns.NsHandle{-1, -1}}
 	defer func() {
 		if err != nil {
 			b.Down()
@@ -122,6 +136,10 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 		PeerName: b.Link(B), PeerMTU: uint32(o.MTU), PeerNamespace: netlink.NsFd(b.ns[B]),
 		PeerNumTxQueues: uint32(o.Queues), PeerNumRxQueues: uint32(o.Queues),
 	}
+	if o.Plain {
+		// Zero counts: the kernel's defaults, as ip link add leaves them.
+		veth.NumTxQueues, veth.NumRxQueues, veth.PeerNumTxQueues, veth.PeerNumRxQueues = 0, 0, 0, 0
+	}
 	// The pair is created from the host namespace straight into A and B,
 	// so no name is ever taken in the host namespace.
 	if err := netlink.LinkAdd(veth); err != nil {
@@ -132,7 +150,17 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 			return b, err
 		}
 	}
-	return b, nil
+	return b, b.readQueues()
+}
+
+// readQueues reads the queues side A runs, and whether it offloads TX
+// checksums (a plain bed does).
+func (b *Bed) readQueues() error {
+	return b.Do(A, func() error {
+		q, plain, err := runningQueues(b.Link(A))
+		b.Queues, b.Plain = q, plain
+		return err
+	})
 }
 
 func (b *Bed) configure(s Side) error {
@@ -165,6 +193,9 @@ func (b *Bed) configure(s Side) error {
 	}
 	// No IPv6 on the bed: router solicitations and DAD would be noise in
 	// counters and traces.
+	if b.Plain {
+		return nil
+	}
 	return b.Do(s, func() error {
 		if err := disableTxChecksum(b.Link(s)); err != nil {
 			return err
@@ -282,9 +313,9 @@ func Open(name string) (*Bed, error) {
 		defer h.Close()
 		if l, err := netnsutil.LinkByName(h, b.Link(A)); err == nil {
 			b.MTU = l.Attrs().MTU
-			b.Queues = l.Attrs().NumRxQueues
 		}
 	}
+	b.readQueues()
 	return b, nil
 }
 

@@ -89,6 +89,9 @@ func (r *ring) release(n uint32) {
 
 // occupancy is the number of entries between the two indices, for stats.
 func (r *ring) occupancy() uint32 {
+	if r.mem == nil {
+		return 0 // a ring the socket does not have (Options.RxOnly)
+	}
 	return atomic.LoadUint32(r.producer) - atomic.LoadUint32(r.consumer)
 }
 

@@ -42,6 +42,27 @@ type Options struct {
 	Mode BindMode
 	// NoHugePages skips the attempt to back the UMEM with huge pages.
 	NoHugePages bool
+	// RxOnly opens the socket without a TX ring, for a queue the interface
+	// runs for receiving only (Channels.Tx below the queue): Alloc then
+	// finds no frame and Transmit fails.
+	RxOnly bool
+}
+
+// rxHeadroom is what the kernel keeps in front of each received frame
+// (XDP_PACKET_HEADROOM; the UMEM asks for no headroom of its own).
+const rxHeadroom = 256
+
+// RxFrameLen is the longest frame a socket with these options receives; a
+// longer one fails the redirect to it, and the kernel drops it.
+func (o *Options) RxFrameLen() uint32 {
+	r, _ := o.withDefaults()
+	return r.FrameSize - rxHeadroom
+}
+
+// TxFrameLen is the longest frame a socket with these options transmits.
+func (o *Options) TxFrameLen() uint32 {
+	r, _ := o.withDefaults()
+	return r.FrameSize
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -179,10 +200,14 @@ func (s *Socket) setup(o Options) error {
 	// Each ring holds all frames of its half, so Release and Transmit
 	// never find their ring full.
 	half := o.NumFrames / 2
-	for _, r := range []struct{ opt, n int }{
+	rings := []struct{ opt, n int }{
 		{unix.XDP_UMEM_FILL_RING, int(half)}, {unix.XDP_UMEM_COMPLETION_RING, int(half)},
 		{unix.XDP_RX_RING, int(half)}, {unix.XDP_TX_RING, int(half)},
-	} {
+	}
+	if o.RxOnly {
+		rings = rings[:3]
+	}
+	for _, r := range rings {
 		if err := setsockoptInt(s.fd, r.opt, r.n); err != nil {
 			return fmt.Errorf("size ring %d: %w", r.opt, err)
 		}
@@ -200,11 +225,14 @@ func (s *Socket) setup(o Options) error {
 	if s.rx, err = mapRing(s.fd, off.Rx, unix.XDP_PGOFF_RX_RING, half, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
 		return fmt.Errorf("map RX ring: %w", err)
 	}
-	if s.tx, err = mapRing(s.fd, off.Tx, unix.XDP_PGOFF_TX_RING, half, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
-		return fmt.Errorf("map TX ring: %w", err)
+	if !o.RxOnly {
+		if s.tx, err = mapRing(s.fd, off.Tx, unix.XDP_PGOFF_TX_RING, half, unsafe.Sizeof(unix.XDPDesc{})); err != nil {
+			return fmt.Errorf("map TX ring: %w", err)
+		}
+		s.txDescs = descRing(&s.tx, off.Tx)
 	}
 	s.fillAddrs, s.compAddrs = addrRing(&s.fill, off.Fr), addrRing(&s.comp, off.Cr)
-	s.rxDescs, s.txDescs = descRing(&s.rx, off.Rx), descRing(&s.tx, off.Tx)
+	s.rxDescs = descRing(&s.rx, off.Rx)
 	// Producer rings start with all slots free.
 	s.fill.cachedCons, s.tx.cachedCons = half, half
 
@@ -216,8 +244,11 @@ func (s *Socket) setup(o Options) error {
 	s.fill.submit(n)
 	s.fillHeld = make([]uint64, 0, half)
 	s.txSize = o.NumFrames - half
+	if o.RxOnly {
+		s.txSize = 0
+	}
 	s.txFree = make([]uint64, 0, s.txSize)
-	for i := half; i < o.NumFrames; i++ {
+	for i := half; i < half+s.txSize; i++ {
 		s.txFree = append(s.txFree, uint64(i)*uint64(o.FrameSize))
 	}
 	s.txFreeN.Store(uint32(len(s.txFree)))
@@ -262,6 +293,9 @@ func (s *Socket) FD() int { return s.fd }
 // Ifindex and Queue identify what the socket is bound to.
 func (s *Socket) Ifindex() int { return s.ifindex }
 func (s *Socket) Queue() int   { return s.queue }
+
+// RxOnly reports whether the socket has no TX ring (Options.RxOnly).
+func (s *Socket) RxOnly() bool { return s.txDescs == nil }
 
 // ZeroCopy reports whether the kernel granted zero-copy mode.
 func (s *Socket) ZeroCopy() bool { return s.zeroCopy }
@@ -371,6 +405,9 @@ func (s *Socket) Alloc(bufs []backend.Buf) int {
 
 // Transmit implements backend.Backend.
 func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
+	if s.txDescs == nil {
+		return 0, fmt.Errorf("xsk %s: transmit: %w: receive-only queue", s, unix.EOPNOTSUPP)
+	}
 	n := s.tx.reserve(uint32(len(bufs)))
 	prod := s.tx.cachedProd
 	for i := uint32(0); i < n; i++ {

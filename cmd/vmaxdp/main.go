@@ -83,8 +83,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 func runTestbed(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("vmaxdp testbed", flag.ContinueOnError)
 	name := fs.String("name", "demo", "bed name: namespaces vmx-NAME-a and vmx-NAME-b")
-	queues := fs.Int("queues", 1, "RX/TX queues per veth end")
+	queues := fs.Int("queues", 0, "RX/TX queues per veth end (default 1; not with -plain)")
 	mtu := fs.Int("mtu", 1500, "MTU of both ends")
+	plain := fs.Bool("plain", false, "make the veth pair as `ip link add` does: the kernel's default queues, every offload on (TX checksums partial), IPv6 on")
 	if len(args) == 0 {
 		return fmt.Errorf("testbed: want up, down or status: %w", errUsage)
 	}
@@ -93,13 +94,13 @@ func runTestbed(args []string, out io.Writer) error {
 	}
 	switch args[0] {
 	case "up":
-		b, err := testbed.Up(*name, &testbed.Options{Queues: *queues, MTU: *mtu})
+		b, err := testbed.Up(*name, &testbed.Options{Queues: *queues, MTU: *mtu, Plain: *plain})
 		if err != nil {
 			return err
 		}
 		defer b.Close()
-		fmt.Fprintf(out, "test bed %s up: %s in %s (%s) <-> %s in %s (%s), %d queue(s), MTU %d\n",
-			b.Name, b.Link(testbed.A), b.NSName(testbed.A), b.Addr(testbed.A), b.Link(testbed.B), b.NSName(testbed.B), b.Addr(testbed.B), b.Queues, b.MTU)
+		fmt.Fprintf(out, "test bed %s up: %s in %s (%s) <-> %s in %s (%s), %d queue(s), MTU %d, %s\n",
+			b.Name, b.Link(testbed.A), b.NSName(testbed.A), b.Addr(testbed.A), b.Link(testbed.B), b.NSName(testbed.B), b.Addr(testbed.B), b.Queues, b.MTU, bedKind(b))
 		return nil
 	case "down":
 		if err := testbed.Down(*name); err != nil {
@@ -124,12 +125,20 @@ func runTestbed(args []string, out io.Writer) error {
 				fmt.Fprintf(out, "%s: broken: %v (remove it with: vmaxdp testbed down -name %s)\n", n, err, n)
 				continue
 			}
-			fmt.Fprintf(out, "%s: %s %s <-> %s %s, %d queue(s), MTU %d\n", n, b.NSName(testbed.A), b.Addr(testbed.A), b.NSName(testbed.B), b.Addr(testbed.B), b.Queues, b.MTU)
+			fmt.Fprintf(out, "%s: %s %s <-> %s %s, %d queue(s), MTU %d, %s\n", n, b.NSName(testbed.A), b.Addr(testbed.A), b.NSName(testbed.B), b.Addr(testbed.B), b.Queues, b.MTU, bedKind(b))
 			b.Close()
 		}
 		return nil
 	}
 	return fmt.Errorf("testbed %q: want up, down or status: %w", args[0], errUsage)
+}
+
+// bedKind says whether a bed is plain or tuned (testbed.Options.Plain).
+func bedKind(b *testbed.Bed) string {
+	if b.Plain {
+		return "plain (kernel defaults, TX checksum offload on)"
+	}
+	return "tuned (TX checksum offload off)"
 }
 
 func runBench(ctx context.Context, args []string, out io.Writer) error {

@@ -110,6 +110,9 @@ func runRun(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := interposable(prog); err != nil {
+		fmt.Fprintf(os.Stderr, "vmaxdp run: %v\n", err)
+	}
 	return syscall.Exec(prog, fs.Args(), env)
 }
 

@@ -94,6 +94,7 @@ type Engine struct {
 	scratch  sync.Pool // []byte of 64 KiB, for gathers and scatters
 	mux      [numMux]muxCounters
 	pub      *publisher
+	causes   sync.Map // why sockets stayed on the kernel, each logged once at INFO
 }
 
 // Socket is one application UDP socket.
@@ -243,7 +244,7 @@ func (e *Engine) Connect(fd int) State {
 		c, err := s.conn.Load().Reopen(fd)
 		if err != nil {
 			s.conn.Store(nil)
-			return e.notOffloaded(s, fmt.Sprintf("re-attach after connect to %s: %v", remote, err))
+			return e.notOffloaded(s, fmt.Sprintf("re-attach after connect to %s", remote), err.Error())
 		}
 		s.conn.Store(c)
 	}
@@ -272,7 +273,7 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 	}
 	if local.Port() == 0 {
 		if err := unix.Bind(fd, &unix.SockaddrInet4{}); err != nil {
-			return e.notOffloaded(s, fmt.Sprintf("bind before first send: %v", err))
+			return e.notOffloaded(s, "bind before first send", err.Error())
 		}
 		local, _ = sockAddrs(fd)
 	}
@@ -300,23 +301,23 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, role, local, remote)
 	switch {
 	case matched && r.Transport == rules.OS:
-		return e.notOffloaded(s, fmt.Sprintf("%s: rule %s: %s", what, r.Where, r))
+		return e.notOffloaded(s, what, fmt.Sprintf("rule %s: %s", r.Where, r))
 	case !matched && !e.p.OffloadedSockets:
-		return e.notOffloaded(s, fmt.Sprintf("%s: %sOFFLOADED_SOCKETS=0 and no rule offloads it", what, params.Prefix))
+		return e.notOffloaded(s, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
 	}
 	if ifname == "" {
 		var err error
 		if ifname, err = e.pickInterface(local.Addr(), remote.Addr()); err != nil {
-			return e.notOffloaded(s, fmt.Sprintf("%s: %v", what, err))
+			return e.notOffloaded(s, what, err.Error())
 		}
 	}
 	st, err := e.stackFor(ifname)
 	if err != nil {
-		return e.notOffloaded(s, fmt.Sprintf("%s: %v", what, err))
+		return e.notOffloaded(s, what, err.Error())
 	}
 	c, err := st.Adopt(s.fd)
 	if err != nil {
-		return e.notOffloaded(s, fmt.Sprintf("%s: %v", what, err))
+		return e.notOffloaded(s, what, err.Error())
 	}
 	e.applyOptions(s, c)
 	s.conn.Store(c)
@@ -330,10 +331,20 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	return StateOffloaded
 }
 
-func (e *Engine) notOffloaded(s *Socket, reason string) State {
-	s.state, s.reason = StateKernel, reason
+// notOffloaded leaves s on the kernel: what the socket was doing, and the
+// cause. The log says it at INFO once per cause (a server whose sockets
+// all stay on the kernel for one reason says so once), at DEBUG after that;
+// the stats tool shows every socket's reason.
+func (e *Engine) notOffloaded(s *Socket, what, cause string) State {
+	s.state, s.reason = StateKernel, what+": "+cause
 	e.onState(s.fd, StateKernel)
-	e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: %s", s.fd, reason)
+	level, more := params.LevelInfo, ""
+	if _, seen := e.causes.LoadOrStore(cause, true); seen {
+		level = params.LevelDebug
+	} else {
+		more = " (other sockets left on the kernel for this reason are logged at debug level)"
+	}
+	e.Log.Printf(level, "fd %d: not offloaded: %s%s", s.fd, s.reason, more)
 	return StateKernel
 }
 
@@ -513,6 +524,9 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 	}
 	e.stacks[ifname] = st
 	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues", ifname, st.Program().Mode(), len(st.Backends()))
+	for _, u := range st.UnservedQueues() {
+		e.Log.Printf(params.LevelInfo, "%s: %v: not served, its datagrams reach the sockets through the kernel", ifname, u)
+	}
 	return st, nil
 }
 
@@ -567,7 +581,7 @@ func (e *Engine) Close(fd int) {
 		s.fd = others[0]
 		if err != nil {
 			s.conn.Store(nil)
-			e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached: %v", fd, others[0], err))
+			e.notOffloaded(s, fmt.Sprintf("fd %d closed, its dup %d could not be re-attached", fd, others[0]), err.Error())
 			return
 		}
 		s.conn.Store(nc)
@@ -721,7 +735,7 @@ func (e *Engine) joinCandidate(s *Socket, group, ifaddr netip.Addr, ifindex int)
 	}
 	ifname, err := ifaceNamed(ifaddr, ifindex)
 	if err != nil {
-		e.notOffloaded(s, fmt.Sprintf("join %s: %v", group, err))
+		e.notOffloaded(s, "join "+group.String(), err.Error())
 		return false
 	}
 	return e.decide(s, rules.UDPReceiver, netip.AddrPortFrom(group, local.Port()), netip.AddrPort{}, ifname) == StateOffloaded

@@ -241,6 +241,9 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 		return
 	}
 	rec.Interface = c.Stack().Interface()
+	if why := c.Stack().KernelOnly(); why != "" {
+		rec.Reason = "its kernel socket serves it: " + why
+	}
 	rec.Local = c.LocalAddrPort().String()
 	if r := c.RemoteAddrPort(); r.IsValid() {
 		rec.Remote = r.String()
@@ -321,7 +324,8 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 	}
 	sc := &st.Counters
 	pr.Stack = stats.StackCounters{RxFrames: sc.RxFrames.Load(), RxNoSocket: sc.RxNoSocket.Load(),
-		NeighUnresolved: sc.NeighUnresolved.Load(), RxProgressFrames: sc.RxProgressFrames.Load()}
+		NeighUnresolved: sc.NeighUnresolved.Load(), RxProgressFrames: sc.RxProgressFrames.Load(),
+		RxPartialChecksum: sc.RxPartialChecksum.Load()}
 	for r := range sc.RxDropped {
 		if n := sc.RxDropped[r].Load(); n > 0 {
 			pr.Stack.RxDropped = append(pr.Stack.RxDropped, stats.Drop{Reason: header.Result(r).String(), Packets: n})

@@ -116,3 +116,29 @@ func AwaitStats(r *stats.Reader, timeout time.Duration, ok func(*stats.Snapshot)
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// EachBed runs fn in a subtest per kind of test bed, each with opts'
+// other settings: "tuned" (testbed's defaults: the queues asked, TX
+// checksum offload and IPv6 off) and "plain" (made as `ip link add` makes
+// it, testbed.Options.Plain: the kernel's default queues, every offload
+// on, IPv6 on), which is what users have.
+func EachBed(t *testing.T, opts *testbed.Options, fn func(t *testing.T, b *testbed.Bed)) {
+	t.Helper()
+	var o testbed.Options
+	if opts != nil {
+		o = *opts
+	}
+	for _, plain := range []bool{false, true} {
+		name := "tuned"
+		if plain {
+			name = "plain"
+		}
+		t.Run(name, func(t *testing.T) {
+			bo := o
+			if bo.Plain = plain; plain {
+				bo.Queues = 0
+			}
+			fn(t, Bed(t, &bo))
+		})
+	}
+}

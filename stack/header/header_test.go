@@ -84,6 +84,16 @@ func TestParseRejects(t *testing.T) {
 			t.Errorf("%s: Parse = %v, want %v", c.name, r, c.want)
 		}
 	}
+	// A checksum field holding the pseudo-header sum is what the kernel
+	// leaves for a link with TX checksum offload: named, and parsed.
+	f0 := bytes.Clone(good)
+	seg := f0[34:]
+	c := header.Fold(header.PseudoSum(fields.Src.Addr(), fields.Dst.Addr(), header.ProtocolUDP, len(seg)))
+	seg[6], seg[7] = byte(c>>8), byte(c)
+	var pp header.Packet
+	if r := header.Parse(f0, &pp); r != header.PartialUDPChecksum || string(pp.Payload) != "hello" || pp.UDP.DstPort() != 5000 {
+		t.Errorf("partial checksum: Parse = %v, payload %q; want partial_udp_checksum and the datagram", r, pp.Payload)
+	}
 	// A zero UDP checksum means "none" and is accepted.
 	f := bytes.Clone(good)
 	f[40], f[41] = 0, 0

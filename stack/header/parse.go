@@ -14,10 +14,16 @@ const (
 	NotUDP
 	BadUDPLength
 	BadUDPChecksum
+	// PartialUDPChecksum: the UDP checksum field holds only the folded
+	// pseudo-header sum, as the kernel leaves it for a link that computes
+	// checksums on transmit (CHECKSUM_PARTIAL). Parse fills the Packet
+	// anyway: whether that is good is the link's to say (from this host's
+	// kernel over veth it is; from a wire it is a bad checksum).
+	PartialUDPChecksum
 	NumResults
 )
 
-var resultNames = [NumResults]string{"ok", "not_ipv4", "truncated", "bad_ihl", "bad_length", "bad_ip_checksum", "fragment", "not_udp", "bad_udp_length", "bad_udp_checksum"}
+var resultNames = [NumResults]string{"ok", "not_ipv4", "truncated", "bad_ihl", "bad_length", "bad_ip_checksum", "fragment", "not_udp", "bad_udp_length", "bad_udp_checksum", "partial_udp_checksum"}
 
 func (r Result) String() string {
 	if r < NumResults {
@@ -38,7 +44,7 @@ type Packet struct {
 // and fills p with views into it. It checks what the kernel checks before
 // delivering a datagram: header lengths, total length against the frame,
 // the IPv4 header checksum, no fragment, the UDP length, and the UDP
-// checksum when the sender set one. Bytes after the IPv4 total length
+// checksum when the sender set one (see PartialUDPChecksum). Bytes after the IPv4 total length
 // (Ethernet padding) are not part of the packet.
 func Parse(frame []byte, p *Packet) Result {
 	if len(frame) < EthernetLen {
@@ -93,11 +99,16 @@ func Parse(frame []byte, p *Packet) Result {
 		return BadUDPLength
 	}
 	seg = seg[:ul]
-	if p.UDP.Checksum() != udpChecksumNone &&
-		Fold(Sum(seg, PseudoSum(p.IP.Src(), p.IP.Dst(), ProtocolUDP, ul))) != 0xffff {
-		return BadUDPChecksum
-	}
 	p.UDP = UDP(seg[:UDPLen])
 	p.Payload = seg[UDPLen:]
+	if c := p.UDP.Checksum(); c != udpChecksumNone {
+		pseudo := PseudoSum(p.IP.Src(), p.IP.Dst(), ProtocolUDP, ul)
+		if Fold(Sum(seg, pseudo)) != 0xffff {
+			if c == Fold(pseudo) {
+				return PartialUDPChecksum
+			}
+			return BadUDPChecksum
+		}
+	}
 	return Ok
 }

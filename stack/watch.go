@@ -1,0 +1,272 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
+	"github.com/vmaxdp/vmaxdp/xsk"
+)
+
+// watchEvery is how often the watcher reads the interface's channel count
+// even when no event came: `ethtool -L` sends no rtnetlink event.
+const watchEvery = 1000 // milliseconds
+
+// linkState is what the watcher last saw of the interface.
+type linkState struct {
+	up   bool
+	mtu  int
+	addr netip.Addr
+	rx   int // RX queues the interface runs
+}
+
+// startWatch opens a netlink socket subscribed to the link and IPv4
+// address events of the stack's namespace, and starts the watcher.
+func (st *Stack) startWatch(initial linkState) error {
+	var fd int
+	err := netnsutil.Do(st.ns, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_LINK | unix.RTMGRP_IPV4_IFADDR})
+	})
+	if err != nil {
+		if fd > 0 {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("watch link events: %w", err)
+	}
+	fd = highfd.Move(fd)
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		highfd.Close(fd)
+		return fmt.Errorf("watch link events: eventfd: %w", err)
+	}
+	st.watchStop = highfd.Move(stop)
+	st.watchDone = make(chan struct{})
+	go st.watch(fd, initial)
+	return nil
+}
+
+// stopWatch ends the watcher and waits for it.
+func (st *Stack) stopWatch() {
+	if st.watchDone == nil {
+		return
+	}
+	one := [8]byte{1}
+	unix.Write(st.watchStop, one[:])
+	<-st.watchDone
+	highfd.Close(st.watchStop)
+	st.watchDone = nil
+}
+
+// watch follows the interface while the stack runs. On any event of its
+// link or addresses, and every watchEvery, it reads the interface again:
+// a link set down sends through the kernel sockets until it is up again
+// (the kernel has dropped its routes, so its error is the application's
+// error); a new MTU bounds what the stack sends itself; an address change
+// forgets the next hops (their source addresses); more RX queues get an
+// AF_XDP socket each; a deleted interface leaves every socket to its
+// kernel socket for good. Each change is logged once.
+func (st *Stack) watch(fd int, last linkState) {
+	defer close(st.watchDone)
+	defer highfd.Close(fd)
+	buf := make([]byte, 1<<16)
+	for {
+		pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(st.watchStop), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfds, watchEvery); err != nil && err != unix.EINTR {
+			slog.Warn("stack: link watcher stops", "interface", st.ifname, "err", err)
+			return
+		}
+		if pfds[1].Revents != 0 {
+			return
+		}
+		if pfds[0].Revents != 0 && !st.drainEvents(fd, buf) {
+			continue // events of other links only
+		}
+		var ok bool
+		if last, ok = st.follow(last); !ok {
+			return
+		}
+	}
+}
+
+// drainEvents reads the pending events and says whether one concerns the
+// stack's interface (or whether the socket lost events, when it must be
+// assumed it did).
+func (st *Stack) drainEvents(fd int, buf []byte) bool {
+	ours := false
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err == unix.EAGAIN {
+			return ours
+		}
+		if err != nil {
+			return true // ENOBUFS: events lost
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return true
+		}
+		for _, m := range msgs {
+			switch m.Header.Type {
+			case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+				if len(m.Data) >= unix.SizeofIfInfomsg && int((*unix.IfInfomsg)(ptr(m.Data)).Index) == st.ifindex {
+					ours = true
+				}
+			case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+				if len(m.Data) >= unix.SizeofIfAddrmsg && int((*unix.IfAddrmsg)(ptr(m.Data)).Index) == st.ifindex {
+					ours = true
+				}
+			}
+		}
+	}
+}
+
+// follow reads the interface and acts on what changed since last; it
+// returns false once the interface is gone.
+func (st *Stack) follow(last linkState) (linkState, bool) {
+	now, err := st.readLink()
+	if errors.Is(err, unix.ENODEV) {
+		reason := fmt.Sprintf("interface %s was deleted", st.ifname)
+		st.kernelOnly.Store(&reason)
+		st.gone.Store(true)
+		st.wakeAll()
+		slog.Warn(fmt.Sprintf("stack %s: %s: its sockets are served by their kernel sockets from now on", st.ifname, reason))
+		return last, false
+	}
+	if err != nil {
+		slog.Warn("stack: read interface", "interface", st.ifname, "err", err)
+		return last, true
+	}
+	if now.up != last.up {
+		if now.up {
+			st.kernelOnly.Store(nil)
+			st.forgetHops()
+			slog.Info(fmt.Sprintf("stack %s: interface up: offloaded traffic resumes", st.ifname))
+		} else {
+			reason := fmt.Sprintf("interface %s is down", st.ifname)
+			st.kernelOnly.Store(&reason)
+			slog.Warn(fmt.Sprintf("stack %s: %s: sends go through the kernel sockets until it is up", st.ifname, reason))
+		}
+	}
+	if now.mtu != last.mtu {
+		st.setMTU(now.mtu)
+		slog.Info(fmt.Sprintf("stack %s: MTU %d (was %d)", st.ifname, now.mtu, last.mtu))
+	}
+	if now.addr != last.addr {
+		st.forgetHops()
+		if now.addr.IsValid() {
+			st.addr.Store(&now.addr)
+			slog.Info(fmt.Sprintf("stack %s: first IPv4 address now %v", st.ifname, now.addr))
+		} else {
+			slog.Warn(fmt.Sprintf("stack %s: no IPv4 address any more: the kernel delivers nothing to its sockets until one is added", st.ifname))
+		}
+	}
+	if now.rx != last.rx && len(st.opts.Queues) == 0 {
+		st.followChannels(now.rx, last.rx)
+	}
+	return now, true
+}
+
+// followChannels serves the queues the interface runs now. The kernel
+// refuses to lower the channel count below a queue an AF_XDP socket is
+// bound to, so only growth happens while the stack runs.
+func (st *Stack) followChannels(rx, was int) {
+	err := netnsutil.Do(st.ns, func() error {
+		ch, err := xsk.QueueChannels(st.ifname, rx, rx)
+		if err != nil {
+			return err
+		}
+		return st.openQueues(firstQueues(ch.Rx), ch)
+	})
+	served := len(st.queueList())
+	if err != nil {
+		slog.Warn(fmt.Sprintf("stack %s: %d RX queues now (was %d); %d served: %v", st.ifname, rx, was, served, err))
+		return
+	}
+	for _, u := range st.UnservedQueues() {
+		slog.Warn(fmt.Sprintf("stack %s: %v: its datagrams reach the sockets through the kernel", st.ifname, u))
+	}
+	slog.Info(fmt.Sprintf("stack %s: %d RX queues now (was %d); %d served", st.ifname, rx, was, served))
+	// Sleepers poll the queues they saw when they went to sleep.
+	st.wakeAll()
+}
+
+// readLink reads the interface's state in the stack's namespace; the
+// error wraps unix.ENODEV when the interface is gone.
+func (st *Stack) readLink() (linkState, error) {
+	var s linkState
+	err := netnsutil.Do(st.ns, func() error {
+		nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		defer nl.Close()
+		links, err := nl.LinkList()
+		if err != nil {
+			return err
+		}
+		var l netlink.Link
+		for _, x := range links {
+			if x.Attrs().Index == st.ifindex {
+				l = x
+			}
+		}
+		if l == nil {
+			return fmt.Errorf("interface %d: %w", st.ifindex, unix.ENODEV)
+		}
+		a := l.Attrs()
+		s.up, s.mtu = a.Flags&net.FlagUp != 0, a.MTU
+		if addrs, err := nl.AddrList(l, netlink.FAMILY_V4); err == nil && len(addrs) > 0 {
+			s.addr, _ = netip.AddrFromSlice(addrs[0].IP.To4())
+		}
+		ch, err := xsk.QueueChannels(st.ifname, a.NumRxQueues, a.NumTxQueues)
+		if err != nil {
+			return err
+		}
+		s.rx = ch.Rx
+		return nil
+	})
+	return s, err
+}
+
+// forgetHops drops every cached next hop: routes or source addresses
+// changed.
+func (st *Stack) forgetHops() {
+	st.hops.mu.Lock()
+	defer st.hops.mu.Unlock()
+	st.hops.m.Store(nil)
+}
+
+// wakeAll wakes every sleeping receive and multiplexer, so that each looks
+// again at what it should poll.
+func (st *Stack) wakeAll() {
+	st.mu.Lock()
+	conns := make([]*UDPConn, 0, len(st.conns))
+	for c := range st.conns {
+		conns = append(conns, c)
+	}
+	st.mu.Unlock()
+	st.rxMu.Lock()
+	for _, c := range conns {
+		c.wake()
+	}
+	st.rxMu.Unlock()
+	if st.muxEvfd.Load() >= 0 {
+		st.wakeMux()
+	}
+}
+
+func ptr(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
