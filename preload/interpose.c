@@ -6,9 +6,10 @@
  * fds that use the engine.
  *
  * After fork() the child never calls into Go (its Go runtime has no
- * threads): every fd there, offloaded ones included, is the kernel's.
- * A child that execs loads a fresh engine through the inherited
- * LD_PRELOAD.
+ * threads): every fd there, offloaded ones included, is the kernel's, and
+ * the parent hands the sockets it shares with the child back to the
+ * kernel too. A child that execs loads a fresh engine through the
+ * inherited LD_PRELOAD.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -37,6 +38,9 @@
 
 static unsigned char vmx_state[VMX_MAXFD];
 static volatile int vmx_forked;
+/* vmx_ready: the engine is up and what calls sigaction now is the
+ * application (Go's runtime installs its own handlers before). */
+static volatile int vmx_ready;
 
 void vmx_set_state(int fd, int state)
 {
@@ -98,8 +102,21 @@ static inline long ret(long r)
 	return r;
 }
 
-#define REAL(name) real_##name
+/* REAL(name) is libc's name, looked up at its first use: another
+ * library's constructor may call one of our names before ours runs (knotd's
+ * libcap-ng closes an fd in its own), and must reach libc then too. */
+#define REAL(name) ((__typeof__(real_##name))vmx_real((void **)&real_##name, #name))
 #define DECLARE(rt, name, ...) static rt (*real_##name)(__VA_ARGS__)
+
+static void *vmx_real(void **slot, const char *name)
+{
+	void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (!f) {
+		f = dlsym(RTLD_NEXT, name);
+		__atomic_store_n(slot, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
 
 DECLARE(int, socket, int, int, int);
 DECLARE(int, bind, int, const struct sockaddr *, socklen_t);
@@ -109,7 +126,6 @@ DECLARE(int, dup, int);
 DECLARE(int, dup2, int, int);
 DECLARE(int, dup3, int, int, int);
 DECLARE(int, close_range, unsigned int, unsigned int, int);
-DECLARE(void, closefrom, int);
 DECLARE(int, fcntl, int, int, ...);
 DECLARE(int, fcntl64, int, int, ...);
 DECLARE(int, ioctl, int, unsigned long, ...);
@@ -136,9 +152,31 @@ DECLARE(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *)
 DECLARE(pid_t, fork, void);
 DECLARE(int, sigaction, int, const struct sigaction *, struct sigaction *);
 
-static void vmx_child(void) { vmx_forked = 1; }
+/* The child of a fork never runs the engine: it closes the engine's fds
+ * it inherited (AF_XDP sockets, the steering program's link and maps), so
+ * that they go away with the parent's engine. Left open, a daemon's child
+ * would keep its parent's AF_XDP socket bound and steered to after the
+ * parent exits, and nobody would read it. */
+static void vmx_child(void)
+{
+	vmx_forked = 1;
+	for (int i = 0; i < VMX_MAXFD / 8; i++) {
+		unsigned char bits = __atomic_load_n(&vmx_internal[i], __ATOMIC_ACQUIRE);
+		for (int b = 0; bits; b++, bits >>= 1)
+			if (bits & 1)
+				syscall(SYS_close, i * 8 + b);
+	}
+}
 
-#define RESOLVE(name) real_##name = dlsym(RTLD_NEXT, #name)
+/* The parent of a fork shares its sockets with the child, which can use
+ * them only through the kernel: the engine hands them back to it. */
+static void vmx_parent(void)
+{
+	/* A forked child that forks again has no engine to tell. */
+	if (vmx_ready && !vmx_forked)
+		vmxgo_forked();
+}
+
 
 /* The Go runtime's threads must never take a signal meant for the
  * application: a process-directed signal goes to any thread that does not
@@ -239,9 +277,6 @@ static int vmx_have_nofile;
 __attribute__((constructor(101))) static void vmx_before_runtime(void)
 {
 	sigset_t all;
-	/* Go's runtime installs its handlers through libc's sigaction, which
-	 * is ours, before vmx_init runs. */
-	RESOLVE(sigaction);
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
 	vmx_have_nofile = getrlimit(RLIMIT_NOFILE, &vmx_loader_nofile) == 0;
@@ -249,23 +284,10 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 	hold_low_fds();
 }
 
-/* vmx_ready: the engine is up and what calls sigaction now is the
- * application (Go's runtime installs its own handlers before). */
-static volatile int vmx_ready;
 
 __attribute__((constructor)) static void vmx_init(void)
 {
-	RESOLVE(socket); RESOLVE(bind); RESOLVE(connect); RESOLVE(close);
-	RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3); RESOLVE(fcntl); RESOLVE(fcntl64);
-	RESOLVE(ioctl); RESOLVE(setsockopt); RESOLVE(recv); RESOLVE(recvfrom);
-	RESOLVE(recvmsg); RESOLVE(recvmmsg); RESOLVE(read); RESOLVE(readv);
-	RESOLVE(send); RESOLVE(sendto); RESOLVE(sendmsg); RESOLVE(sendmmsg);
-	RESOLVE(write); RESOLVE(writev); RESOLVE(poll); RESOLVE(ppoll);
-	RESOLVE(select); RESOLVE(pselect); RESOLVE(epoll_ctl); RESOLVE(epoll_wait);
-	RESOLVE(epoll_pwait); RESOLVE(fork); RESOLVE(close_range); RESOLVE(closefrom);
-	if (!real_fcntl64)
-		real_fcntl64 = real_fcntl;
-	pthread_atfork(NULL, NULL, vmx_child);
+	pthread_atfork(NULL, vmx_parent, vmx_child);
 	if (vmxgo_init(vmx_have_nofile ? &vmx_loader_nofile : NULL) != 0)
 		_exit(1);
 	pthread_sigmask(SIG_SETMASK, &vmx_loader_mask, NULL);
@@ -492,7 +514,7 @@ int fcntl64(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	long arg = va_arg(ap, long);
 	va_end(ap);
-	return do_fcntl(REAL(fcntl64), fd, cmd, arg);
+	return do_fcntl(REAL(fcntl64) ? REAL(fcntl64) : REAL(fcntl), fd, cmd, arg);
 }
 
 int ioctl(int fd, unsigned long req, ...)

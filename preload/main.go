@@ -98,6 +98,9 @@ func vmxgo_refused(fd C.int, call *C.char) {
 //export vmxgo_fini
 func vmxgo_fini() { eng.Shutdown() }
 
+//export vmxgo_forked
+func vmxgo_forked() { eng.Forked() }
+
 //export vmxgo_socket
 func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), nonblock != 0)) }
 
@@ -143,7 +146,11 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 	case level == unix.IPPROTO_IP:
 		if group, ifaddr, ifindex, ok := sourceOptionGroup(int(name), unsafe.Slice((*byte)(val), n)); ok {
 			eng.SourceMembership(f, sourceOptionJoins(int(name)), group, ifaddr, ifindex)
+			return
 		}
+	}
+	if val != nil && n >= 1 {
+		eng.SetCmsgOption(f, int(level), int(name), optInt(val, n) != 0)
 	}
 }
 
@@ -243,7 +250,7 @@ func bytesOf(p unsafe.Pointer, n C.size_t) []byte {
 
 //export vmxgo_recvfrom
 func vmxgo_recvfrom(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen *C.socklen_t, sig *C.struct_vmx_signals) C.long {
-	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags), time.Time{}, signals(sig))
+	got, full, from, errno := eng.Recv(int(fd), bytesOf(buf, n), int(flags), time.Time{}, signals(sig), nil)
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -323,7 +330,15 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 		defer eng.PutScratch(scratch)
 		b = *scratch
 	}
-	got, full, from, errno := eng.Recv(int(fd), b, int(flags), deadline, signals(sig))
+	var meta *stack.RecvMeta
+	var m stack.RecvMeta
+	cm := engine.Cmsg(0)
+	if msg.msg_control != nil && msg.msg_controllen > 0 {
+		if cm = eng.Cmsg(int(fd)); cm != 0 {
+			meta = &m
+		}
+	}
+	got, full, from, errno := eng.Recv(int(fd), b, int(flags), deadline, signals(sig), meta)
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -341,10 +356,19 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 	if msg.msg_name != nil {
 		msg.msg_namelen = alen
 	}
-	msg.msg_controllen = 0
 	msg.msg_flags = 0
+	if meta != nil {
+		ctl := bytesOf(msg.msg_control, C.size_t(msg.msg_controllen))
+		used, cut := engine.PutCmsgs(ctl, cm, meta)
+		msg.msg_controllen = C.size_t(used)
+		if cut {
+			msg.msg_flags |= unix.MSG_CTRUNC
+		}
+	} else {
+		msg.msg_controllen = 0
+	}
 	if full > got {
-		msg.msg_flags = unix.MSG_TRUNC
+		msg.msg_flags |= unix.MSG_TRUNC
 	}
 	if flags&unix.MSG_TRUNC != 0 {
 		return C.long(full)
@@ -366,7 +390,7 @@ func vmxgo_sendto(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.s
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
-	sent, errno := eng.Send(int(fd), bytesOf(buf, n), to, int(flags))
+	sent, errno := eng.Send(int(fd), bytesOf(buf, n), to, netip.Addr{}, int(flags))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -376,8 +400,16 @@ func vmxgo_sendto(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.s
 //export vmxgo_sendmsg
 func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 	to, ok := getAddr((*C.struct_sockaddr)(msg.msg_name), msg.msg_namelen)
-	if !ok || msg.msg_controllen != 0 {
-		return -C.long(engine.ErrPassOS) // ancillary data: the kernel's
+	if !ok {
+		return -C.long(engine.ErrPassOS)
+	}
+	var src netip.Addr
+	if msg.msg_control != nil && msg.msg_controllen != 0 {
+		// IP_PKTINFO is served (the source a DNS server answers from);
+		// other ancillary data is the kernel's to apply.
+		if src, ok = engine.SendSource(bytesOf(msg.msg_control, C.size_t(msg.msg_controllen)), eng.Ifindex(int(fd))); !ok {
+			return -C.long(engine.ErrPassOS)
+		}
 	}
 	iov := iovecs(msg)
 	var b []byte
@@ -396,7 +428,7 @@ func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 			b = append(b, bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len))...)
 		}
 	}
-	sent, errno := eng.Send(int(fd), b, to, int(flags))
+	sent, errno := eng.Send(int(fd), b, to, src, int(flags))
 	if errno != 0 {
 		return -C.long(errno)
 	}

@@ -29,6 +29,66 @@ func KernelRecvFrom(fd int, b []byte, flags int) (int, netip.AddrPort, unix.Errn
 	return int(n), netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), 0
 }
 
+// KernelRecvMsg is KernelRecvFrom that also reads the kernel's ancillary
+// data into meta: IP_PKTINFO, IP_TOS, IP_TTL, IP_ORIGDSTADDR and
+// SCM_TIMESTAMP(NS), those the socket has turned on.
+func KernelRecvMsg(fd int, b []byte, flags int, meta *RecvMeta) (int, netip.AddrPort, unix.Errno) {
+	var sa unix.RawSockaddrInet4
+	var oob [256]byte
+	var iov unix.Iovec
+	if len(b) > 0 {
+		iov.Base = &b[0]
+		iov.SetLen(len(b))
+	}
+	msg := unix.Msghdr{Name: (*byte)(unsafe.Pointer(&sa)), Namelen: uint32(unsafe.Sizeof(sa)), Iov: &iov, Iovlen: 1,
+		Control: &oob[0]}
+	msg.SetControllen(len(oob))
+	n, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)), uintptr(unix.MSG_DONTWAIT|unix.MSG_TRUNC|flags))
+	if e != 0 {
+		return 0, netip.AddrPort{}, e
+	}
+	*meta = RecvMeta{}
+	parseControl(oob[:msg.Controllen], meta)
+	port := uint16(sa.Port>>8) | uint16(sa.Port<<8)
+	return int(n), netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), 0
+}
+
+// parseControl reads the cmsgs KernelRecvMsg knows into meta, without
+// allocating (unix.ParseSocketControlMessage would).
+func parseControl(b []byte, meta *RecvMeta) {
+	for len(b) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+		if h.Len < unix.SizeofCmsghdr || int(h.Len) > len(b) {
+			return
+		}
+		data := b[unix.CmsgLen(0):h.Len]
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
+			meta.Ifindex, meta.SpecDst = int(pi.Ifindex), netip.AddrFrom4(pi.Spec_dst)
+			meta.Dst = netip.AddrPortFrom(netip.AddrFrom4(pi.Addr), meta.Dst.Port())
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
+			meta.TOS = data[0]
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL && len(data) >= 4:
+			meta.TTL = uint8(*(*int32)(unsafe.Pointer(&data[0])))
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_ORIGDSTADDR && len(data) >= unix.SizeofSockaddrInet4:
+			sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&data[0]))
+			meta.Dst = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), sa.Port>>8|sa.Port<<8)
+		case h.Level == unix.SOL_SOCKET && (h.Type == unix.SO_TIMESTAMP || h.Type == unix.SO_TIMESTAMP_NEW) && len(data) >= 16:
+			tv := (*unix.Timeval)(unsafe.Pointer(&data[0]))
+			meta.Stamp = tv.Nano()
+		case h.Level == unix.SOL_SOCKET && (h.Type == unix.SO_TIMESTAMPNS || h.Type == unix.SO_TIMESTAMPNS_NEW) && len(data) >= 16:
+			ts := (*unix.Timespec)(unsafe.Pointer(&data[0]))
+			meta.Stamp = ts.Nano()
+		}
+		next := unix.CmsgSpace(int(h.Len) - unix.CmsgLen(0))
+		if next > len(b) {
+			return
+		}
+		b = b[next:]
+	}
+}
+
 func kernelSendTo(fd int, b []byte, to netip.AddrPort) unix.Errno {
 	sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: to.Port()>>8 | to.Port()<<8, Addr: to.Addr().As4()}
 	var p unsafe.Pointer

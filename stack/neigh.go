@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 )
 
@@ -145,8 +146,16 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 		return h, nil
 	}
 	// A handle per lookup: one kept open would hold a netlink socket at a
-	// low fd number, and lookups are rare (see nextHops).
-	nl, err := netlink.NewHandleAt(st.ns, unix.NETLINK_ROUTE)
+	// low fd number, and lookups are rare (see nextHops). It is opened
+	// through netnsutil.Do, which enters the namespace only when the
+	// thread is elsewhere: netlink's NewHandleAt always calls setns, which
+	// fails once a program has dropped CAP_SYS_ADMIN (knotd does), and
+	// every send then failed with EPERM.
+	var nl *netlink.Handle
+	err := netnsutil.Do(st.ns, func() (err error) {
+		nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		return err
+	})
 	if err != nil {
 		return h, fmt.Errorf("route to %s: netlink: %w", dst, err)
 	}

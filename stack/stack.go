@@ -154,7 +154,8 @@ type Stack struct {
 	ifindex int
 	mac     header.MAC
 	mtu     atomic.Int32               // the interface's MTU, or Options.MTU when lower
-	addr    atomic.Pointer[netip.Addr] // the interface's first IPv4 address
+	addr    atomic.Pointer[netip.Addr]   // the interface's first IPv4 address
+	addrs   atomic.Pointer[[]netip.Addr] // all its IPv4 addresses
 	ns      netns.NsHandle
 	nsInode uint32
 	prog    *steer.Program
@@ -313,7 +314,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	empty := map[sockKey]*UDPConn{}
 	st.socks.Store(&empty)
-	ls := linkState{up: a.Flags&net.FlagUp != 0, mtu: a.MTU, addr: st.Addr(), rx: ch.Rx}
+	ls := linkState{up: a.Flags&net.FlagUp != 0, mtu: a.MTU, addr: st.Addr(), addrs: *st.addrs.Load(), rx: ch.Rx}
 	if !ls.up {
 		reason := fmt.Sprintf("interface %s is down", ifname)
 		st.kernelOnly.Store(&reason)
@@ -443,15 +444,37 @@ func (st *Stack) setMTU(mtu int) {
 	st.mtu.Store(int32(mtu))
 }
 
-// readAddr reads the interface's first IPv4 address.
+// readAddr reads the interface's IPv4 addresses.
 func (st *Stack) readAddr(nl *netlink.Handle, l netlink.Link) error {
-	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := ipv4Addrs(nl, l)
 	if err != nil || len(addrs) == 0 {
 		return fmt.Errorf("no IPv4 address: %w", errors.Join(err, errors.New("add one")))
 	}
-	a, _ := netip.AddrFromSlice(addrs[0].IP.To4())
-	st.addr.Store(&a)
+	st.addr.Store(&addrs[0])
+	st.addrs.Store(&addrs)
 	return nil
+}
+
+func ipv4Addrs(nl *netlink.Handle, l netlink.Link) ([]netip.Addr, error) {
+	list, err := nl.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, err
+	}
+	addrs := make([]netip.Addr, 0, len(list))
+	for _, a := range list {
+		if x, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			addrs = append(addrs, x)
+		}
+	}
+	return addrs, nil
+}
+
+// HasAddr says whether a is one of the interface's IPv4 addresses.
+func (st *Stack) HasAddr(a netip.Addr) bool {
+	if p := st.addrs.Load(); p != nil {
+		return slices.Contains(*p, a)
+	}
+	return false
 }
 
 // progress is the progress engine (Options.ProgressInterval). It costs
@@ -486,6 +509,9 @@ func (st *Stack) progress(every time.Duration, most int) {
 		st.rxMu.Unlock()
 	}
 }
+
+// Ifindex is the index of the stack's interface.
+func (st *Stack) Ifindex() int { return st.ifindex }
 
 // Interface names the stack's interface.
 func (st *Stack) Interface() string { return st.ifname }

@@ -536,7 +536,7 @@ func TestCloseWaitsForCalls(t *testing.T) {
 		go func() { // polls without sleeping
 			b := make([]byte, 64)
 			for {
-				if _, _, _, err := c.RecvFrom(b, stack.RecvNonblock, time.Time{}, nil); !errors.Is(err, unix.EAGAIN) {
+				if _, _, _, err := c.RecvFrom(b, stack.RecvNonblock, time.Time{}, nil, nil); !errors.Is(err, unix.EAGAIN) {
 					errs <- err
 					return
 				}

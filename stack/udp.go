@@ -53,11 +53,38 @@ type SocketCounters struct {
 type RecvFilter func(payload []byte, from netip.AddrPort) bool
 
 type rxItem struct {
-	buf  backend.Buf
-	q    *queue
-	off  uint16
-	n    uint16
-	from netip.AddrPort
+	buf   backend.Buf
+	q     *queue
+	off   uint16 // the payload's offset in the frame
+	n     uint16
+	ipOff uint8 // the IPv4 header's offset in the frame, for RecvMeta
+	from  netip.AddrPort
+	stamp int64 // arrival, unix ns, when the socket asked (SetRecvStamp)
+}
+
+// RecvMeta is what a receive reports besides the payload and its sender:
+// what recvmsg's ancillary data carries (IP_PKTINFO, IP_RECVTOS,
+// IP_RECVTTL, IP_RECVORIGDSTADDR, SO_TIMESTAMP).
+type RecvMeta struct {
+	Dst     netip.AddrPort // the datagram's destination address and port
+	SpecDst netip.Addr     // the local address a reply leaves from (IP_PKTINFO's ipi_spec_dst)
+	Ifindex int            // the interface it arrived on
+	TOS     uint8
+	TTL     uint8
+	// Stamp is the arrival time in unix nanoseconds, when the socket asked
+	// for it (SetRecvStamp; from the kernel socket, when it did).
+	Stamp int64
+}
+
+// fill sets m from a queued datagram.
+func (m *RecvMeta) fill(st *Stack, it *rxItem) {
+	ip := header.IPv4(it.buf.Data[it.ipOff:])
+	udp := header.UDP(ip[ip.HeaderLen():])
+	dst := ip.Dst()
+	*m = RecvMeta{Dst: netip.AddrPortFrom(dst, udp.DstPort()), SpecDst: dst, Ifindex: st.ifindex, TOS: ip[1], TTL: ip.TTL(), Stamp: it.stamp}
+	if dst.IsMulticast() || dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		m.SpecDst = st.Addr()
+	}
 }
 
 // UDPConn is a UDP socket served by the stack. It implements
@@ -76,6 +103,7 @@ type UDPConn struct {
 	// or another interface (IP_MULTICAST_IF).
 	mcKernel atomic.Bool
 	rxLim    atomic.Int64 // payload bytes the receive queue may hold
+	stamp    atomic.Bool  // stamp datagrams with their arrival time (SetRecvStamp)
 
 	rules  []steer.RuleID
 	keys   []sockKey
@@ -192,7 +220,7 @@ func SockAddrs(fd int) (local, remote netip.AddrPort, err error) {
 func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	st := c.st
 	groups := slices.Collect(maps.Keys(c.groups))
-	c.detach()
+	c.Unsteer()
 	n, err := st.Adopt(fd)
 	if err != nil {
 		c.Close()
@@ -230,8 +258,10 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	return n, nil
 }
 
-// detach removes c's steering rules and table keys; its queue stays.
-func (c *UDPConn) detach() {
+// Unsteer stops steering the socket's flows to the stack: its kernel
+// socket receives them from now on, and the datagrams already queued stay
+// readable. It must not race the socket's own group changes.
+func (c *UDPConn) Unsteer() {
 	for _, id := range c.rules {
 		c.st.prog.RemoveRule(id)
 	}
@@ -486,6 +516,10 @@ func (c *UDPConn) SetRxBytesLimit(n int) {
 	c.rxLim.Store(int64(max(n, c.st.opts.RxBytesLimit)))
 }
 
+// SetRecvStamp makes the stack note each datagram's arrival time for
+// RecvMeta.Stamp (SO_TIMESTAMP); it costs a clock read per datagram.
+func (c *UDPConn) SetRecvStamp(on bool) { c.stamp.Store(on) }
+
 // SetRecvFilter installs (or, with nil, removes) the receive filter.
 func (c *UDPConn) SetRecvFilter(f RecvFilter) {
 	c.st.rxMu.Lock()
@@ -515,8 +549,12 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 		c.st.releaseLocked(q, b)
 		return
 	}
-	off := cap(b.Data) - cap(p.Payload) // Payload is a subslice of the frame
-	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = rxItem{buf: b, q: q, off: uint16(off), n: uint16(n), from: from}
+	off := cap(b.Data) - cap(p.Payload) // Payload and IP are subslices of the frame
+	it := rxItem{buf: b, q: q, off: uint16(off), n: uint16(n), ipOff: uint8(cap(b.Data) - cap(p.IP)), from: from}
+	if c.stamp.Load() {
+		it.stamp = time.Now().UnixNano()
+	}
+	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = it
 	c.rxLen++
 	c.rxBytes += n
 	if uint64(c.rxBytes) > c.Counters.RxQueueBytesMax.Load() {
@@ -560,13 +598,16 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 // payload is copied into b and the frame released at once; with zc, the
 // frame is lent to zc until zc.Release; with peek, the datagram stays
 // queued. It returns the bytes copied and the datagram's full length.
-func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool) (int, int, netip.AddrPort, bool) {
+func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool, meta *RecvMeta) (int, int, netip.AddrPort, bool) {
 	st := c.st
 	var it rxItem
 	st.rxMu.Lock()
 	defer st.rxMu.Unlock()
 	if c.rxLen == 0 && (st.pollLocked() == 0 || c.rxLen == 0) {
 		return 0, 0, netip.AddrPort{}, false
+	}
+	if meta != nil {
+		meta.fill(st, &c.rxq[c.rxHead])
 	}
 	if peek {
 		it = c.rxq[c.rxHead]
@@ -699,12 +740,14 @@ const (
 // receive instead of the socket's read deadline (zero: that one). A
 // blocking receive returns unix.EINTR when a handler counted in sig ends it
 // (sig may be nil: Go's own reads are never interrupted).
-func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, deadline time.Time, sig *Signals) (n, full int, from netip.AddrPort, err error) {
+//
+// meta, when not nil, receives the datagram's RecvMeta.
+func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, deadline time.Time, sig *Signals, meta *RecvMeta) (n, full int, from netip.AddrPort, err error) {
 	var d int64
 	if !deadline.IsZero() {
 		d = deadline.UnixNano()
 	}
-	return c.recvZC(b, nil, flags, d, sig)
+	return c.recvZC(b, nil, flags, d, sig, meta)
 }
 
 // osBuf is where zero-copy receives land when the datagram comes from the
@@ -712,7 +755,7 @@ func (c *UDPConn) RecvFrom(b []byte, flags RecvFlags, deadline time.Time, sig *S
 const osBufLen = 65536
 
 func (c *UDPConn) recv(b []byte, zc *Datagram) (int, netip.AddrPort, error) {
-	n, _, from, err := c.recvZC(b, zc, 0, 0, nil)
+	n, _, from, err := c.recvZC(b, zc, 0, 0, nil, nil)
 	return n, from, err
 }
 
@@ -721,7 +764,7 @@ func (c *UDPConn) readErr(err error) error {
 }
 
 // recvOS reads the kernel socket; ok is false when it has nothing.
-func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n, full int, from netip.AddrPort, ok bool, err error) {
+func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags, meta *RecvMeta) (n, full int, from netip.AddrPort, ok bool, err error) {
 	if zc != nil {
 		if zc.osBuf == nil {
 			zc.osBuf = make([]byte, osBufLen)
@@ -735,7 +778,12 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags) (n
 	if !c.enter() {
 		return 0, 0, from, false, net.ErrClosed
 	}
-	full, from, e := KernelRecvFrom(c.FD(), b, rf)
+	var e unix.Errno
+	if meta != nil {
+		full, from, e = KernelRecvMsg(c.FD(), b, rf, meta)
+	} else {
+		full, from, e = KernelRecvFrom(c.FD(), b, rf)
+	}
 	c.leave()
 	if e == unix.EAGAIN {
 		return 0, 0, from, false, nil
@@ -768,7 +816,7 @@ func (c *UDPConn) deadlineOf(fixed int64) int64 {
 
 // recvZC receives into b or lends the frame to zc, by deadline (see
 // deadlineOf).
-func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64, sig *Signals) (int, int, netip.AddrPort, error) {
+func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64, sig *Signals, meta *RecvMeta) (int, int, netip.AddrPort, error) {
 	ratio := c.st.opts.RxPollOSRatio
 	slept := false
 	var sw SignalWait
@@ -776,7 +824,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		sw = sig.Begin(c.deadlineOf(deadline) == 0)
 	}
 	if flags&RecvCheckOS != 0 {
-		if n, full, from, ok, err := c.recvOS(b, zc, false, flags); ok || err != nil {
+		if n, full, from, ok, err := c.recvOS(b, zc, false, flags, meta); ok || err != nil {
 			return n, full, from, err
 		}
 	}
@@ -784,7 +832,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		if c.closing() {
 			return 0, 0, netip.AddrPort{}, net.ErrClosed
 		}
-		if n, full, from, ok := c.tryOffload(b, zc, flags&RecvPeek != 0); ok {
+		if n, full, from, ok := c.tryOffload(b, zc, flags&RecvPeek != 0, meta); ok {
 			c.countPoll(slept)
 			return n, full, from, nil
 		}
@@ -799,7 +847,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 			osTurn = ratio > 0 && c.osPolls.Add(1)%uint32(ratio) == 0 || ratio == 0
 		}
 		if osTurn || sleepNext {
-			if n, full, from, ok, err := c.recvOS(b, zc, slept, flags); ok || err != nil {
+			if n, full, from, ok, err := c.recvOS(b, zc, slept, flags, meta); ok || err != nil {
 				return n, full, from, err
 			}
 		}
@@ -942,8 +990,20 @@ func (c *UDPConn) sendErr(addr netip.AddrPort, err error) error {
 }
 
 func (c *UDPConn) send(b []byte, to netip.AddrPort) (int, error) {
+	return c.WriteFromTo(b, netip.Addr{}, to)
+}
+
+// WriteFromTo sends b to addr from the source address src, one of the
+// interface's addresses (IP_PKTINFO's ipi_spec_dst on sendmsg); the zero
+// Addr means the socket's own, as WriteToUDPAddrPort sends. A source the
+// interface does not have is refused with EINVAL, as the kernel refuses
+// it. It does not allocate.
+func (c *UDPConn) WriteFromTo(b []byte, src netip.Addr, addr netip.AddrPort) (int, error) {
+	if src.IsValid() && !src.IsUnspecified() && !c.st.HasAddr(src) {
+		return 0, c.sendErr(addr, unix.EINVAL)
+	}
 	msgs := [1][]byte{b}
-	if _, err := c.sendBatch(msgs[:], to); err != nil {
+	if _, err := c.sendBatch(msgs[:], addr, src); err != nil {
 		return 0, err
 	}
 	return len(b), nil
@@ -953,7 +1013,7 @@ func (c *UDPConn) send(b []byte, to netip.AddrPort) (int, error) {
 // one wakeup of the kernel for the whole batch (sendmmsg's counterpart). It
 // returns how many were sent; it does not allocate.
 func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (int, error) {
-	return c.sendBatch(msgs, addr)
+	return c.sendBatch(msgs, addr, netip.Addr{})
 }
 
 func (c *UDPConn) hopTo(to netip.AddrPort) (nextHop, error) {
@@ -979,7 +1039,7 @@ func (c *UDPConn) sendKernel(b []byte, to netip.AddrPort) error {
 	return nil
 }
 
-func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
+func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (int, error) {
 	if !c.enter() {
 		return 0, net.ErrClosed
 	}
@@ -1007,7 +1067,10 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort) (int, error) {
 		return len(msgs), nil
 	}
 	src := c.local.Addr()
-	if src.IsUnspecified() || src.IsMulticast() {
+	switch {
+	case from.IsValid() && !from.IsUnspecified():
+		src = from
+	case src.IsUnspecified() || src.IsMulticast():
 		src = hop.src
 	}
 	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TTL: uint8(c.ttl.Load())}

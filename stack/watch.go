@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"syscall"
 	"unsafe"
 
@@ -23,10 +24,11 @@ const watchEvery = 1000 // milliseconds
 
 // linkState is what the watcher last saw of the interface.
 type linkState struct {
-	up   bool
-	mtu  int
-	addr netip.Addr
-	rx   int // RX queues the interface runs
+	up    bool
+	mtu   int
+	addr  netip.Addr   // the first IPv4 address
+	addrs []netip.Addr // all of them
+	rx    int          // RX queues the interface runs
 }
 
 // startWatch opens a netlink socket subscribed to the link and IPv4
@@ -165,6 +167,9 @@ func (st *Stack) follow(last linkState) (linkState, bool) {
 		st.setMTU(now.mtu)
 		slog.Info(fmt.Sprintf("stack %s: MTU %d (was %d)", st.ifname, now.mtu, last.mtu))
 	}
+	if !slices.Equal(now.addrs, last.addrs) {
+		st.addrs.Store(&now.addrs)
+	}
 	if now.addr != last.addr {
 		st.forgetHops()
 		if now.addr.IsValid() {
@@ -229,8 +234,8 @@ func (st *Stack) readLink() (linkState, error) {
 		}
 		a := l.Attrs()
 		s.up, s.mtu = a.Flags&net.FlagUp != 0, a.MTU
-		if addrs, err := nl.AddrList(l, netlink.FAMILY_V4); err == nil && len(addrs) > 0 {
-			s.addr, _ = netip.AddrFromSlice(addrs[0].IP.To4())
+		if addrs, err := ipv4Addrs(nl, l); err == nil && len(addrs) > 0 {
+			s.addr, s.addrs = addrs[0], addrs
 		}
 		ch, err := xsk.QueueChannels(st.ifname, a.NumRxQueues, a.NumTxQueues)
 		if err != nil {

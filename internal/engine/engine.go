@@ -104,6 +104,12 @@ type Socket struct {
 	nonblock atomic.Bool
 	rcvtimeo atomic.Int64 // nanoseconds, 0: none
 	osReady  atomic.Bool  // a multiplexer saw the kernel socket readable
+	// draining: shared with a forked child, no longer steered; its queued
+	// datagrams are still served, and the kernel serves it once they are.
+	draining atomic.Bool
+	cmsg     atomic.Uint32 // the ancillary data its receives report (Cmsg)
+	// drainCause is why a draining socket goes back to the kernel.
+	drainCause string
 
 	mu     sync.Mutex // decisions and options below
 	state  State
@@ -354,6 +360,7 @@ func (e *Engine) applyMulticast(s *Socket, c *stack.UDPConn) {
 
 func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 	e.applyMulticast(s, c)
+	c.SetRecvStamp(Cmsg(s.cmsg.Load())&cmsgStamps != 0)
 	if s.rcvbuf > 0 {
 		c.SetRxBytesLimit(s.rcvbuf)
 	}
@@ -585,6 +592,71 @@ func (e *Engine) Close(fd int) {
 			return
 		}
 		s.conn.Store(nc)
+	}
+}
+
+// forkedCause is why a socket shared with a forked child stays on the
+// kernel.
+const forkedCause = "shared with a child process after fork: the child cannot use this process's engine, so the kernel serves the socket to both (open the socket after fork, or exec in the child, to offload it)"
+
+// Forked hands every socket the process now shares with a child of fork()
+// back to the kernel: steered to this process, a datagram would never
+// reach a child that reads the socket (a server that forks its workers
+// after opening its sockets, as nsd does). A socket's datagrams already
+// queued are still served to this process's reads; once they are, the
+// kernel serves it. Candidates are decided for the kernel at once.
+func (e *Engine) Forked() {
+	seen := map[*Socket]bool{}
+	for fd := range e.fds {
+		s := e.fds[fd].Load()
+		if s == nil || seen[s] {
+			continue
+		}
+		seen[s] = true
+		e.toKernel(s, forkedCause)
+	}
+}
+
+// toKernel hands s to the kernel for cause, for good: a candidate is
+// decided for the kernel; an offloaded socket is no longer steered, its
+// queued datagrams are still served to its reads, and once they are the
+// kernel serves it.
+func (e *Engine) toKernel(s *Socket, cause string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.state {
+	case StateCandidate:
+		e.notOffloaded(s, fmt.Sprintf("fd %d", s.fd), cause)
+	case StateOffloaded:
+		c := s.conn.Load()
+		c.Unsteer()
+		s.drainCause = cause
+		if n, _ := c.QueueLen(); n > 0 {
+			s.draining.Store(true)
+			e.Log.Printf(params.LevelInfo, "fd %d: %s; the %d datagrams queued are served first", s.fd, cause, n)
+		} else {
+			e.fallBack(s, c)
+		}
+	}
+}
+
+// fallBack hands the offloaded socket s back to the kernel, for
+// s.drainCause. Caller holds s.mu.
+func (e *Engine) fallBack(s *Socket, c *stack.UDPConn) {
+	s.conn.Store(nil)
+	c.Close()
+	s.draining.Store(false)
+	e.notOffloaded(s, fmt.Sprintf("fd %d on %s", s.fd, c.Stack().Interface()), s.drainCause)
+}
+
+// endDrain hands a draining socket to the kernel once its queue is empty.
+func (e *Engine) endDrain(s *Socket) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.conn.Load(); c != nil && s.draining.Load() {
+		if n, _ := c.QueueLen(); n == 0 {
+			e.fallBack(s, c)
+		}
 	}
 }
 

@@ -91,7 +91,7 @@ func TestRecvAndDupClose(t *testing.T) {
 	}
 	buf := make([]byte, 2048)
 	for i := range 2 {
-		if n, _, from, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
+		if n, _, from, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != 0 || n != 64 || from.Addr() != bed.Addr(testbed.A) {
 			t.Fatalf("datagram %d: %d bytes from %s, errno %v", i, n, from, errno)
 		}
 	}
@@ -108,7 +108,7 @@ func TestRecvAndDupClose(t *testing.T) {
 	if c := e.Conn(dup); c == nil || c.FD() != dup {
 		t.Fatalf("after closing fd %d, its dup %d is not served on itself (conn %v)", fd, dup, c)
 	}
-	if n, _, _, errno := e.Recv(dup, buf, 0, time.Time{}, nil); errno != 0 || n != 64 {
+	if n, _, _, errno := e.Recv(dup, buf, 0, time.Time{}, nil, nil); errno != 0 || n != 64 {
 		t.Fatalf("third datagram on the dup: %d bytes, errno %v", n, errno)
 	}
 	if got := e.Conn(dup).Counters.RxOffloadPackets.Load(); got != 3 {
@@ -129,7 +129,7 @@ func BenchmarkRecvEmptyNonblocking(b *testing.B) {
 	buf := make([]byte, 2048)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != unix.EAGAIN {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != unix.EAGAIN {
 			b.Fatal(errno)
 		}
 	}
@@ -184,7 +184,7 @@ func BenchmarkPollRecv(b *testing.B) {
 		if _, errno := e.Poll(MuxPoll, pfds, -1, nil, nil); errno != 0 {
 			b.Fatal(errno)
 		}
-		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 && errno != unix.EAGAIN {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != 0 && errno != unix.EAGAIN {
 			b.Fatal(errno)
 		}
 	}
@@ -196,7 +196,7 @@ func BenchmarkSend(b *testing.B) {
 	msg := make([]byte, 64)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, errno := e.Send(fd, msg, to, 0); errno != 0 {
+		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
 			b.Fatal(errno)
 		}
 	}
@@ -210,7 +210,7 @@ func TestConnectKeepsQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 2048)
-	if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 {
+	if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != 0 {
 		t.Fatal(errno)
 	}
 	if n, ok := e.Conn(fd).Pending(); !ok || n != 64 {
@@ -226,7 +226,7 @@ func TestConnectKeepsQueue(t *testing.T) {
 	if c := e.Conn(fd); c.RemoteAddr() == nil || c.RemoteAddr().String() != bed.Addr(testbed.A).String()+":9" {
 		t.Fatalf("after connect the socket's peer is %v", c.RemoteAddr())
 	}
-	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT, time.Time{}, nil); errno != 0 || n != 64 {
+	if n, _, _, errno := e.Recv(fd, buf, unix.MSG_DONTWAIT, time.Time{}, nil, nil); errno != 0 || n != 64 {
 		t.Fatalf("datagram queued before connect: %d bytes, errno %v", n, errno)
 	}
 }
@@ -309,7 +309,7 @@ func TestEpollEdgeTriggered(t *testing.T) {
 	wait("ET after MOD, datagrams queued", et, 0, 1)
 	buf := make([]byte, 2048)
 	for range 2 {
-		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != 0 {
 			t.Fatal(errno)
 		}
 	}
@@ -359,7 +359,7 @@ func TestMulticastLoopback(t *testing.T) {
 	send := func() {
 		t.Helper()
 		for range 5 {
-			if _, errno := e.Send(fd, make([]byte, 64), netip.AddrPortFrom(group, 9421), 0); errno != 0 {
+			if _, errno := e.Send(fd, make([]byte, 64), netip.AddrPortFrom(group, 9421), netip.Addr{}, 0); errno != 0 {
 				t.Fatal(errno)
 			}
 		}
@@ -402,7 +402,7 @@ func TestCloseUnderReceive(t *testing.T) {
 	recvAsync := func(fd int) chan result {
 		got := make(chan result, 1)
 		go func() {
-			n, _, _, errno := e.Recv(fd, make([]byte, 2048), 0, time.Now().Add(10*time.Second), nil)
+			n, _, _, errno := e.Recv(fd, make([]byte, 2048), 0, time.Now().Add(10*time.Second), nil, nil)
 			got <- result{n, errno}
 		}()
 		time.Sleep(20 * time.Millisecond) // into its wait
@@ -443,7 +443,7 @@ func TestCloseCandidate(t *testing.T) {
 	fd := socketB(t, bed, e, false)
 	got := make(chan unix.Errno, 1)
 	go func() {
-		_, _, _, errno := e.Recv(fd, make([]byte, 64), 0, time.Now().Add(10*time.Second), nil)
+		_, _, _, errno := e.Recv(fd, make([]byte, 64), 0, time.Now().Add(10*time.Second), nil, nil)
 		got <- errno
 	}()
 	time.Sleep(20 * time.Millisecond) // into its wait
@@ -481,7 +481,7 @@ func TestCloseCandidate(t *testing.T) {
 	if c := e.Conn(dup); c == nil || c.FD() != dup {
 		t.Fatalf("the first send offloaded %v, want the socket on fd %d", c, dup)
 	}
-	if _, errno := e.Send(dup, make([]byte, 64), to, 0); errno != 0 {
+	if _, errno := e.Send(dup, make([]byte, 64), to, netip.Addr{}, 0); errno != 0 {
 		t.Fatalf("send on the offloaded dup: %v", errno)
 	}
 }

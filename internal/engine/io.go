@@ -23,8 +23,9 @@ const sendFlagsServed = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL | unix.MSG_CONFIRM
 // length (more than n when cut) and its sender. ErrPassOS means the kernel
 // must serve it. A blocking receive ends by deadline, or when that is zero
 // by the socket's SO_RCVTIMEO. sig counts the handlers of the calling
-// thread's signals (nil: none return EINTR).
-func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
+// thread's signals (nil: none return EINTR). meta, when not nil, receives
+// what recvmsg's ancillary data reports (see Cmsg).
+func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stack.Signals, meta *stack.RecvMeta) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	s := e.get(fd)
 	if s == nil {
 		return 0, 0, from, ErrPassOS
@@ -34,7 +35,7 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 	}
 	c := s.conn.Load()
 	if c == nil {
-		return e.recvCandidate(fd, s, b, flags, deadline, sig)
+		return e.recvCandidate(fd, s, b, flags, deadline, sig, meta)
 	}
 	var rf stack.RecvFlags
 	if s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0 {
@@ -48,7 +49,10 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 	if s.osReady.Load() && s.osReady.CompareAndSwap(true, false) {
 		rf |= stack.RecvCheckOS
 	}
-	n, full, from, err := c.RecvFrom(b, rf, deadline, sig)
+	n, full, from, err := c.RecvFrom(b, rf, deadline, sig, meta)
+	if s.draining.Load() {
+		e.endDrain(s)
+	}
 	if err != nil && errors.Is(err, net.ErrClosed) && e.get(fd) == s {
 		// Reopened (connect, or its fd closed under a dup) while this
 		// receive waited: go on with the socket's new stack socket, or
@@ -58,7 +62,7 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 		now := s.conn.Load()
 		s.mu.Unlock()
 		if now != c {
-			return e.Recv(fd, b, flags, deadline, sig)
+			return e.Recv(fd, b, flags, deadline, sig, meta)
 		}
 	}
 	return n, full, from, errnoOf(err)
@@ -71,7 +75,7 @@ const candidateSlice = 10 * time.Millisecond
 
 // recvCandidate receives on fd, a socket not yet decided: from the kernel
 // socket, until offload attaches.
-func (e *Engine) recvCandidate(fd int, s *Socket, b []byte, flags int, deadline time.Time, sig *stack.Signals) (n, full int, from netip.AddrPort, errno unix.Errno) {
+func (e *Engine) recvCandidate(fd int, s *Socket, b []byte, flags int, deadline time.Time, sig *stack.Signals, meta *stack.RecvMeta) (n, full int, from netip.AddrPort, errno unix.Errno) {
 	nonblock := s.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
 	if t := s.rcvtimeo.Load(); t > 0 && !nonblock && deadline.IsZero() {
 		deadline = time.Now().Add(time.Duration(t))
@@ -79,7 +83,7 @@ func (e *Engine) recvCandidate(fd int, s *Socket, b []byte, flags int, deadline 
 	sw := sig.Begin(deadline.IsZero())
 	for {
 		if s.conn.Load() != nil {
-			return e.Recv(fd, b, flags, deadline, sig)
+			return e.Recv(fd, b, flags, deadline, sig, meta)
 		}
 		s.mu.Lock()
 		st := s.state
@@ -95,7 +99,7 @@ func (e *Engine) recvCandidate(fd int, s *Socket, b []byte, flags int, deadline 
 			wait = min(wait, time.Until(deadline))
 		}
 		var ready bool
-		if ready, full, from, errno = e.candidateTurn(fd, s, b, flags, nonblock, wait, &sw); ready {
+		if ready, full, from, errno = e.candidateTurn(fd, s, b, flags, nonblock, wait, &sw, meta); ready {
 			return min(full, len(b)), full, from, errno
 		}
 		if nonblock || !deadline.IsZero() && time.Until(deadline) <= 0 {
@@ -108,7 +112,7 @@ func (e *Engine) recvCandidate(fd int, s *Socket, b []byte, flags int, deadline 
 // the call blocks, waits for it up to wait. It runs only while fd names s,
 // and Close waits for it to end before the application closes fd: it never
 // reads a descriptor number that was closed and reused meanwhile.
-func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock bool, wait time.Duration, sw *stack.SignalWait) (ready bool, full int, from netip.AddrPort, errno unix.Errno) {
+func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock bool, wait time.Duration, sw *stack.SignalWait, meta *stack.RecvMeta) (ready bool, full int, from netip.AddrPort, errno unix.Errno) {
 	s.mu.Lock()
 	if e.get(fd) != s {
 		s.mu.Unlock()
@@ -117,7 +121,11 @@ func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock 
 	s.kernelReads = append(s.kernelReads, fd)
 	s.mu.Unlock()
 	defer s.endKernelRead(fd)
-	full, from, errno = stack.KernelRecvFrom(fd, b, flags&^unix.MSG_TRUNC)
+	if meta != nil {
+		full, from, errno = stack.KernelRecvMsg(fd, b, flags&^unix.MSG_TRUNC, meta)
+	} else {
+		full, from, errno = stack.KernelRecvFrom(fd, b, flags&^unix.MSG_TRUNC)
+	}
 	if errno != unix.EAGAIN || nonblock || wait <= 0 {
 		return errno != unix.EAGAIN, full, from, errno
 	}
@@ -148,9 +156,10 @@ func (e *Engine) Pending(fd int) (int, unix.Errno) {
 	return 0, ErrPassOS // the kernel socket may hold one
 }
 
-// Send serves a send of b on fd to to (zero: the connected peer). The first
-// send of a candidate socket decides its offload.
-func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, flags int) (int, unix.Errno) {
+// Send serves a send of b on fd to to (zero: the connected peer), from
+// the source address src (zero: the socket's; IP_PKTINFO's ipi_spec_dst).
+// The first send of a candidate socket decides its offload.
+func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags int) (int, unix.Errno) {
 	s := e.get(fd)
 	if s == nil || flags&^sendFlagsServed != 0 {
 		return 0, ErrPassOS
@@ -162,12 +171,12 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, flags int) (int, unix
 		}
 		c = s.conn.Load()
 	}
-	var err error
-	if to.IsValid() {
-		_, err = c.WriteToUDPAddrPort(b, to)
-	} else {
-		_, err = c.Write(b)
+	if !to.IsValid() {
+		if to = c.RemoteAddrPort(); !to.IsValid() {
+			return 0, unix.EDESTADDRREQ
+		}
 	}
+	_, err := c.WriteFromTo(b, src, to)
 	if err != nil {
 		return 0, errnoOf(err)
 	}

@@ -64,7 +64,7 @@ func TestStatsPublished(t *testing.T) {
 		t.Fatalf("select: %d ready, errno %v", k, errno)
 	}
 	for i := range n {
-		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != 0 {
 			t.Fatalf("datagram %d: %v", i, errno)
 		}
 	}
@@ -115,7 +115,7 @@ func TestStatsPublished(t *testing.T) {
 	if err := testutil.SendUDP(bed, 9407, 1, 100); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil); errno != 0 {
+	if _, _, _, errno := e.Recv(fd, buf, 0, time.Time{}, nil, nil); errno != 0 {
 		t.Fatal(errno)
 	}
 	e.Close(fd)

@@ -1,0 +1,219 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/stack"
+)
+
+// Cmsg is a set of the ancillary data a socket asked recvmsg for, the
+// kinds the engine makes for offloaded datagrams.
+type Cmsg uint32
+
+const (
+	CmsgPktinfo     Cmsg = 1 << iota // IP_PKTINFO
+	CmsgTOS                          // IP_RECVTOS
+	CmsgTTL                          // IP_RECVTTL
+	CmsgOrigDstAddr                  // IP_RECVORIGDSTADDR
+	CmsgTimestamp                    // SO_TIMESTAMP_OLD: SCM_TIMESTAMP
+	CmsgTimestampNew                 // SO_TIMESTAMP_NEW
+	CmsgTimestampNS                  // SO_TIMESTAMPNS_OLD: SCM_TIMESTAMPNS
+	CmsgTimestampNSNew               // SO_TIMESTAMPNS_NEW
+)
+
+// cmsgStamps are the kinds that need each datagram's arrival time.
+const cmsgStamps = CmsgTimestamp | CmsgTimestampNew | CmsgTimestampNS | CmsgTimestampNSNew
+
+// cmsgOption maps a socket option to the ancillary data it turns on.
+func cmsgOption(level, name int) (Cmsg, bool) {
+	switch {
+	case level == unix.IPPROTO_IP && name == unix.IP_PKTINFO:
+		return CmsgPktinfo, true
+	case level == unix.IPPROTO_IP && name == unix.IP_RECVTOS:
+		return CmsgTOS, true
+	case level == unix.IPPROTO_IP && name == unix.IP_RECVTTL:
+		return CmsgTTL, true
+	case level == unix.IPPROTO_IP && name == unix.IP_RECVORIGDSTADDR:
+		return CmsgOrigDstAddr, true
+	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMP_OLD:
+		return CmsgTimestamp, true
+	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMP_NEW:
+		return CmsgTimestampNew, true
+	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMPNS_OLD:
+		return CmsgTimestampNS, true
+	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMPNS_NEW:
+		return CmsgTimestampNSNew, true
+	}
+	return 0, false
+}
+
+// foreignCmsgOption names an option whose ancillary data or behaviour the
+// engine does not make for offloaded datagrams; a socket that turns one on
+// is served by the kernel ("" for any other option).
+func foreignCmsgOption(level, name int) string {
+	switch {
+	case level == unix.SOL_SOCKET && (name == unix.SO_TIMESTAMPING_OLD || name == unix.SO_TIMESTAMPING_NEW):
+		return "SO_TIMESTAMPING"
+	case level == unix.SOL_SOCKET && name == unix.SO_RXQ_OVFL:
+		return "SO_RXQ_OVFL"
+	case level == unix.SOL_SOCKET && name == unix.SO_PASSSEC:
+		return "SO_PASSSEC"
+	case level == unix.IPPROTO_IP && name == unix.IP_RECVOPTS:
+		return "IP_RECVOPTS"
+	case level == unix.IPPROTO_IP && name == unix.IP_RETOPTS:
+		return "IP_RETOPTS"
+	case level == unix.IPPROTO_IP && name == unix.IP_PASSSEC:
+		return "IP_PASSSEC"
+	case level == unix.IPPROTO_IP && name == unix.IP_CHECKSUM:
+		return "IP_CHECKSUM"
+	case level == unix.IPPROTO_IP && name == unix.IP_RECVFRAGSIZE:
+		return "IP_RECVFRAGSIZE"
+	}
+	return ""
+}
+
+// SetCmsgOption follows a socket option that asks recvmsg for ancillary
+// data (on: its value is not zero). The kinds the engine makes are noted
+// for recvmsg; a socket that turns on one it does not make goes back to
+// the kernel, which makes it.
+func (e *Engine) SetCmsgOption(fd, level, name int, on bool) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	if opt := foreignCmsgOption(level, name); opt != "" {
+		if on {
+			e.toKernel(s, fmt.Sprintf("option %s asks for what the kernel sees of each datagram, which vmaxdp does not make", opt))
+		}
+		return
+	}
+	k, ok := cmsgOption(level, name)
+	if !ok {
+		return
+	}
+	for {
+		old := s.cmsg.Load()
+		nw := old &^ uint32(k)
+		if on {
+			nw |= uint32(k)
+		}
+		if s.cmsg.CompareAndSwap(old, nw) {
+			break
+		}
+	}
+	if c := s.conn.Load(); c != nil {
+		c.SetRecvStamp(Cmsg(s.cmsg.Load())&cmsgStamps != 0)
+	}
+}
+
+// Cmsg is the ancillary data fd's receives report.
+func (e *Engine) Cmsg(fd int) Cmsg {
+	if s := e.get(fd); s != nil {
+		return Cmsg(s.cmsg.Load())
+	}
+	return 0
+}
+
+// PutCmsgs writes into b the ancillary data of kinds cm for a datagram
+// that meta describes, in the order the kernel writes them (timestamps,
+// then IP_PKTINFO, IP_TTL, IP_TOS, IP_ORIGDSTADDR). It returns the bytes
+// used and whether some did not fit (MSG_CTRUNC). It does not allocate.
+func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
+	put := func(level, typ int32, data []byte) {
+		space := unix.CmsgSpace(len(data))
+		if used+unix.CmsgLen(len(data)) > len(b) {
+			cut = true
+			return
+		}
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[used]))
+		h.Level, h.Type = level, typ
+		h.SetLen(unix.CmsgLen(len(data)))
+		copy(b[used+unix.CmsgLen(0):], data)
+		used = min(used+space, len(b))
+	}
+	var buf [16]byte
+	if cm&(CmsgTimestamp|CmsgTimestampNew) != 0 {
+		tv := unix.NsecToTimeval(meta.Stamp)
+		binary.NativeEndian.PutUint64(buf[0:], uint64(tv.Sec))
+		binary.NativeEndian.PutUint64(buf[8:], uint64(tv.Usec))
+		typ := int32(unix.SO_TIMESTAMP_OLD)
+		if cm&CmsgTimestampNew != 0 {
+			typ = unix.SO_TIMESTAMP_NEW
+		}
+		put(unix.SOL_SOCKET, typ, buf[:16])
+	}
+	if cm&(CmsgTimestampNS|CmsgTimestampNSNew) != 0 {
+		binary.NativeEndian.PutUint64(buf[0:], uint64(meta.Stamp/1e9))
+		binary.NativeEndian.PutUint64(buf[8:], uint64(meta.Stamp%1e9))
+		typ := int32(unix.SO_TIMESTAMPNS_OLD)
+		if cm&CmsgTimestampNSNew != 0 {
+			typ = unix.SO_TIMESTAMPNS_NEW
+		}
+		put(unix.SOL_SOCKET, typ, buf[:16])
+	}
+	if cm&CmsgPktinfo != 0 {
+		binary.NativeEndian.PutUint32(buf[0:], uint32(meta.Ifindex))
+		spec, dst := meta.SpecDst.As4(), meta.Dst.Addr().As4()
+		copy(buf[4:8], spec[:])
+		copy(buf[8:12], dst[:])
+		put(unix.IPPROTO_IP, unix.IP_PKTINFO, buf[:unix.SizeofInet4Pktinfo])
+	}
+	if cm&CmsgTTL != 0 {
+		binary.NativeEndian.PutUint32(buf[0:], uint32(meta.TTL))
+		put(unix.IPPROTO_IP, unix.IP_TTL, buf[:4])
+	}
+	if cm&CmsgTOS != 0 {
+		buf[0] = meta.TOS
+		put(unix.IPPROTO_IP, unix.IP_TOS, buf[:1])
+	}
+	if cm&CmsgOrigDstAddr != 0 {
+		clear(buf[:])
+		binary.NativeEndian.PutUint16(buf[0:], unix.AF_INET)
+		binary.BigEndian.PutUint16(buf[2:], meta.Dst.Port())
+		a := meta.Dst.Addr().As4()
+		copy(buf[4:8], a[:])
+		put(unix.IPPROTO_IP, unix.IP_ORIGDSTADDR, buf[:unix.SizeofSockaddrInet4])
+	}
+	return used, cut
+}
+
+// SendSource reads the ancillary data of a sendmsg: the source address an
+// IP_PKTINFO asks for (ipi_spec_dst; zero: the socket's own), and whether
+// the engine can send it at all: only IP_PKTINFO is served, and only for
+// ifindex, the socket's interface (0: any). Anything else is the kernel's.
+func SendSource(ctl []byte, ifindex int) (src netip.Addr, ok bool) {
+	for len(ctl) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
+		if h.Len < unix.SizeofCmsghdr || int(h.Len) > len(ctl) {
+			return src, false
+		}
+		data := ctl[unix.CmsgLen(0):h.Len]
+		if h.Level != unix.IPPROTO_IP || h.Type != unix.IP_PKTINFO || len(data) < unix.SizeofInet4Pktinfo {
+			return src, false
+		}
+		pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
+		if pi.Ifindex != 0 && int(pi.Ifindex) != ifindex {
+			return src, false
+		}
+		src = netip.AddrFrom4(pi.Spec_dst)
+		next := unix.CmsgSpace(len(data))
+		if next >= len(ctl) {
+			break
+		}
+		ctl = ctl[next:]
+	}
+	return src, true
+}
+
+// Ifindex is the index of the interface serving fd (0: none).
+func (e *Engine) Ifindex(fd int) int {
+	if c := e.Conn(fd); c != nil {
+		return c.Stack().Ifindex()
+	}
+	return 0
+}
