@@ -267,3 +267,28 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// TestIdleDetach: with no socket steered for a second, the steering
+// program leaves the interface (attached, it makes a veth copy every frame
+// the kernel gets: its own traffic pays for vmaxdp's presence), and the
+// next socket brings it back.
+func TestIdleDetach(t *testing.T) {
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, nil)
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9105"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	eventually(t, "the idle program is detached", func() bool { return !st.Program().Attached() })
+	if out, _ := exec.Command("ip", "-n", bed.NSName(testbed.B), "link", "show", bed.Link(testbed.B)).Output(); strings.Contains(string(out), "xdp") {
+		t.Errorf("the interface still has an XDP program: %s", out)
+	}
+	c, err = st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9106"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, kernelConn(t, bed, "198.18.0.1:0"), c, "attached again")
+	if c.Counters.RxOffloadPackets.Load() != 1 {
+		t.Errorf("not offloaded after the program came back")
+	}
+}

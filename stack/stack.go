@@ -39,8 +39,9 @@ type Options struct {
 	// Steer configures the steering program.
 	Steer *steer.Options
 	// RxPoll is how many times a blocking receive polls before it sleeps
-	// (VMAXDP_RX_POLL): 0 means the default, 100000; RxPollForever never
-	// sleeps; RxPollNever sleeps at once (VMA's 0).
+	// (VMAXDP_RX_POLL): 0 means the default, each socket polling while
+	// polling pays (see Spin); RxPollForever never sleeps; RxPollNever
+	// sleeps at once (VMA's 0); N polls N times.
 	RxPoll int
 	// RxPollOSRatio: while polling, the kernel socket is checked once every
 	// RxPollOSRatio polls (VMAXDP_RX_UDP_POLL_OS_RATIO): 0 means the
@@ -167,6 +168,7 @@ type Stack struct {
 	// and other links without a bus), whose UDP checksum may be partial.
 	partialCsum bool
 	txFrameLen  int // the longest frame a queue transmits
+	adaptive    bool // receives poll as Spin says (Options.RxPoll 0)
 	ipID        atomic.Uint32
 	hops        nextHops
 	nextTxq     atomic.Uint32 // the queue the next socket transmits on
@@ -211,11 +213,10 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		o = *opts
 	}
 	// From here on RxPoll is VMA's value (-1 forever, 0 never, else a
-	// count) and RxPollOSRatio 0 means "only before sleeping".
-	switch o.RxPoll {
-	case 0:
-		o.RxPoll = 100000
-	case RxPollNever:
+	// count) unless adaptive, and RxPollOSRatio 0 means "only before
+	// sleeping".
+	adaptive := o.RxPoll == 0
+	if o.RxPoll == RxPollNever {
 		o.RxPoll = 0
 	}
 	switch o.RxPollOSRatio {
@@ -250,7 +251,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, conns: map[*UDPConn]struct{}{}}
+	st := &Stack{opts: o, ifname: ifname, ns: -1, conns: map[*UDPConn]struct{}{}, adaptive: adaptive}
 	st.muxEvfd.Store(-1)
 	defer func() {
 		if err != nil {
@@ -566,11 +567,19 @@ func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
 	return append(pfds, unix.PollFd{Fd: st.muxEvfd.Load(), Events: unix.POLLIN}), nil
 }
 
-// EndWait ends a BeginWait.
-func (st *Stack) EndWait() {
+// EndWait ends a BeginWait; pfds are what the multiplexer slept on, with
+// their revents. The eventfd is read only when it woke the sleep: a read
+// of one that did not costs a system call per sleep.
+func (st *Stack) EndWait(pfds []unix.PollFd) {
 	st.muxWaiters.Add(-1)
-	var v [8]byte
-	unix.Read(int(st.muxEvfd.Load()), v[:])
+	evfd := st.muxEvfd.Load()
+	for _, p := range pfds {
+		if p.Fd == evfd && p.Revents&unix.POLLIN != 0 {
+			var v [8]byte
+			unix.Read(int(evfd), v[:])
+			return
+		}
+	}
 }
 
 func (st *Stack) wakeMux() {

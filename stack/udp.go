@@ -120,8 +120,13 @@ type UDPConn struct {
 	sources map[[4]byte]sourceFilter
 
 	errAgain error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
+	spin     Spin  // how long blocking receives poll (Options.RxPoll 0)
 	waiters  atomic.Int32
 	osPolls  atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
+	// osPeeked: the last receive peeked (MSG_PEEK) at the kernel socket's
+	// datagram, which the next receive must return first, as the kernel's
+	// would (dnsmasq peeks for a datagram's size, then reads it).
+	osPeeked atomic.Bool
 	// use counts the calls in progress that use the socket's descriptors
 	// (kfd, evfd), with useClosing set once Close began; Close waits on
 	// left for them to leave before it closes the descriptors.
@@ -795,6 +800,10 @@ func (c *UDPConn) recvOS(b []byte, zc *Datagram, slept bool, flags RecvFlags, me
 		return 0, 0, from, false, c.readErr(os.NewSyscallError("recvfrom", e))
 	}
 	n = min(full, len(b))
+	if flags&RecvPeek != 0 {
+		c.osPeeked.Store(true)
+		return n, full, from, true, nil
+	}
 	c.countPoll(slept)
 	c.Counters.RxOSPackets.Add(1)
 	c.Counters.RxOSBytes.Add(uint64(n))
@@ -820,12 +829,22 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 	ratio := c.st.opts.RxPollOSRatio
 	slept := false
 	var sw SignalWait
-	if flags&RecvNonblock == 0 {
+	nonblock := flags&RecvNonblock != 0
+	if !nonblock {
 		sw = sig.Begin(c.deadlineOf(deadline) == 0)
 	}
-	if flags&RecvCheckOS != 0 {
+	if flags&RecvCheckOS != 0 || c.osPeeked.Swap(false) {
 		if n, full, from, ok, err := c.recvOS(b, zc, false, flags, meta); ok || err != nil {
 			return n, full, from, err
+		}
+	}
+	// clock watches the wait once the first look found nothing, in
+	// adaptive mode; found reports the wait to the socket's Spin.
+	var clock SpinClock
+	adaptive := c.st.adaptive && !nonblock
+	found := func() {
+		if adaptive && clock.Start != 0 {
+			c.spin.Done(clock.Start, time.Now().UnixNano(), clock.LostCPU)
 		}
 	}
 	for i := 1; ; i++ {
@@ -834,20 +853,33 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		}
 		if n, full, from, ok := c.tryOffload(b, zc, flags&RecvPeek != 0, meta); ok {
 			c.countPoll(slept)
+			found()
 			return n, full, from, nil
 		}
-		nonblock := flags&RecvNonblock != 0
 		// The kernel socket is looked at after every ratio polls, not
 		// before the first: a read whose datagram is a poll away must not
 		// pay a recvfrom syscall. Nonblocking reads count polls across
 		// calls, as VMA does, so that a spinning reader pays it as rarely.
-		sleepNext := c.st.opts.RxPoll >= 0 && i > c.st.opts.RxPoll
+		var sleepNext bool
+		switch {
+		case adaptive && clock.Start == 0:
+			now := time.Now().UnixNano()
+			clock.Begin(now, c.spin.Budget(now))
+			sleepNext = clock.Tick()
+		case adaptive:
+			sleepNext = clock.Tick()
+		default:
+			sleepNext = c.st.opts.RxPoll >= 0 && i > c.st.opts.RxPoll
+		}
 		osTurn := ratio > 0 && i%ratio == 0
 		if nonblock {
 			osTurn = ratio > 0 && c.osPolls.Add(1)%uint32(ratio) == 0 || ratio == 0
 		}
 		if osTurn || sleepNext {
 			if n, full, from, ok, err := c.recvOS(b, zc, slept, flags, meta); ok || err != nil {
+				if ok {
+					found()
+				}
 				return n, full, from, err
 			}
 		}
@@ -870,6 +902,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 			}
 			slept = true
 			i = 0
+			clock.Stop() // after a wake-up, look once and sleep again
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -85,7 +86,9 @@ func (st *Stack) watch(fd int, last linkState) {
 	defer close(st.watchDone)
 	defer highfd.Close(fd)
 	buf := make([]byte, 1<<16)
+	var idleSince time.Time
 	for {
+		idleSince = st.detachIdle(idleSince)
 		pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(st.watchStop), Events: unix.POLLIN}}
 		if _, err := unix.Poll(pfds, watchEvery); err != nil && err != unix.EINTR {
 			slog.Warn("stack: link watcher stops", "interface", st.ifname, "err", err)
@@ -103,6 +106,32 @@ func (st *Stack) watch(fd int, last linkState) {
 		}
 	}
 }
+
+// detachIdle takes the steering program off the interface once the stack
+// has had no rule for a second (steer.Program.Detach: an attached program
+// slows the kernel's own traffic on veth); the next socket attaches it
+// again. It returns since when the stack has had no rule (zero: it has).
+func (st *Stack) detachIdle(since time.Time) time.Time {
+	if st.prog.RuleCount() > 0 {
+		return time.Time{}
+	}
+	now := time.Now()
+	if since.IsZero() {
+		return now
+	}
+	if now.Sub(since) >= idleDetach {
+		if did, err := st.prog.Detach(); err != nil {
+			slog.Warn("stack: detach idle steering program", "interface", st.ifname, "err", err)
+		} else if did {
+			slog.Debug(fmt.Sprintf("stack %s: no socket steered for %v: steering program detached until the next one", st.ifname, idleDetach))
+		}
+	}
+	return since
+}
+
+// idleDetach is how long the stack has no rule before it detaches its
+// steering program.
+const idleDetach = time.Second
 
 // drainEvents reads the pending events and says whether one concerns the
 // stack's interface (or whether the socket lost events, when it must be

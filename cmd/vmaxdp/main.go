@@ -142,6 +142,9 @@ func bedKind(b *testbed.Bed) string {
 }
 
 func runBench(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) > 0 && args[0] == "apps" {
+		return runBenchApps(ctx, args[1:], out)
+	}
 	fs := flag.NewFlagSet("vmaxdp bench", flag.ContinueOnError)
 	d := fs.Duration("duration", 2*time.Second, "length of each measurement")
 	size := fs.Int("size", 64, "UDP payload bytes")

@@ -31,8 +31,11 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/rules"
 	"github.com/vmaxdp/vmaxdp/stack"
@@ -93,8 +96,11 @@ type Engine struct {
 	fds      []atomic.Pointer[Socket]
 	scratch  sync.Pool // []byte of 64 KiB, for gathers and scatters
 	mux      [numMux]muxCounters
+	muxSpin  [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
 	pub      *publisher
 	causes   sync.Map // why sockets stayed on the kernel, each logged once at INFO
+	opening  map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
+	opens    sync.WaitGroup            // openStack goroutines
 }
 
 // Socket is one application UDP socket.
@@ -124,6 +130,10 @@ type Socket struct {
 	// kernelReads are the fds a candidate's receives are reading from the
 	// kernel now, one entry per receive.
 	kernelReads []int
+	// pending names the interface whose stack this candidate waits for
+	// (see stackOrWait); closed: the application closed its last fd.
+	pending string
+	closed  bool
 }
 
 // New starts an engine: it reads the parameters and the rules file, and
@@ -311,16 +321,31 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	case !matched && !e.p.OffloadedSockets:
 		return e.notOffloaded(s, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
 	}
+	if s.pending != "" {
+		return StateCandidate // its stack is opening: adopt looks at it then
+	}
 	if ifname == "" {
 		var err error
 		if ifname, err = e.pickInterface(local.Addr(), remote.Addr()); err != nil {
 			return e.notOffloaded(s, what, err.Error())
 		}
 	}
-	st, err := e.stackFor(ifname)
-	if err != nil {
-		return e.notOffloaded(s, what, err.Error())
+	by := "default"
+	if matched {
+		by = "rule " + r.Where
 	}
+	st, err := e.stackOrWait(ifname, s, what, by)
+	switch {
+	case err != nil:
+		return e.notOffloaded(s, what, err.Error())
+	case st == nil:
+		return StateCandidate
+	}
+	return e.adopt(s, st, what, by)
+}
+
+// adopt offloads s onto st. Caller holds s.mu.
+func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	c, err := st.Adopt(s.fd)
 	if err != nil {
 		return e.notOffloaded(s, what, err.Error())
@@ -329,13 +354,93 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	s.conn.Store(c)
 	s.state = StateOffloaded
 	e.onState(s.fd, StateOffloaded)
-	by := "default"
-	if matched {
-		by = "rule " + r.Where
-	}
-	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s, %s)", s.fd, ifname, what, by)
+	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s, %s)", s.fd, st.Interface(), what, by)
 	return StateOffloaded
 }
+
+// pendingAdopt is a socket decided for offload on a stack still opening.
+type pendingAdopt struct {
+	s         *Socket
+	what, by  string
+}
+
+// stackOrWait returns ifname's stack when it is open. When it is not, s
+// waits for it (nil, nil): the stack opens on a goroutine, and s is
+// adopted once it is. A stack takes tens of milliseconds to open (an XDP
+// program attached, AF_XDP sockets bound); the application's bind must not
+// wait for that, nor stretch the time in which its socket is bound but
+// not yet set up (dnsmasq turns IP_PKTINFO on after bind: the queries
+// that came in between carried no packet info, and it dropped them). A
+// failure is remembered: the interface's later sockets stay on the kernel
+// with the same reason. Caller holds s.mu.
+func (e *Engine) stackOrWait(ifname string, s *Socket, what, by string) (*stack.Stack, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if st := e.stacks[ifname]; st != nil {
+		return st, nil
+	}
+	if err := e.stackErr[ifname]; err != nil {
+		return nil, err
+	}
+	if e.opening == nil {
+		e.opening = map[string][]pendingAdopt{}
+	}
+	waiting, started := e.opening[ifname]
+	if !started {
+		// The stack opens in the namespace of the thread that binds.
+		ns, err := netns.Get()
+		if err != nil {
+			return nil, fmt.Errorf("stack %s: network namespace: %w", ifname, err)
+		}
+		e.opens.Add(1)
+		go e.openStack(ifname, netns.NsHandle(highfd.Move(int(ns))))
+	}
+	e.opening[ifname] = append(waiting, pendingAdopt{s, what, by})
+	s.pending = ifname
+	return nil, nil
+}
+
+// openStack opens ifname's stack in the namespace ns, which it closes,
+// and adopts the sockets that wait for it.
+func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
+	defer e.opens.Done()
+	var st *stack.Stack
+	err := netnsutil.Do(ns, func() (err error) {
+		st, err = e.newStack(ifname)
+		return err
+	})
+	highfd.Close(int(ns))
+	e.mu.Lock()
+	if err != nil {
+		e.stackErr[ifname] = err
+	} else {
+		e.stacks[ifname] = st
+	}
+	waiting := e.opening[ifname]
+	delete(e.opening, ifname)
+	e.mu.Unlock()
+	for _, w := range waiting {
+		w.s.mu.Lock()
+		if w.s.state == StateCandidate && w.s.pending == ifname && !w.s.closed {
+			if err != nil {
+				e.notOffloaded(w.s, w.what, err.Error())
+			} else {
+				e.adopt(w.s, st, w.what, w.by)
+			}
+		}
+		w.s.pending = ""
+		w.s.mu.Unlock()
+	}
+	if st != nil {
+		// Every socket it opened for went to the kernel meanwhile (a
+		// fork): its program would only slow the kernel's traffic.
+		st.Program().Detach()
+	}
+}
+
+// WaitOpens waits until the stacks being opened are open (or failed) and
+// their sockets adopted.
+func (e *Engine) WaitOpens() { e.opens.Wait() }
 
 // notOffloaded leaves s on the kernel: what the socket was doing, and the
 // cause. The log says it at INFO once per cause (a server whose sockets
@@ -377,6 +482,17 @@ func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 			e.Log.Printf(params.LevelDebug, "fd %d: group %s offloaded", s.fd, g)
 		}
 	}
+}
+
+// State is fd's state (StateOS when the engine does not know it).
+func (e *Engine) State(fd int) State {
+	s := e.get(fd)
+	if s == nil {
+		return StateOS
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
 }
 
 // Reason says why fd is not offloaded ("" when it is, or is unknown).
@@ -486,17 +602,8 @@ func onlyInterface() (string, error) {
 	return names[0], nil
 }
 
-// stackFor opens (once) the stack of ifname. A failure is remembered: the
-// interface's later sockets stay on the kernel with the same reason.
-func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if st := e.stacks[ifname]; st != nil {
-		return st, nil
-	}
-	if err := e.stackErr[ifname]; err != nil {
-		return nil, err
-	}
+// newStack opens the stack of ifname with the engine's parameters.
+func (e *Engine) newStack(ifname string) (*stack.Stack, error) {
 	p := e.p
 	o := &stack.Options{
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
@@ -512,6 +619,8 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 		o.ProgressInterval = stack.ProgressNever
 	}
 	switch p.RxPoll {
+	case params.PollAuto:
+		o.RxPoll = 0 // the stack's default: poll while polling pays
 	case -1:
 		o.RxPoll = stack.RxPollForever
 	case 0:
@@ -526,10 +635,8 @@ func (e *Engine) stackFor(ifname string) (*stack.Stack, error) {
 		err = fmt.Errorf("stack %s: %sXDP_MODE=native but the driver gave %s", ifname, params.Prefix, st.Program().Mode())
 	}
 	if err != nil {
-		e.stackErr[ifname] = err
 		return nil, err
 	}
-	e.stacks[ifname] = st
 	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues", ifname, st.Program().Mode(), len(st.Backends()))
 	for _, u := range st.UnservedQueues() {
 		e.Log.Printf(params.LevelInfo, "%s: %v: not served, its datagrams reach the sockets through the kernel", ifname, u)
@@ -563,6 +670,9 @@ func (e *Engine) Close(fd int) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(others) == 0 {
+		s.closed = true
+	}
 	// A candidate's receive on fd ends within candidateSlice, and no new
 	// one starts: fd no longer names s.
 	for slices.Contains(s.kernelReads, fd) {

@@ -64,6 +64,13 @@ func socketB(tb testing.TB, bed *testbed.Bed, e *Engine, nonblock bool) int {
 	return fd
 }
 
+// settled is fd's state once the stacks being opened are open: the first
+// socket on an interface is offloaded when its stack is (stackOrWait).
+func settled(e *Engine, fd int) State {
+	e.WaitOpens()
+	return e.State(fd)
+}
+
 // offloaded brings up a bed and an engine with one UDP socket on side B
 // bound to port and offloaded, as the preload library would: socket, the
 // kernel's bind, then Bind.
@@ -75,7 +82,8 @@ func offloaded(tb testing.TB, port int, nonblock bool) (*testbed.Bed, *Engine, i
 		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: bed.Addr(testbed.B).As4(), Port: port}); err != nil {
 			return err
 		}
-		if st := e.Bind(fd); st != StateOffloaded {
+		e.Bind(fd)
+		if st := settled(e, fd); st != StateOffloaded {
 			tb.Fatalf("Bind: state %d, reason %q", st, e.Reason(fd))
 		}
 		return nil
@@ -220,8 +228,8 @@ func TestConnectKeepsQueue(t *testing.T) {
 	if err := unix.Connect(fd, peer); err != nil {
 		t.Fatal(err)
 	}
-	if st := e.Connect(fd); st != StateOffloaded {
-		t.Fatalf("Connect: state %d, reason %q", st, e.Reason(fd))
+	if e.Connect(fd); settled(e, fd) != StateOffloaded {
+		t.Fatalf("Connect: state %d, reason %q", e.State(fd), e.Reason(fd))
 	}
 	if c := e.Conn(fd); c.RemoteAddr() == nil || c.RemoteAddr().String() != bed.Addr(testbed.A).String()+":9" {
 		t.Fatalf("after connect the socket's peer is %v", c.RemoteAddr())
@@ -472,8 +480,8 @@ func TestCloseCandidate(t *testing.T) {
 	}
 	to := netip.AddrPortFrom(bed.Addr(testbed.A), 9)
 	err = bed.Do(testbed.B, func() error {
-		if st := e.PrepareSend(dup, to); st != StateOffloaded {
-			t.Fatalf("first send on dup %d: state %d, reason %q", dup, st, e.Reason(dup))
+		if e.PrepareSend(dup, to); settled(e, dup) != StateOffloaded {
+			t.Fatalf("first send on dup %d: state %d, reason %q", dup, e.State(dup), e.Reason(dup))
 		}
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
@@ -18,18 +19,30 @@ import (
 // fds, the queues' fds and the stacks' wake eventfds, so that nothing that
 // arrives while they sleep goes unseen.
 
+// spinChecks: a spinning multiplexer reads the clock (its deadline, its
+// polling time) once every spinChecks scans.
+const spinChecks = 8
+
 // spin runs scan until it finds something, the timeout passes, a signal
 // ends sw or polling ends, then sleeps with sleep and scans again.
 // timeout < 0: none. scan returns how many fds are ready and how many of
 // those the kernel made ready, for the multiplexer's counters.
-func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, scan func(osTurn bool) (n, os int, errno unix.Errno),
+//
+// With VMAXDP_SELECT_POLL at auto, sp says how long it polls and learns
+// from the wait (stack.Spin).
+func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp *stack.Spin, scan func(osTurn bool) (n, os int, errno unix.Errno),
 	sleep func(deadline time.Time, infinite bool) unix.Errno) (int, unix.Errno) {
 	mc := &e.mux[kind]
 	mc.Calls.Add(1)
 	start := time.Now()
 	polling := start // start of the current polling stretch
 	slept := false
+	adaptive := e.p.SelectPoll == params.PollAuto
+	var clock stack.SpinClock
 	done := func(n, os int, errno unix.Errno) (int, unix.Errno) {
+		if adaptive && clock.Start != 0 && n > 0 {
+			sp.Done(clock.Start, time.Now().UnixNano(), clock.LostCPU)
+		}
 		if e.p.CPUUsageStats && !polling.IsZero() {
 			mc.PollingNanos.Add(uint64(time.Since(polling)))
 		}
@@ -54,8 +67,18 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sca
 	pollFor := time.Duration(e.p.SelectPoll) * time.Microsecond
 	spinning := e.p.SelectPoll != 0
 	ratio := e.p.SelectPollOSRatio
+	if adaptive {
+		// A look at the kernel fds is a system call, where a scan of the
+		// engine's sockets costs a few hundred nanoseconds: an adaptive
+		// spin looks once every ratio clock readings.
+		ratio *= spinChecks
+	}
+	// The kernel fds are looked at on entry once every SelectSkipOS
+	// calls (VMA_SELECT_SKIP_OS); a call whose engine sockets have nothing
+	// looks at them in its next scans anyway.
+	entryOS := e.p.SelectSkipOS == 0 || mc.Calls.Load()%uint64(e.p.SelectSkipOS) == 0
 	for i := 0; ; i++ {
-		n, os, errno := scan(i == 0 || ratio > 0 && i%ratio == 0)
+		n, os, errno := scan(i == 0 && entryOS || i == 1 && !entryOS || ratio > 0 && i > 0 && i%ratio == 0)
 		if n > 0 || errno != 0 {
 			return done(n, os, errno)
 		}
@@ -65,11 +88,28 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sca
 		if sw.Interrupted() {
 			return done(0, 0, unix.EINTR)
 		}
+		// The clock is read once every few scans (SpinClock, spinChecks):
+		// on a VM a read costs as much as a scan of a few sockets.
+		switch {
+		case adaptive && spinning:
+			if clock.Start == 0 {
+				now := time.Now().UnixNano()
+				clock.Begin(now, sp.Budget(now))
+			}
+			if !clock.Tick() {
+				if !infinite && clock.Now() >= deadline.UnixNano() {
+					return done(0, 0, 0)
+				}
+				continue
+			}
+		case spinning && i%spinChecks != 0:
+			continue
+		}
 		now := time.Now()
 		if !infinite && !now.Before(deadline) {
 			return done(0, 0, 0)
 		}
-		if spinning && (e.p.SelectPoll < 0 || now.Sub(start) < pollFor) {
+		if !adaptive && spinning && (e.p.SelectPoll < 0 || now.Sub(start) < pollFor) {
 			continue
 		}
 		spinning = false
@@ -86,6 +126,7 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sca
 			return done(n, os, errno)
 		}
 		i = 0
+		clock.Stop()
 	}
 }
 
@@ -95,7 +136,7 @@ func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infi
 	var began []*stack.Stack
 	defer func() {
 		for _, st := range began {
-			st.EndWait()
+			st.EndWait(all)
 		}
 	}()
 	for _, st := range stacks {
@@ -234,7 +275,7 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 		}
 		return sleepOn(pfds, stacks, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
 	}
-	return e.spin(kind, timeout, sw, scan, sleep)
+	return e.spin(kind, timeout, sw, &e.muxSpin[kind], scan, sleep)
 }
 
 // epollSet is what the engine knows of one epoll fd: its members that are
@@ -242,6 +283,7 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 type epollSet struct {
 	mu      sync.Mutex
 	members map[int]*epollMember
+	spin    stack.Spin // how long its waits poll (VMAXDP_SELECT_POLL auto)
 }
 
 type epollMember struct {
@@ -400,7 +442,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			return false
 		})
 	}
-	return e.spin(MuxEpoll, timeout, sw, scan, sleep)
+	return e.spin(MuxEpoll, timeout, sw, &set.spin, scan, sleep)
 }
 
 // mergeKernel folds the kernel's events for engine sockets (their kernel

@@ -133,6 +133,7 @@ func (e *Engine) Shutdown() {
 // the process is exiting, and the next engine cleans what it left.
 func (e *Engine) CloseStacks() error {
 	e.Shutdown()
+	e.WaitOpens()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var errs []error

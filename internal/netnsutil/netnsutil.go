@@ -63,3 +63,18 @@ func LinkByName(h *netlink.Handle, name string) (netlink.Link, error) {
 	}
 	return nil, fmt.Errorf("link %s: %w", name, unix.ENODEV)
 }
+
+// LinkByIndex finds a link by index with a dump of the calling thread's
+// namespace's links (see LinkByName).
+func LinkByIndex(index int) (netlink.Link, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		if l.Attrs().Index == index {
+			return l, nil
+		}
+	}
+	return nil, fmt.Errorf("link %d: %w", index, unix.ENODEV)
+}

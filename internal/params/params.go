@@ -27,10 +27,12 @@ type Params struct {
 	ConfigFile        string
 	ApplicationID     string
 	OffloadedSockets  bool
-	RxPoll            int
+	Spec              string
+	RxPoll            int // PollAuto, -1 for ever, or a count
 	RxUDPPollOSRatio  int
-	SelectPoll        int
+	SelectPoll        int // PollAuto, -1 for ever, or microseconds
 	SelectPollOSRatio int
+	SelectSkipOS      int
 	RxBytesMin        int
 	RxBufs            int
 	ProgressInterval  int // milliseconds
@@ -128,9 +130,11 @@ var All = []Param{
 	stringParam("CONFIG_FILE", "Conf File", "/etc/libvmaxdp.conf", "Rules file in libvma.conf syntax choosing which sockets are offloaded; a missing default file means offload everything.", nil, func(p *Params) *string { return &p.ConfigFile }),
 	stringParam("APPLICATION_ID", "Application ID", DefaultApplicationID, "Which application-id blocks of the rules file apply, besides those whose id is *.", nil, func(p *Params) *string { return &p.ApplicationID }),
 	boolParam("OFFLOADED_SOCKETS", "Offloaded Sockets", "1", "1: sockets are offloaded unless a rule says os; 0: only sockets a rule says vmaxdp for.", func(p *Params) *bool { return &p.OffloadedSockets }),
-	intParam("RX_POLL", "Rx Poll Loops", "100000", "Polls of the AF_XDP queues before a blocking receive sleeps: -1 forever, 0 sleep at once.", -1, 100000000, func(p *Params) *int { return &p.RxPoll }),
+	stringParam("SPEC", "Spec", "", "A profile of parameters, as VMA_SPEC: latency (every wait polls for ever: VMAXDP_RX_POLL=-1 and VMAXDP_SELECT_POLL=-1, for a core per polling thread). Parameters set explicitly win over the profile.", checkSpec, func(p *Params) *string { return &p.Spec }),
+	pollParam("RX_POLL", "Rx Poll Loops", "Polls of the AF_XDP queues before a blocking receive sleeps: auto (poll while polling pays: see package stack's Spin), -1 forever, 0 sleep at once, N that many polls (VMA's meaning).", func(p *Params) *int { return &p.RxPoll }),
 	intParam("RX_UDP_POLL_OS_RATIO", "Rx UDP Poll OS Ratio", "100", "While polling, look at the kernel socket once every this many polls (0: only before sleeping).", 0, 100000000, func(p *Params) *int { return &p.RxUDPPollOSRatio }),
-	intParam("SELECT_POLL", "Select Poll (usec)", "100000", "Microseconds select, poll and epoll_wait poll the queues before they block: -1 forever, 0 block at once.", -1, 100000000, func(p *Params) *int { return &p.SelectPoll }),
+	pollParam("SELECT_POLL", "Select Poll (usec)", "Microseconds select, poll and epoll_wait poll the queues before they block: auto (poll while polling pays), -1 forever, 0 block at once, N that many microseconds (VMA's meaning).", func(p *Params) *int { return &p.SelectPoll }),
+	intParam("SELECT_SKIP_OS", "Select Skip OS", "4", "select, poll and epoll_wait look at kernel fds on entry only once every this many calls when an offloaded socket is ready (0: every call).", 0, 10000, func(p *Params) *int { return &p.SelectSkipOS }),
 	intParam("SELECT_POLL_OS_RATIO", "Select Poll OS Ratio", "10", "While select, poll or epoll_wait polls, look at kernel fds once every this many polls (0: only before blocking).", 0, 100000000, func(p *Params) *int { return &p.SelectPollOSRatio }),
 	intParam("RX_BYTES_MIN", "Rx Byte Min Limit", "65536", "Least payload bytes an offloaded socket queues, whatever SO_RCVBUF says; datagrams beyond the limit are dropped and counted.", 1, 1<<30, func(p *Params) *int { return &p.RxBytesMin }),
 	intParam("RX_BUFS", "Rx Mem Bufs", "4096", "UMEM frames per AF_XDP queue, a power of two: half wait in the fill ring, the rest serve transmit and datagrams not yet read.", 64, 1<<20, func(p *Params) *int { return &p.RxBufs }),
@@ -144,6 +148,38 @@ var All = []Param{
 	stringParam("STATS_DIR", "Stats Dir", "/dev/shm", "Directory of the shared-memory counters that vmaxdp stats reads.", nil, func(p *Params) *string { return &p.StatsDir }),
 	boolParam("TX_MC_LOOPBACK", "Tx MC Loopback", "1", "Initial IP_MULTICAST_LOOP of every UDP socket (the application's setsockopt overrides it). While it is on, the multicast a socket sends goes through the kernel, which gives receivers on this host their copy; 0 offloads it.", func(p *Params) *bool { return &p.TxMCLoopback }),
 	boolParam("CPU_USAGE_STATS", "Polling CPU idle usage", "0", "1: measure the CPU share spent polling in select, poll and epoll_wait.", func(p *Params) *bool { return &p.CPUUsageStats }),
+}
+
+// PollAuto is the value of RxPoll and SelectPoll at "auto": waits poll
+// while polling pays (stack.Spin) instead of a fixed count or time.
+const PollAuto = -2
+
+// pollParam is RX_POLL or SELECT_POLL: "auto" (the default) or VMA's
+// integer, -1 for ever.
+func pollParam(name, title, help string, f func(*Params) *int) Param {
+	ip := intParam(name, title, "auto", help, -1, 100000000, f)
+	return Param{Name: name, Title: title, Default: "auto", Help: help,
+		set: func(p *Params, v string) error {
+			if strings.TrimSpace(v) == "auto" {
+				*f(p) = PollAuto
+				return nil
+			}
+			return ip.set(p, v)
+		},
+		get: func(p *Params) string {
+			if *f(p) == PollAuto {
+				return "auto"
+			}
+			return ip.get(p)
+		}}
+}
+
+func checkSpec(v string) error {
+	switch v {
+	case "", "latency":
+		return nil
+	}
+	return fmt.Errorf("%q: want latency, or empty", v)
 }
 
 func checkLogFile(v string) error {
@@ -177,11 +213,21 @@ func Defaults() *Params {
 func Load(lookup func(string) (string, bool)) (*Params, error) {
 	p := Defaults()
 	var errs []error
+	set := map[string]bool{}
 	for _, d := range All {
 		if v, ok := lookup(Prefix + d.Name); ok {
+			set[d.Name] = true
 			if err := d.set(p, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s%s: %w", Prefix, d.Name, err))
 			}
+		}
+	}
+	if p.Spec == "latency" {
+		if !set["RX_POLL"] {
+			p.RxPoll = -1
+		}
+		if !set["SELECT_POLL"] {
+			p.SelectPoll = -1
 		}
 	}
 	return p, errors.Join(errs...)

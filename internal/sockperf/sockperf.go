@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -131,6 +134,40 @@ func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, args
 	return cmd
 }
 
+// WaitOffloaded waits up to timeout until the process pid under vmaxdp
+// has decided every socket it has so far: none waits for its stack to
+// open (it reads the process's counters file, in the default stats
+// directory).
+func WaitOffloaded(ctx context.Context, pid int, timeout time.Duration) error {
+	path := filepath.Join(params.StatsDir(""), stats.FileName(pid))
+	var last string
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(10 * time.Millisecond) {
+		r, err := stats.Open(path)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		var snap stats.Snapshot
+		err = r.Read(&snap)
+		r.Close()
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		decided := true
+		for _, sk := range snap.Sockets {
+			if sk.State == stats.StateCandidate {
+				decided = false
+				last = fmt.Sprintf("fd %d undecided", sk.FD)
+			}
+		}
+		if decided {
+			return nil
+		}
+	}
+	return fmt.Errorf("pid %d: sockets not decided after %v: %s", pid, timeout, last)
+}
+
 // SyncBuffer collects a process's output while others read it.
 type SyncBuffer struct {
 	mu sync.Mutex
@@ -190,6 +227,14 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 			return res, srvOut.String(), fmt.Errorf("sockperf server did not start:\n%s", tail(srvOut.String(), 20))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if r.ServerOffload {
+		// Its stack opens after bind returns (engine.stackOrWait): the
+		// client starts once the server's socket is offloaded, so that
+		// what the kernel delivers meanwhile never counts against it.
+		if err := WaitOffloaded(ctx, srv.Process.Pid, 10*time.Second); err != nil {
+			return res, srvOut.String(), err
+		}
 	}
 	if r.OnServer != nil {
 		r.OnServer(srv.Process.Pid)

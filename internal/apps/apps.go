@@ -1,0 +1,443 @@
+// Package apps runs unmodified programs from Debian on a test bed, a
+// server in side B and its load generator in side A, each on the kernel or
+// under `vmaxdp run`, and parses what the load generator reports. The
+// real-application tests (cmd/vmaxdp) and `vmaxdp bench apps` use it.
+//
+// Each App writes its own configuration into a directory of the run, so
+// nothing outside it and the bed is touched. This package must not
+// interpret results beyond parsing them, and every run is bounded in time.
+package apps
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// ErrNotInstalled is returned when a program an App needs is missing.
+var ErrNotInstalled = errors.New("not installed")
+
+// Result is what one load generator run reported.
+type Result struct {
+	Rate float64 // in the App's Unit
+	// Sent and Lost are the requests (or datagrams) the load generator sent
+	// and got no answer for (or the receiver never saw).
+	Sent, Lost int64
+	Output     string // the load generator's whole output
+}
+
+// App is one server program and its load generator.
+type App struct {
+	Name string
+	// Unit of Result.Rate: "queries/s", "datagrams/s", "ops/s".
+	Unit string
+	// Programs are the executables it needs, and Package the Debian
+	// package that has them.
+	Programs []string
+	Package  string
+	// Proto and Port are where the server listens once it serves
+	// ("udp"/"tcp"): the run waits for that socket before the client.
+	Proto string
+	Port  int
+	// Server writes the server's configuration into dir and returns its
+	// argv; the server listens on addr.
+	Server func(dir, addr string) []string
+	// Client returns the load generator's argv for d seconds against
+	// addr; files of the run are in dir. paced: at a rate the kernel on
+	// both sides serves without loss (for tests that count losses);
+	// otherwise as fast as it goes.
+	Client func(dir, addr string, d time.Duration, paced bool) []string
+	// Parse reads the load generator's output.
+	Parse func(out string) (Result, error)
+	// OneWay: the load flows from client to server only (iperf3), so the
+	// client receives no datagram to offload.
+	OneWay bool
+	// Forks: the server forks its workers after it opened its sockets, so
+	// under vmaxdp the kernel serves them (engine.Forked) and the log says
+	// why.
+	Forks bool
+}
+
+// Missing names the programs of a that are not installed, "" when none.
+func (a *App) Missing() string {
+	var miss []string
+	for _, p := range a.Programs {
+		if _, err := exec.LookPath(p); err != nil {
+			miss = append(miss, p)
+		}
+	}
+	if len(miss) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s (apt-get install %s)", strings.Join(miss, ", "), a.Package)
+}
+
+// Run is one run of an App on a bed.
+type Run struct {
+	Bed *testbed.Bed
+	App *App
+	// Vmaxdp is the vmaxdp binary for `vmaxdp run`.
+	Vmaxdp string
+	// ServerOffload and ClientOffload run that side under vmaxdp.
+	ServerOffload, ClientOffload bool
+	Duration                     time.Duration // of the load (default 2 s)
+	// Paced runs the load generator at a rate the kernel serves without
+	// loss (App.Client).
+	Paced bool
+	// Env is added to both sides' environment (VMAXDP_* parameters).
+	Env []string
+	// Dir holds the run's files (default: a temporary directory, removed).
+	Dir string
+}
+
+// Do starts the server, waits until it listens, runs the load generator
+// to its end and stops the server with SIGTERM (SIGKILL after 5 s). It
+// returns the load generator's result and everything the server printed
+// (vmaxdp's log included).
+func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) {
+	if miss := r.App.Missing(); miss != "" {
+		return res, "", fmt.Errorf("%s: %w: %s", r.App.Name, ErrNotInstalled, miss)
+	}
+	d := r.Duration
+	if d == 0 {
+		d = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	dir := r.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "vmaxdp-app-"); err != nil {
+			return res, "", err
+		}
+		defer os.RemoveAll(dir)
+	}
+	addr := r.Bed.Addr(testbed.B).String()
+	srvOut := &sockperf.SyncBuffer{}
+	srv := r.command(ctx, testbed.B, r.ServerOffload, r.App.Server(dir, addr))
+	srv.Dir = dir
+	srv.Stdout, srv.Stderr = srvOut, srvOut
+	// The server and whatever it forks are one process group, stopped
+	// together.
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := srv.Start(); err != nil {
+		return res, "", fmt.Errorf("%s: start server: %w", r.App.Name, err)
+	}
+	defer func() {
+		syscall.Kill(-srv.Process.Pid, syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { srv.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			syscall.Kill(-srv.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		serverLog = srvOut.String()
+	}()
+	if err := r.waitListening(ctx); err != nil {
+		return res, srvOut.String(), fmt.Errorf("%s: server did not start: %w\n%s", r.App.Name, err, tail(srvOut.String(), 20))
+	}
+	if r.ServerOffload {
+		if err := sockperf.WaitOffloaded(ctx, srv.Process.Pid, 10*time.Second); err != nil {
+			return res, srvOut.String(), fmt.Errorf("%s: %w", r.App.Name, err)
+		}
+	}
+	cli := r.command(ctx, testbed.A, r.ClientOffload, r.App.Client(dir, addr, d, r.Paced))
+	cli.Dir = dir
+	out, err := cli.CombinedOutput()
+	if err != nil {
+		return res, "", fmt.Errorf("%s: load generator: %w\n%s", r.App.Name, err, tail(string(out), 30))
+	}
+	res, err = r.App.Parse(string(out))
+	res.Output = string(out)
+	return res, "", err
+}
+
+func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, argv []string) *exec.Cmd {
+	args := []string{"netns", "exec", r.Bed.NSName(side)}
+	if offload {
+		args = append(args, r.Vmaxdp, "run", "--")
+	}
+	cmd := exec.CommandContext(ctx, "ip", append(args, argv...)...)
+	cmd.Env = append(os.Environ(), r.Env...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGKILL) }
+	return cmd
+}
+
+// waitListening waits up to 10 s for the server's socket in side B.
+func (r *Run) waitListening(ctx context.Context) error {
+	want := fmt.Sprintf(":%04X ", r.App.Port)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var table []byte
+		err := r.Bed.Do(testbed.B, func() (err error) {
+			table, err = os.ReadFile("/proc/thread-self/net/" + r.App.Proto)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(bytes.NewReader(table))
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) > 1 && strings.HasSuffix(f[1]+" ", want) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("no %s socket on port %d after 10 s", r.App.Proto, r.App.Port)
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// write writes files into dir.
+func write(dir string, files map[string]string) {
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte(text), 0o644)
+	}
+}
+
+// Names of the DNS zone the DNS servers serve, and its records.
+const (
+	zoneName = "vmaxdp.test"
+	zoneFile = `$ORIGIN vmaxdp.test.
+$TTL 3600
+@    IN SOA ns1 hostmaster 1 3600 900 604800 300
+@    IN NS  ns1
+ns1  IN A   198.18.0.2
+www  IN A   198.18.0.10
+mail IN A   198.18.0.11
+`
+)
+
+func dnsQueries(dir string) string {
+	p := filepath.Join(dir, "queries.txt")
+	var b strings.Builder
+	for range 500 {
+		b.WriteString("www.vmaxdp.test A\nmail.vmaxdp.test A\n")
+	}
+	os.WriteFile(p, []byte(b.String()), 0o644)
+	return p
+}
+
+func dnsperfClient(dir, addr string, d time.Duration, paced bool) []string {
+	argv := []string{"dnsperf", "-s", addr, "-d", dnsQueries(dir), "-l", strconv.FormatFloat(d.Seconds(), 'f', -1, 64)}
+	if paced {
+		argv = append(argv, "-Q", "20000")
+	}
+	return argv
+}
+
+var (
+	reQPS       = regexp.MustCompile(`Queries per second:\s+([0-9.]+)`)
+	reQSent     = regexp.MustCompile(`Queries sent:\s+(\d+)`)
+	reQLost     = regexp.MustCompile(`Queries lost:\s+(\d+)`)
+	reIperfRecv = regexp.MustCompile(`(?m)-([0-9.]+)\s+sec\s+\S+ \S+\s+\S+ \S+/sec\s+[0-9.]+ ms\s+(\d+)/(\d+) \(.*\)\s+receiver`)
+	reMcTPS     = regexp.MustCompile(`Run time: [0-9.]+s Ops: (\d+) TPS: (\d+)`)
+	reMcDrop    = regexp.MustCompile(`packet_drop: (\d+)`)
+	reMcTimeout = regexp.MustCompile(`udp_timeout: (\d+)`)
+)
+
+func parseDnsperf(out string) (Result, error) {
+	var r Result
+	m, s, l := reQPS.FindStringSubmatch(out), reQSent.FindStringSubmatch(out), reQLost.FindStringSubmatch(out)
+	if m == nil || s == nil || l == nil {
+		return r, fmt.Errorf("dnsperf printed no summary:\n%s", tail(out, 20))
+	}
+	r.Rate, _ = strconv.ParseFloat(m[1], 64)
+	r.Sent, _ = strconv.ParseInt(s[1], 10, 64)
+	r.Lost, _ = strconv.ParseInt(l[1], 10, 64)
+	return r, nil
+}
+
+// parseIperf reads the receiver's line of an iperf3 UDP run: datagrams per
+// second the receiver took, datagrams sent and lost.
+func parseIperf(out string) (Result, error) {
+	var r Result
+	m := reIperfRecv.FindStringSubmatch(out)
+	if m == nil {
+		return r, fmt.Errorf("iperf3 printed no receiver summary:\n%s", tail(out, 20))
+	}
+	secs, _ := strconv.ParseFloat(m[1], 64)
+	r.Lost, _ = strconv.ParseInt(m[2], 10, 64)
+	r.Sent, _ = strconv.ParseInt(m[3], 10, 64)
+	if secs > 0 {
+		r.Rate = float64(r.Sent-r.Lost) / secs
+	}
+	return r, nil
+}
+
+func parseMemcaslap(out string) (Result, error) {
+	var r Result
+	m := reMcTPS.FindStringSubmatch(out)
+	if m == nil {
+		return r, fmt.Errorf("memcaslap printed no summary:\n%s", tail(out, 20))
+	}
+	r.Sent, _ = strconv.ParseInt(m[1], 10, 64)
+	r.Rate, _ = strconv.ParseFloat(m[2], 64)
+	for _, re := range []*regexp.Regexp{reMcDrop, reMcTimeout} {
+		if x := re.FindStringSubmatch(out); x != nil {
+			n, _ := strconv.ParseInt(x[1], 10, 64)
+			r.Lost += n
+		}
+	}
+	return r, nil
+}
+
+func iperf(size int) *App {
+	return &App{
+		Name: fmt.Sprintf("iperf3-%dB", size), Unit: "datagrams/s", Programs: []string{"iperf3"}, Package: "iperf3",
+		Proto: "tcp", Port: 5201, OneWay: true,
+		Server: func(dir, addr string) []string { return []string{"iperf3", "-s", "-1", "-B", addr} },
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			rate := "0" // unlimited
+			if paced {
+				rate = strconv.Itoa(size*8*20000) // 20,000 datagrams/s
+			}
+			return []string{"iperf3", "-c", addr, "-u", "-l", strconv.Itoa(size), "-b", rate, "-t", strconv.FormatFloat(d.Seconds(), 'f', -1, 64)}
+		},
+		Parse: parseIperf,
+	}
+}
+
+// All are the applications, by name.
+var All = []*App{
+	{
+		Name: "knot", Unit: "queries/s", Programs: []string{"knotd", "dnsperf"}, Package: "knot dnsperf",
+		Proto: "udp", Port: 53,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{"zone.db": zoneFile, "knot.conf": fmt.Sprintf(`server:
+    listen: %s@53
+    udp-workers: 1
+    tcp-workers: 1
+    background-workers: 1
+    rundir: %[2]s
+log:
+  - target: stderr
+    any: warning
+database:
+    storage: %[2]s/db
+zone:
+  - domain: %[3]s
+    file: %[2]s/zone.db
+`, addr, dir, zoneName)})
+			return []string{"knotd", "-c", filepath.Join(dir, "knot.conf")}
+		},
+		Client: dnsperfClient, Parse: parseDnsperf,
+	},
+	{
+		Name: "unbound", Unit: "queries/s", Programs: []string{"unbound", "dnsperf"}, Package: "unbound dnsperf",
+		Proto: "udp", Port: 53,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{"unbound.conf": fmt.Sprintf(`server:
+    interface: %s
+    port: 53
+    num-threads: 1
+    do-ip6: no
+    do-tcp: no
+    access-control: 198.18.0.0/15 allow
+    chroot: ""
+    username: ""
+    directory: "%[2]s"
+    pidfile: "%[2]s/unbound.pid"
+    use-syslog: no
+    logfile: ""
+    verbosity: 0
+    local-zone: "%[3]s." static
+    local-data: "www.%[3]s. 3600 IN A 198.18.0.10"
+    local-data: "mail.%[3]s. 3600 IN A 198.18.0.11"
+remote-control:
+    control-enable: no
+`, addr, dir, zoneName)})
+			return []string{"unbound", "-d", "-c", filepath.Join(dir, "unbound.conf")}
+		},
+		Client: dnsperfClient, Parse: parseDnsperf,
+	},
+	{
+		// dnsmasq listens on every address (no --bind-interfaces), as it
+		// does by default: it learns each query's interface and address
+		// from IP_PKTINFO and answers from that address.
+		Name: "dnsmasq", Unit: "queries/s", Programs: []string{"dnsmasq", "dnsperf"}, Package: "dnsmasq-base dnsperf",
+		Proto: "udp", Port: 53,
+		Server: func(dir, addr string) []string {
+			return []string{"dnsmasq", "-k", "--conf-file=/dev/null", "--port=53", "--no-resolv", "--no-hosts", "--user=root",
+				"--pid-file=", "--cache-size=1000", "--address=/" + zoneName + "/198.18.0.10"}
+		},
+		Client: dnsperfClient, Parse: parseDnsperf,
+	},
+	{
+		// nsd opens its sockets, then forks the processes that serve them.
+		Name: "nsd", Unit: "queries/s", Programs: []string{"nsd", "dnsperf"}, Package: "nsd dnsperf",
+		Proto: "udp", Port: 53, Forks: true,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{"zone.db": zoneFile, "nsd.conf": fmt.Sprintf(`server:
+    ip-address: %s
+    port: 53
+    server-count: 1
+    do-ip6: no
+    username: ""
+    chroot: ""
+    zonesdir: "%[2]s"
+    database: ""
+    pidfile: "%[2]s/nsd.pid"
+    xfrdfile: "%[2]s/xfrd.state"
+    zonelistfile: "%[2]s/zone.list"
+    logfile: "%[2]s/nsd.log"
+    verbosity: 0
+    rrl-ratelimit: 0
+remote-control:
+    control-enable: no
+zone:
+    name: %[3]s
+    zonefile: zone.db
+`, addr, dir, zoneName)})
+			return []string{"nsd", "-d", "-c", filepath.Join(dir, "nsd.conf")}
+		},
+		Client: dnsperfClient, Parse: parseDnsperf,
+	},
+	iperf(64),
+	iperf(1400),
+	{
+		// memcached's UDP protocol, one worker thread; memcaslap (memaslap)
+		// gets and sets over UDP with 16 concurrent requests.
+		Name: "memcached", Unit: "ops/s", Programs: []string{"memcached", "memcaslap"}, Package: "memcached libmemcached-tools",
+		Proto: "udp", Port: 11211,
+		Server: func(dir, addr string) []string {
+			return []string{"memcached", "-u", "root", "-U", "11211", "-p", "11211", "-l", addr, "-t", "1"}
+		},
+		// memcaslap has no rate: it keeps 16 requests outstanding, and
+		// counts a request that got no answer in time as udp_timeout.
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			return []string{"memcaslap", "-s", addr + ":11211", "-U", "-T", "1", "-c", "16", "-t", strconv.Itoa(max(1, int(d.Seconds()))) + "s"}
+		},
+		Parse: parseMemcaslap,
+	},
+}
+
+// ByName finds an App.
+func ByName(name string) (*App, bool) {
+	for _, a := range All {
+		if a.Name == name {
+			return a, true
+		}
+	}
+	return nil, false
+}
