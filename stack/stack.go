@@ -154,7 +154,7 @@ type Stack struct {
 	ifname  string
 	ifindex int
 	mac     header.MAC
-	mtu     atomic.Int32               // the interface's MTU, or Options.MTU when lower
+	mtu     atomic.Int32                 // the interface's MTU, or Options.MTU when lower
 	addr    atomic.Pointer[netip.Addr]   // the interface's first IPv4 address
 	addrs   atomic.Pointer[[]netip.Addr] // all its IPv4 addresses
 	ns      netns.NsHandle
@@ -167,7 +167,7 @@ type Stack struct {
 	// partialCsum: the link carries frames from this host's kernel (veth
 	// and other links without a bus), whose UDP checksum may be partial.
 	partialCsum bool
-	txFrameLen  int // the longest frame a queue transmits
+	txFrameLen  int  // the longest frame a queue transmits
 	adaptive    bool // receives poll as Spin says (Options.RxPoll 0)
 	ipID        atomic.Uint32
 	hops        nextHops

@@ -310,7 +310,7 @@ func iperf(size int) *App {
 		Client: func(dir, addr string, d time.Duration, paced bool) []string {
 			rate := "0" // unlimited
 			if paced {
-				rate = strconv.Itoa(size*8*20000) // 20,000 datagrams/s
+				rate = strconv.Itoa(size * 8 * 20000) // 20,000 datagrams/s
 			}
 			return []string{"iperf3", "-c", addr, "-u", "-l", strconv.Itoa(size), "-b", rate, "-t", strconv.FormatFloat(d.Seconds(), 'f', -1, 64)}
 		},

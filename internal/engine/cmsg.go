@@ -16,14 +16,14 @@ import (
 type Cmsg uint32
 
 const (
-	CmsgPktinfo     Cmsg = 1 << iota // IP_PKTINFO
-	CmsgTOS                          // IP_RECVTOS
-	CmsgTTL                          // IP_RECVTTL
-	CmsgOrigDstAddr                  // IP_RECVORIGDSTADDR
-	CmsgTimestamp                    // SO_TIMESTAMP_OLD: SCM_TIMESTAMP
-	CmsgTimestampNew                 // SO_TIMESTAMP_NEW
-	CmsgTimestampNS                  // SO_TIMESTAMPNS_OLD: SCM_TIMESTAMPNS
-	CmsgTimestampNSNew               // SO_TIMESTAMPNS_NEW
+	CmsgPktinfo        Cmsg = 1 << iota // IP_PKTINFO
+	CmsgTOS                             // IP_RECVTOS
+	CmsgTTL                             // IP_RECVTTL
+	CmsgOrigDstAddr                     // IP_RECVORIGDSTADDR
+	CmsgTimestamp                       // SO_TIMESTAMP_OLD: SCM_TIMESTAMP
+	CmsgTimestampNew                    // SO_TIMESTAMP_NEW
+	CmsgTimestampNS                     // SO_TIMESTAMPNS_OLD: SCM_TIMESTAMPNS
+	CmsgTimestampNSNew                  // SO_TIMESTAMPNS_NEW
 )
 
 // cmsgStamps are the kinds that need each datagram's arrival time.

@@ -98,7 +98,7 @@ type Engine struct {
 	mux      [numMux]muxCounters
 	muxSpin  [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
 	pub      *publisher
-	causes   sync.Map // why sockets stayed on the kernel, each logged once at INFO
+	causes   sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
 	opening  map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
 	opens    sync.WaitGroup            // openStack goroutines
 }
@@ -360,8 +360,8 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 
 // pendingAdopt is a socket decided for offload on a stack still opening.
 type pendingAdopt struct {
-	s         *Socket
-	what, by  string
+	s        *Socket
+	what, by string
 }
 
 // stackOrWait returns ifname's stack when it is open. When it is not, s
