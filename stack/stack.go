@@ -71,7 +71,15 @@ type Options struct {
 	// ProgressMax bounds the frames one drain takes
 	// (VMAXDP_PROGRESS_ENGINE_WCE_MAX; 0: 2048).
 	ProgressMax int
+	// Wanted, when set, is asked just before Open attaches the steering
+	// program: false ends Open with ErrNotWanted, leaving the interface
+	// untouched (every socket it was opened for went to the kernel
+	// meanwhile: attaching and detaching a program costs a veth's traffic).
+	Wanted func() bool
 }
+
+// ErrNotWanted is returned by Open when Options.Wanted said no.
+var ErrNotWanted = errors.New("no socket wants the stack any more")
 
 // Sentinels of Options.RxPoll, Options.RxPollOSRatio and
 // Options.ProgressInterval: their zero value means "default", so VMA's 0
@@ -187,6 +195,7 @@ type Stack struct {
 	gone       atomic.Bool
 	watchStop  int           // eventfd that ends the watcher
 	watchDone  chan struct{} // nil: no watcher
+	ctlFD      int           // AF_INET socket for ethtool ioctls (-1: none)
 
 	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
 	// demultiplexer writes muxEvfd when it queues a datagram while one
@@ -251,7 +260,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, conns: map[*UDPConn]struct{}{}, adaptive: adaptive}
+	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, conns: map[*UDPConn]struct{}{}, adaptive: adaptive}
 	st.muxEvfd.Store(-1)
 	defer func() {
 		if err != nil {
@@ -287,8 +296,16 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if err := st.readAddr(nl, l); err != nil {
 		return st, err
 	}
-	st.partialCsum = virtualLink(ifname)
-	ch, err := xsk.QueueChannels(ifname, a.NumRxQueues, a.NumTxQueues)
+	// One socket for the ethtool ioctls, now and in the watcher, kept at a
+	// high fd: one opened per reading would take a low number from the
+	// application now and then.
+	ctl, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return st, fmt.Errorf("ethtool socket: %w", err)
+	}
+	st.ctlFD = highfd.Move(ctl)
+	st.partialCsum = virtualLink(st.ctlFD, ifname)
+	ch, err := xsk.QueueChannels(st.ctlFD, ifname, a.NumRxQueues, a.NumTxQueues)
 	if err != nil {
 		return st, err
 	}
@@ -303,6 +320,9 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		so.MaxFrameLen = o.XSK.RxFrameLen()
 	}
 	st.txFrameLen = int(o.XSK.TxFrameLen())
+	if o.Wanted != nil && !o.Wanted() {
+		return st, ErrNotWanted
+	}
 	if st.prog, err = steer.Attach(ifname, &so); err != nil {
 		return st, err
 	}
@@ -745,6 +765,10 @@ func (st *Stack) Close() error {
 	if st.ns >= 0 {
 		highfd.Close(int(st.ns))
 		st.ns = -1
+	}
+	if st.ctlFD >= 0 {
+		highfd.Close(st.ctlFD)
+		st.ctlFD = -1
 	}
 	return errors.Join(errs...)
 }

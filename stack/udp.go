@@ -110,9 +110,11 @@ type UDPConn struct {
 	groups map[netip.Addr]steer.RuleID
 
 	// Receive queue, guarded by st.rxMu.
-	rxq     []rxItem
-	rxHead  int
-	rxLen   int
+	rxq    []rxItem
+	rxHead int
+	rxLen  int
+	// queued mirrors rxLen for readers without the lock (Queued).
+	queued  atomic.Int32
 	rxBytes int
 	filter  RecvFilter
 	// sources: the source filters of the groups that have one (the
@@ -127,6 +129,14 @@ type UDPConn struct {
 	// datagram, which the next receive must return first, as the kernel's
 	// would (dnsmasq peeks for a datagram's size, then reads it).
 	osPeeked atomic.Bool
+	// osFirst: the kernel socket may hold datagrams older than any the
+	// stack queued (those that came before the socket was steered):
+	// receives read it first until it is empty. recvs counts receives, so
+	// that every RxPollOSRatio-th looks at the kernel socket first, hit or
+	// miss, as VMA's RX_UDP_POLL_OS_RATIO does: a flood on the fast path
+	// must not leave what reached the kernel socket unread.
+	osFirst atomic.Bool
+	recvs   atomic.Uint32
 	// use counts the calls in progress that use the socket's descriptors
 	// (kfd, evfd), with useClosing set once Close began; Close waits on
 	// left for them to leave before it closes the descriptors.
@@ -256,6 +266,7 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 		}
 		n.rxq[(n.rxHead+n.rxLen)%len(n.rxq)] = it
 		n.rxLen++
+		n.queued.Store(int32(n.rxLen))
 		n.rxBytes += int(it.n)
 	}
 	st.rxMu.Unlock()
@@ -273,6 +284,10 @@ func (c *UDPConn) Unsteer() {
 	for _, id := range c.groups {
 		c.st.prog.RemoveRule(id)
 	}
+	// What was steered here before the rules went is in the rings: into
+	// the socket's queue with it while the socket is still in the table,
+	// not counted as no_socket by the next poll.
+	c.st.Poll()
 	c.st.removeSocket(c, c.keys...)
 	c.rules, c.keys, c.groups = nil, nil, map[netip.Addr]steer.RuleID{}
 }
@@ -306,6 +321,15 @@ func (c *UDPConn) attach() error {
 		rule.Kind = steer.Rule3Tuple
 	}
 	c.errAgain = c.readErr(unix.EAGAIN)
+	c.osFirst.Store(true)
+	// The queue holds at least what the kernel socket would: its
+	// SO_RCVBUF (what the kernel counts there includes each skb's
+	// overhead, so as payload it holds more). A queue of only
+	// VMAXDP_RX_BYTES_MIN (64 KiB) dropped iperf3's 1400-byte datagrams
+	// where the kernel socket dropped none.
+	if rcvbuf, err := unix.GetsockoptInt(c.FD(), unix.SOL_SOCKET, unix.SO_RCVBUF); err == nil {
+		c.SetRxBytesLimit(rcvbuf)
+	}
 	// The socket is in the table before its rule exists, so that no
 	// steered datagram finds no socket.
 	c.keys = append(c.keys, key)
@@ -561,6 +585,7 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	}
 	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = it
 	c.rxLen++
+	c.queued.Store(int32(c.rxLen))
 	c.rxBytes += n
 	if uint64(c.rxBytes) > c.Counters.RxQueueBytesMax.Load() {
 		c.Counters.RxQueueBytesMax.Store(uint64(c.rxBytes))
@@ -594,6 +619,7 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 	c.rxq[c.rxHead] = rxItem{}
 	c.rxHead = (c.rxHead + 1) % len(c.rxq)
 	c.rxLen--
+	c.queued.Store(int32(c.rxLen))
 	c.rxBytes -= int(it.n)
 	return true
 }
@@ -644,6 +670,11 @@ func (c *UDPConn) Pending() (int, bool) {
 	}
 	return int(c.rxq[c.rxHead].n), true
 }
+
+// Queued reports whether datagrams wait in the socket's queue, without
+// the receive lock and without polling the rings: a multiplexer over many
+// sockets polls each stack once per scan (Stack.Poll), then asks each.
+func (c *UDPConn) Queued() bool { return c.queued.Load() > 0 }
 
 // QueueLen is what the receive queue holds now.
 func (c *UDPConn) QueueLen() (packets, bytes int) {
@@ -833,10 +864,13 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 	if !nonblock {
 		sw = sig.Begin(c.deadlineOf(deadline) == 0)
 	}
-	if flags&RecvCheckOS != 0 || c.osPeeked.Swap(false) {
-		if n, full, from, ok, err := c.recvOS(b, zc, false, flags, meta); ok || err != nil {
+	everyRatio := ratio > 0 && c.recvs.Add(1)%uint32(ratio) == 0
+	if flags&RecvCheckOS != 0 || c.osPeeked.Swap(false) || everyRatio || c.osFirst.Load() {
+		n, full, from, ok, err := c.recvOS(b, zc, false, flags, meta)
+		if ok || err != nil {
 			return n, full, from, err
 		}
+		c.osFirst.Store(false)
 	}
 	// clock watches the wait once the first look found nothing, in
 	// adaptive mode; found reports the wait to the socket's Spin.
@@ -844,7 +878,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 	adaptive := c.st.adaptive && !nonblock
 	found := func() {
 		if adaptive && clock.Start != 0 {
-			c.spin.Done(clock.Start, time.Now().UnixNano(), clock.LostCPU)
+			c.spin.Done(clock.Start, time.Now().UnixNano())
 		}
 	}
 	for i := 1; ; i++ {
@@ -864,7 +898,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		switch {
 		case adaptive && clock.Start == 0:
 			now := time.Now().UnixNano()
-			clock.Begin(now, c.spin.Budget(now))
+			clock.Begin(now, c.spin.Budget())
 			sleepNext = clock.Tick()
 		case adaptive:
 			sleepNext = clock.Tick()

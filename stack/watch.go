@@ -20,7 +20,7 @@ import (
 )
 
 // watchEvery is how often the watcher reads the interface's channel count
-// even when no event came: `ethtool -L` sends no rtnetlink event.
+// when no event came: `ethtool -L` sends no rtnetlink event.
 const watchEvery = 1000 // milliseconds
 
 // linkState is what the watcher last saw of the interface.
@@ -75,7 +75,8 @@ func (st *Stack) stopWatch() {
 }
 
 // watch follows the interface while the stack runs. On any event of its
-// link or addresses, and every watchEvery, it reads the interface again:
+// link or addresses it reads the interface again (and every watchEvery its
+// channel count):
 // a link set down sends through the kernel sockets until it is up again
 // (the kernel has dropped its routes, so its error is the application's
 // error); a new MTU bounds what the stack sends itself; an address change
@@ -97,7 +98,17 @@ func (st *Stack) watch(fd int, last linkState) {
 		if pfds[1].Revents != 0 {
 			return
 		}
-		if pfds[0].Revents != 0 && !st.drainEvents(fd, buf) {
+		if pfds[0].Revents == 0 {
+			// No event: only the channel count can have changed. It is
+			// read through the stack's ioctl socket, so the watcher takes
+			// no fd from the application.
+			if ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, last.rx, last.rx); err == nil && ch.Rx != last.rx && len(st.opts.Queues) == 0 {
+				st.followChannels(ch.Rx, last.rx)
+				last.rx = ch.Rx
+			}
+			continue
+		}
+		if !st.drainEvents(fd, buf) {
 			continue // events of other links only
 		}
 		var ok bool
@@ -219,7 +230,7 @@ func (st *Stack) follow(last linkState) (linkState, bool) {
 // bound to, so only growth happens while the stack runs.
 func (st *Stack) followChannels(rx, was int) {
 	err := netnsutil.Do(st.ns, func() error {
-		ch, err := xsk.QueueChannels(st.ifname, rx, rx)
+		ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, rx, rx)
 		if err != nil {
 			return err
 		}
@@ -266,7 +277,7 @@ func (st *Stack) readLink() (linkState, error) {
 		if addrs, err := ipv4Addrs(nl, l); err == nil && len(addrs) > 0 {
 			s.addr, s.addrs = addrs[0], addrs
 		}
-		ch, err := xsk.QueueChannels(st.ifname, a.NumRxQueues, a.NumTxQueues)
+		ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, a.NumRxQueues, a.NumTxQueues)
 		if err != nil {
 			return err
 		}

@@ -3,8 +3,8 @@ package xsk
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
-	"github.com/safchain/ethtool"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,21 +22,40 @@ type Channels struct {
 	FromDriver bool
 }
 
-// QueueChannels reads ifname's channels in the calling thread's network
-// namespace; allocRx and allocTx (netlink's counts) stand in when the
-// driver does not report them.
-func QueueChannels(ifname string, allocRx, allocTx int) (Channels, error) {
-	et, err := ethtool.NewEthtool()
-	if err != nil {
-		return Channels{}, fmt.Errorf("channels of %s: ethtool socket: %w", ifname, err)
+// ethtoolChannels is struct ethtool_channels.
+type ethtoolChannels struct {
+	Cmd                                         uint32
+	MaxRx, MaxTx, MaxOther, MaxCombined         uint32
+	RxCount, TxCount, OtherCount, CombinedCount uint32
+}
+
+// ifreqData is struct ifreq with its data pointer.
+type ifreqData struct {
+	name [unix.IFNAMSIZ]byte
+	data unsafe.Pointer
+	_    [24 - unsafe.Sizeof(uintptr(0))]byte
+}
+
+const ethtoolGChannels = 0x3c // ETHTOOL_GCHANNELS
+
+// QueueChannels reads ifname's channels through fd, an AF_INET socket in
+// the interface's network namespace (kept by the caller, so that reading
+// them again costs no new fd); allocRx and allocTx (netlink's counts)
+// stand in when the driver does not report them.
+func QueueChannels(fd int, ifname string, allocRx, allocTx int) (Channels, error) {
+	if len(ifname) >= unix.IFNAMSIZ {
+		return Channels{}, fmt.Errorf("channels of %s: %w", ifname, unix.EINVAL)
 	}
-	defer et.Close()
-	ch, err := et.GetChannels(ifname)
-	if errors.Is(err, unix.EOPNOTSUPP) {
+	ch := ethtoolChannels{Cmd: ethtoolGChannels}
+	var ifr ifreqData
+	copy(ifr.name[:], ifname)
+	ifr.data = unsafe.Pointer(&ch)
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+	switch {
+	case errors.Is(e, unix.EOPNOTSUPP):
 		return Channels{Rx: max(1, allocRx), Tx: max(1, allocTx)}, nil
-	}
-	if err != nil {
-		return Channels{}, fmt.Errorf("channels of %s (ethtool -l): %w", ifname, err)
+	case e != 0:
+		return Channels{}, fmt.Errorf("channels of %s (ethtool -l): %w", ifname, e)
 	}
 	c := Channels{Rx: int(ch.RxCount + ch.CombinedCount), Tx: int(ch.TxCount + ch.CombinedCount), FromDriver: true}
 	if c.Rx == 0 {

@@ -75,10 +75,11 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 			}
 		case !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)):
 			t.Errorf("the server's log says nothing of offload:\n%s", tail(srvLog, 30))
-		case kernel[1] > int(res.Sent)/20:
+		case kernel[1] > int(res.Sent)/10:
 			// A socket is served by the kernel until its stack has
-			// opened (tens of milliseconds): iperf3 opens its UDP
-			// socket once the test begins.
+			// opened (tens of milliseconds, more while the client opens
+			// its own): iperf3 opens its UDP socket once the test
+			// begins. A silent fall-back would be all of them.
 			t.Errorf("the kernel delivered %d datagrams in the server's namespace for %d sent: not offloaded", kernel[1], res.Sent)
 		}
 	}
@@ -87,7 +88,7 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 			t.Errorf("the client's log says nothing of offload:\n%s", tail(res.Output, 30))
 		}
 		// The client's socket is decided at its first send.
-		if !a.OneWay && kernel[0] > int(res.Sent)/20 {
+		if !a.OneWay && kernel[0] > int(res.Sent)/10 {
 			t.Errorf("the kernel delivered %d datagrams in the client's namespace for %d sent: not offloaded", kernel[0], res.Sent)
 		}
 	}

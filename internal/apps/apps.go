@@ -127,6 +127,9 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	addr := r.Bed.Addr(testbed.B).String()
 	srvOut := &sockperf.SyncBuffer{}
 	srv := r.command(ctx, testbed.B, r.ServerOffload, r.App.Server(dir, addr))
+	// Daemons point stderr at /dev/null once they run (dnsmasq does):
+	// vmaxdp logs into the run's directory, and the logs are read back.
+	srv.Env = append(srv.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, "server-vmaxdp.%d.log"))
 	srv.Dir = dir
 	srv.Stdout, srv.Stderr = srvOut, srvOut
 	// The server and whatever it forks are one process group, stopped
@@ -145,25 +148,38 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 			syscall.Kill(-srv.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
-		serverLog = srvOut.String()
+		serverLog = srvOut.String() + readLogs(dir, "server-vmaxdp.*.log")
 	}()
 	if err := r.waitListening(ctx); err != nil {
 		return res, srvOut.String(), fmt.Errorf("%s: server did not start: %w\n%s", r.App.Name, err, tail(srvOut.String(), 20))
 	}
 	if r.ServerOffload {
-		if err := sockperf.WaitOffloaded(ctx, srv.Process.Pid, 10*time.Second); err != nil {
+		if err := sockperf.WaitOffloaded(ctx, sockperf.EnvValue(r.Env, "VMAXDP_STATS_DIR"), srv.Process.Pid, 10*time.Second); err != nil {
 			return res, srvOut.String(), fmt.Errorf("%s: %w", r.App.Name, err)
 		}
 	}
 	cli := r.command(ctx, testbed.A, r.ClientOffload, r.App.Client(dir, addr, d, r.Paced))
 	cli.Dir = dir
-	out, err := cli.CombinedOutput()
+	cli.Env = append(cli.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, "client-vmaxdp.%d.log"))
+	b, err := cli.CombinedOutput()
+	out := string(b) + readLogs(dir, "client-vmaxdp.*.log")
 	if err != nil {
-		return res, "", fmt.Errorf("%s: load generator: %w\n%s", r.App.Name, err, tail(string(out), 30))
+		return res, "", fmt.Errorf("%s: load generator: %w\n%s", r.App.Name, err, tail(out, 30))
 	}
-	res, err = r.App.Parse(string(out))
-	res.Output = string(out)
+	res, err = r.App.Parse(out)
+	res.Output = out
 	return res, "", err
+}
+
+// readLogs reads the files of dir matching pattern, one after the other.
+func readLogs(dir, pattern string) string {
+	files, _ := filepath.Glob(filepath.Join(dir, pattern))
+	var b strings.Builder
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		b.Write(data)
+	}
+	return b.String()
 }
 
 func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, argv []string) *exec.Cmd {

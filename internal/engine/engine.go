@@ -100,6 +100,7 @@ type Engine struct {
 	pub      *publisher
 	causes   sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
 	opening  map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
+	opened   map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
 	opens    sync.WaitGroup            // openStack goroutines
 }
 
@@ -134,6 +135,30 @@ type Socket struct {
 	// (see stackOrWait); closed: the application closed its last fd.
 	pending string
 	closed  bool
+	// decided is an eventfd (-1 until a wait needs it) written when a
+	// candidate is decided, so that a wait on its kernel socket (which
+	// gets nothing once the socket is steered) ends at once.
+	decided int
+}
+
+// decidedFD is the candidate's decision eventfd, made on first use.
+// Caller holds s.mu.
+func (s *Socket) decidedFD() int {
+	if s.decided < 0 {
+		if fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err == nil {
+			s.decided = highfd.Move(fd)
+		}
+	}
+	return s.decided
+}
+
+// wakeDecided wakes the waits on a candidate that was just decided.
+// Caller holds s.mu.
+func (s *Socket) wakeDecided() {
+	if s.decided >= 0 {
+		one := [8]byte{1}
+		unix.Write(s.decided, one[:])
+	}
 }
 
 // New starts an engine: it reads the parameters and the rules file, and
@@ -212,7 +237,7 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: fd beyond %d", fd, MaxFD-1)
 		return StateOS
 	}
-	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, mcLoop: e.p.TxMCLoopback, fds: []int{fd}}
+	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, mcLoop: e.p.TxMCLoopback, fds: []int{fd}, decided: -1}
 	if !s.mcLoop {
 		// The kernel socket's default follows the parameter too, so that
 		// getsockopt and the kernel's own sends agree with it.
@@ -297,7 +322,38 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 	if remote.IsValid() {
 		role = rules.UDPConnect
 	}
-	return e.decide(s, role, local, to, "")
+	st := e.decide(s, role, local, to, "")
+	if st == StateCandidate && s.pending != "" {
+		// The first send waits for the stack (unlike bind, which returns
+		// at once): its answers then all come the fast way, none through
+		// the kernel socket for the first tens of milliseconds.
+		done := e.openDone(s.pending)
+		s.mu.Unlock()
+		select {
+		case <-done:
+		case <-time.After(firstSendWait):
+		}
+		s.mu.Lock()
+		st = s.state
+	}
+	return st
+}
+
+// firstSendWait bounds how long a first send waits for its stack to open.
+const firstSendWait = time.Second
+
+// openDone is closed once the stack of ifname, opening, is open (or
+// failed) and its sockets adopted; a closed channel when it is not
+// opening.
+func (e *Engine) openDone(ifname string) <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ch, ok := e.opened[ifname]; ok {
+		return ch
+	}
+	ch := make(chan struct{})
+	close(ch)
+	return ch
 }
 
 // sockAddrs: a socket whose addresses cannot be read is decided as
@@ -354,6 +410,7 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	s.conn.Store(c)
 	s.state = StateOffloaded
 	e.onState(s.fd, StateOffloaded)
+	s.wakeDecided()
 	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s, %s)", s.fd, st.Interface(), what, by)
 	return StateOffloaded
 }
@@ -392,6 +449,12 @@ func (e *Engine) stackOrWait(ifname string, s *Socket, what, by string) (*stack.
 		if err != nil {
 			return nil, fmt.Errorf("stack %s: network namespace: %w", ifname, err)
 		}
+		if e.opened == nil {
+			e.opened = map[string]chan struct{}{}
+		}
+		if e.opened[ifname] == nil { // a retry keeps the first one's
+			e.opened[ifname] = make(chan struct{})
+		}
 		e.opens.Add(1)
 		go e.openStack(ifname, netns.NsHandle(highfd.Move(int(ns))))
 	}
@@ -406,14 +469,17 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 	defer e.opens.Done()
 	var st *stack.Stack
 	err := netnsutil.Do(ns, func() (err error) {
-		st, err = e.newStack(ifname)
+		st, err = e.newStack(ifname, func() bool { return e.stillWanted(ifname) })
 		return err
 	})
 	highfd.Close(int(ns))
 	e.mu.Lock()
-	if err != nil {
+	switch {
+	case errors.Is(err, stack.ErrNotWanted):
+		// Tried again by the interface's next socket.
+	case err != nil:
 		e.stackErr[ifname] = err
-	} else {
+	default:
 		e.stacks[ifname] = st
 	}
 	waiting := e.opening[ifname]
@@ -422,13 +488,23 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 	for _, w := range waiting {
 		w.s.mu.Lock()
 		if w.s.state == StateCandidate && w.s.pending == ifname && !w.s.closed {
-			if err != nil {
+			w.s.pending = ""
+			switch {
+			case errors.Is(err, stack.ErrNotWanted):
+				// It came after Wanted said no: open the stack for it.
+				if st, err := e.stackOrWait(ifname, w.s, w.what, w.by); err != nil {
+					e.notOffloaded(w.s, w.what, err.Error())
+				} else if st != nil {
+					e.adopt(w.s, st, w.what, w.by)
+				}
+			case err != nil:
 				e.notOffloaded(w.s, w.what, err.Error())
-			} else {
+			default:
 				e.adopt(w.s, st, w.what, w.by)
 			}
+		} else {
+			w.s.pending = ""
 		}
-		w.s.pending = ""
 		w.s.mu.Unlock()
 	}
 	if st != nil {
@@ -436,6 +512,29 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 		// fork): its program would only slow the kernel's traffic.
 		st.Program().Detach()
 	}
+	e.mu.Lock()
+	if ch := e.opened[ifname]; ch != nil && e.opening[ifname] == nil {
+		close(ch)
+		delete(e.opened, ifname)
+	}
+	e.mu.Unlock()
+}
+
+// stillWanted says whether a socket waiting for ifname's stack still does
+// (not forked, closed or decided otherwise meanwhile).
+func (e *Engine) stillWanted(ifname string) bool {
+	e.mu.Lock()
+	waiting := slices.Clone(e.opening[ifname])
+	e.mu.Unlock()
+	for _, w := range waiting {
+		w.s.mu.Lock()
+		wants := w.s.state == StateCandidate && w.s.pending == ifname && !w.s.closed
+		w.s.mu.Unlock()
+		if wants {
+			return true
+		}
+	}
+	return false
 }
 
 // WaitOpens waits until the stacks being opened are open (or failed) and
@@ -449,6 +548,7 @@ func (e *Engine) WaitOpens() { e.opens.Wait() }
 func (e *Engine) notOffloaded(s *Socket, what, cause string) State {
 	s.state, s.reason = StateKernel, what+": "+cause
 	e.onState(s.fd, StateKernel)
+	s.wakeDecided()
 	level, more := params.LevelInfo, ""
 	if _, seen := e.causes.LoadOrStore(cause, true); seen {
 		level = params.LevelDebug
@@ -603,9 +703,10 @@ func onlyInterface() (string, error) {
 }
 
 // newStack opens the stack of ifname with the engine's parameters.
-func (e *Engine) newStack(ifname string) (*stack.Stack, error) {
+func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, error) {
 	p := e.p
 	o := &stack.Options{
+		Wanted:           wanted,
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
 		Steer:            &steer.Options{Generic: p.XDPMode == "generic"},
 		RxPoll:           p.RxPoll,
@@ -672,6 +773,11 @@ func (e *Engine) Close(fd int) {
 	defer s.mu.Unlock()
 	if len(others) == 0 {
 		s.closed = true
+		// No wait uses it any more: the waits on fd end before Close
+		// goes on (kernelReads), and no fd names s.
+		if s.decided >= 0 {
+			defer func() { highfd.Close(s.decided); s.decided = -1 }()
+		}
 	}
 	// A candidate's receive on fd ends within candidateSlice, and no new
 	// one starts: fd no longer names s.
@@ -739,7 +845,7 @@ func (e *Engine) toKernel(s *Socket, cause string) {
 		e.notOffloaded(s, fmt.Sprintf("fd %d", s.fd), cause)
 	case StateOffloaded:
 		c := s.conn.Load()
-		c.Unsteer()
+		c.Unsteer() // the rings' datagrams for it go to its queue
 		s.drainCause = cause
 		if n, _ := c.QueueLen(); n > 0 {
 			s.draining.Store(true)

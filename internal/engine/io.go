@@ -119,6 +119,7 @@ func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock 
 		return true, 0, from, unix.EBADF
 	}
 	s.kernelReads = append(s.kernelReads, fd)
+	decided := s.decidedFD()
 	s.mu.Unlock()
 	defer s.endKernelRead(fd)
 	if meta != nil {
@@ -130,7 +131,10 @@ func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock 
 		return errno != unix.EAGAIN, full, from, errno
 	}
 	ts := unix.NsecToTimespec(wait.Nanoseconds())
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(decided), Events: unix.POLLIN}}
+	if decided < 0 {
+		pfd = pfd[:1]
+	}
 	if _, err := sw.Ppoll(pfd, &ts); err == unix.EINTR {
 		return true, 0, from, unix.EINTR
 	}

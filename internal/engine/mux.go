@@ -41,7 +41,7 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 	var clock stack.SpinClock
 	done := func(n, os int, errno unix.Errno) (int, unix.Errno) {
 		if adaptive && clock.Start != 0 && n > 0 {
-			sp.Done(clock.Start, time.Now().UnixNano(), clock.LostCPU)
+			sp.Done(clock.Start, time.Now().UnixNano())
 		}
 		if e.p.CPUUsageStats && !polling.IsZero() {
 			mc.PollingNanos.Add(uint64(time.Since(polling)))
@@ -94,7 +94,7 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 		case adaptive && spinning:
 			if clock.Start == 0 {
 				now := time.Now().UnixNano()
-				clock.Begin(now, sp.Budget(now))
+				clock.Begin(now, sp.Budget())
 			}
 			if !clock.Tick() {
 				if !infinite && clock.Now() >= deadline.UnixNano() {
@@ -130,9 +130,14 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 	}
 }
 
-// sleepOn sleeps in ppoll on pfds and what the stacks need watched.
-func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) unix.Errno {
+// sleepOn sleeps in ppoll on pfds, the candidates' decision eventfds
+// and what the stacks need watched; after a sleep, pfds hold the revents
+// it gave them (not when ready found work first, or on error).
+func sleepOn(pfds []unix.PollFd, wakes []int, stacks []*stack.Stack, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) (slept bool, errno unix.Errno) {
 	all := slices.Clone(pfds)
+	for _, fd := range wakes {
+		all = append(all, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
 	var began []*stack.Stack
 	defer func() {
 		for _, st := range began {
@@ -142,35 +147,44 @@ func sleepOn(pfds []unix.PollFd, stacks []*stack.Stack, deadline time.Time, infi
 	for _, st := range stacks {
 		var err error
 		if all, err = st.BeginWait(all); err != nil {
-			return errnoOf(err)
+			return false, errnoOf(err)
 		}
 		began = append(began, st)
 	}
 	// A datagram queued between the caller's scan and BeginWait left the
 	// ring unseen by ppoll: look once more.
 	if ready() {
-		return 0
+		return false, 0
 	}
 	var ts *unix.Timespec
 	if !infinite {
 		t := unix.NsecToTimespec(max(time.Until(deadline).Nanoseconds(), 0))
 		ts = &t
 	}
-	_, err := sw.Ppoll(all, ts)
-	if err != nil {
-		return errnoOf(err)
+	if _, err := sw.Ppoll(all, ts); err != nil {
+		return false, errnoOf(err)
 	}
-	return 0
+	copy(pfds, all)
+	return true, 0
 }
 
-func (e *Engine) isCandidate(fd int) bool {
+// candidateWake returns the decision eventfd of fd's socket while it is a
+// candidate (a multiplexer sleeping on it wakes when it is decided), and
+// -1 when it is not one.
+func (e *Engine) candidateWake(fd int) int {
 	s := e.get(fd)
 	if s == nil {
-		return false
+		return -1
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state == StateCandidate
+	if s.state != StateCandidate {
+		return -1
+	}
+	if d := s.decidedFD(); d >= 0 {
+		return d
+	}
+	return -2 // no eventfd to be had: the sleep is cut to candidateSlice
 }
 
 // sliceDeadline cuts a sleep to candidateSlice.
@@ -228,16 +242,25 @@ func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigma
 
 func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *stack.SignalWait) (int, unix.Errno) {
 	zero := unix.Timespec{}
+	// known: a sleep just left the kernel fds' revents in pfds, and the
+	// scan after it need not poll them again (a system call per wait).
+	known := false
 	scan := func(osTurn bool) (int, int, unix.Errno) {
-		for i := range pfds {
-			pfds[i].Revents = 0
-		}
-		if osTurn {
-			if _, err := unix.Ppoll(pfds, &zero, nil); err != nil && err != unix.EINTR {
-				return 0, 0, errnoOf(err)
+		switch {
+		case known:
+			known = false
+		default:
+			for i := range pfds {
+				pfds[i].Revents = 0
+			}
+			if osTurn {
+				if _, err := unix.Ppoll(pfds, &zero, nil); err != nil && err != unix.EINTR {
+					return 0, 0, errnoOf(err)
+				}
 			}
 		}
 		n, os := 0, 0
+		var polled polledStacks
 		for i := range pfds {
 			p := &pfds[i]
 			if p.Revents&unix.POLLIN != 0 {
@@ -249,7 +272,7 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 						s.osReady.Store(true)
 					}
 					if p.Events&unix.POLLIN != 0 {
-						if _, ok := c.Pending(); ok {
+						if polled.poll(c.Stack()); c.Queued() {
 							p.Revents |= unix.POLLIN
 						}
 					}
@@ -266,16 +289,42 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 	}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
 		var stacks []*stack.Stack
+		var wakes []int
 		for _, p := range pfds {
 			if c := e.Conn(int(p.Fd)); c != nil {
 				stacks = appendStack(stacks, c.Stack())
-			} else if e.isCandidate(int(p.Fd)) {
+			} else if w := e.candidateWake(int(p.Fd)); w >= 0 {
+				wakes = append(wakes, w)
+			} else if w == -2 {
 				deadline, infinite = sliceDeadline(deadline, infinite)
 			}
 		}
-		return sleepOn(pfds, stacks, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
+		slept, errno := sleepOn(pfds, wakes, stacks, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
+		known = slept
+		return errno
 	}
 	return e.spin(kind, timeout, sw, &e.muxSpin[kind], scan, sleep)
+}
+
+// polledStacks are the stacks a multiplexer's scan has polled: each once
+// per scan, whatever the number of its sockets in the set, which then
+// report their queues without a lock (stack.UDPConn.Queued).
+type polledStacks struct {
+	n  int
+	st [4]*stack.Stack
+}
+
+func (ps *polledStacks) poll(st *stack.Stack) {
+	for _, s := range ps.st[:ps.n] {
+		if s == st {
+			return
+		}
+	}
+	st.Poll()
+	if ps.n < len(ps.st) {
+		ps.st[ps.n] = st
+		ps.n++
+	}
 }
 
 // epollSet is what the engine knows of one epoll fd: its members that are
@@ -301,22 +350,20 @@ type epollMember struct {
 // Edge-triggered (EPOLLET): the same, but only when a datagram was queued
 // since the last report, or once after EPOLL_CTL_ADD/MOD, as the kernel
 // does; a zeroed count (vmaxdp stats -z) makes one extra report.
-func (m *epollMember) poll(c *stack.UDPConn) (ev uint32, rx uint64) {
+func (m *epollMember) poll(c *stack.UDPConn, polled *polledStacks) (ev uint32, rx uint64) {
 	if m.disabled {
 		return 0, 0
 	}
+	// Datagrams count once they leave the ring, whatever c holds.
+	polled.poll(c.Stack())
 	if m.events&unix.EPOLLET != 0 {
-		// Datagrams count once they leave the ring, whatever c holds.
-		c.Stack().Poll()
 		rx = c.Counters.RxOffloadPackets.Load()
 		if m.reported && rx == m.seenRx {
 			return 0, rx
 		}
 	}
-	if m.events&unix.EPOLLIN != 0 {
-		if _, ok := c.Pending(); ok {
-			ev |= unix.EPOLLIN
-		}
+	if m.events&unix.EPOLLIN != 0 && c.Queued() {
+		ev |= unix.EPOLLIN
 	}
 	if m.events&unix.EPOLLOUT != 0 {
 		ev |= unix.EPOLLOUT
@@ -391,6 +438,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	}
 	scan := func(osTurn bool) (int, int, unix.Errno) {
 		n := 0
+		var polled polledStacks
 		set.mu.Lock()
 		for fd, m := range set.members {
 			if n == len(out) {
@@ -400,7 +448,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			if c == nil {
 				continue
 			}
-			if ev, rx := m.poll(c); ev != 0 {
+			if ev, rx := m.poll(c, &polled); ev != 0 {
 				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
 				n++
 				m.mark(rx)
@@ -420,27 +468,32 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
 		var stacks []*stack.Stack
+		var wakes []int
 		set.mu.Lock()
 		for fd := range set.members {
 			if c := e.Conn(fd); c != nil {
 				stacks = appendStack(stacks, c.Stack())
-			} else if e.isCandidate(fd) {
+			} else if w := e.candidateWake(fd); w >= 0 {
+				wakes = append(wakes, w)
+			} else if w == -2 {
 				deadline, infinite = sliceDeadline(deadline, infinite)
 			}
 		}
 		set.mu.Unlock()
-		return sleepOn(pfds, stacks, deadline, infinite, sw, func() bool {
+		_, errno := sleepOn(pfds, wakes, stacks, deadline, infinite, sw, func() bool {
 			set.mu.Lock()
 			defer set.mu.Unlock()
+			var polled polledStacks
 			for fd, m := range set.members {
 				if c := e.Conn(fd); c != nil {
-					if ev, _ := m.poll(c); ev&unix.EPOLLIN != 0 {
+					if ev, _ := m.poll(c, &polled); ev&unix.EPOLLIN != 0 {
 						return true
 					}
 				}
 			}
 			return false
 		})
+		return errno
 	}
 	return e.spin(MuxEpoll, timeout, sw, &set.spin, scan, sleep)
 }

@@ -134,31 +134,30 @@ func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, args
 	return cmd
 }
 
-// WaitOffloaded waits up to timeout until the process pid under vmaxdp
-// has decided every socket it has so far: none waits for its stack to
-// open (it reads the process's counters file, in the default stats
-// directory).
-func WaitOffloaded(ctx context.Context, pid int, timeout time.Duration) error {
-	path := filepath.Join(params.StatsDir(""), stats.FileName(pid))
-	var last string
+// WaitOffloaded waits up to timeout until the process pid under vmaxdp,
+// publishing its counters in dir (empty: the default), has decided every
+// socket it had when the call began: none waits for its stack to open any
+// more. Only snapshots published after the call began count.
+func WaitOffloaded(ctx context.Context, dir string, pid int, timeout time.Duration) error {
+	path := filepath.Join(params.StatsDir(dir), stats.FileName(pid))
+	since := time.Now().UnixNano()
+	last := "no counters file yet"
 	for deadline := time.Now().Add(timeout); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(10 * time.Millisecond) {
 		r, err := stats.Open(path)
 		if err != nil {
-			last = err.Error()
 			continue
 		}
 		var snap stats.Snapshot
 		err = r.Read(&snap)
 		r.Close()
-		if err != nil {
-			last = err.Error()
+		if err != nil || snap.Process.Published < since {
 			continue
 		}
 		decided := true
 		for _, sk := range snap.Sockets {
-			if sk.State == stats.StateCandidate {
+			if sk.State == stats.StateCandidate && sk.Local != "" && !strings.HasSuffix(sk.Local, ":0") {
 				decided = false
-				last = fmt.Sprintf("fd %d undecided", sk.FD)
+				last = fmt.Sprintf("fd %d (%s) undecided", sk.FD, sk.Local)
 			}
 		}
 		if decided {
@@ -166,6 +165,16 @@ func WaitOffloaded(ctx context.Context, pid int, timeout time.Duration) error {
 		}
 	}
 	return fmt.Errorf("pid %d: sockets not decided after %v: %s", pid, timeout, last)
+}
+
+// EnvValue is the value of the variable name in env ("" when unset).
+func EnvValue(env []string, name string) string {
+	for _, kv := range env {
+		if k, v, _ := strings.Cut(kv, "="); k == name {
+			return v
+		}
+	}
+	return ""
 }
 
 // SyncBuffer collects a process's output while others read it.
@@ -232,7 +241,7 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		// Its stack opens after bind returns (engine.stackOrWait): the
 		// client starts once the server's socket is offloaded, so that
 		// what the kernel delivers meanwhile never counts against it.
-		if err := WaitOffloaded(ctx, srv.Process.Pid, 10*time.Second); err != nil {
+		if err := WaitOffloaded(ctx, EnvValue(r.Env, "VMAXDP_STATS_DIR"), srv.Process.Pid, 10*time.Second); err != nil {
 			return res, srvOut.String(), err
 		}
 	}

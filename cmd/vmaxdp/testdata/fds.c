@@ -8,8 +8,9 @@
  *    vmaxdp puts it back);
  *  - closeall: closing every fd from 3 to the limit, as daemons do, closes
  *    none of vmaxdp's (the process would die: "netpoll failed");
- *  - lowfd: after an offloaded bind, the next socket is fd 4 (the engine's
- *    fds are out of the way);
+ *  - lowfd: after an offloaded bind (the program waits for "go", which the
+ *    test sends once the socket is offloaded), the next socket is fd 4 (the
+ *    engine's fds are out of the way);
  *  - dup2: dup2 onto one of vmaxdp's fds (a BPF map) fails with EBADF;
  *  - closefrom: closefrom(5) and close_range(5, ~0U) close none of them,
  *    and close the application's own fds there;
@@ -86,6 +87,15 @@ int main(int argc, char **argv)
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[1]))};
 	if (bind(s, (struct sockaddr *)&a, sizeof a) != 0) {
 		perror("bind");
+		return 1;
+	}
+	/* The engine opens its stack after bind returns: the test waits for
+	 * that, then sends "go". */
+	printf("bound\n");
+	fflush(stdout);
+	char go[8];
+	if (recv(s, go, sizeof go, 0) != 2) {
+		perror("recv go");
 		return 1;
 	}
 	int next = socket(AF_INET, SOCK_DGRAM, 0);

@@ -4,7 +4,8 @@
  *
  *   signals PORT
  *
- * It binds an offloaded UDP socket to PORT, then:
+ * It binds an offloaded UDP socket to PORT, waits for "go" (the test sends
+ * it once the socket is offloaded), then:
  *  - sigwait: SIGUSR1 is blocked in every application thread and taken by
  *    a sigwait thread; signals sent to the process must all reach it
  *    (none may land on one of vmaxdp's threads, which would kill it);
@@ -125,6 +126,14 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	char buf[64];
+	/* The engine opens its stack after bind returns: the test waits for
+	 * that, then sends "go", so that the checks run on an offloaded socket. */
+	printf("bound\n");
+	fflush(stdout);
+	if (recv(fd, buf, sizeof buf, 0) != 2) {
+		perror("recv go");
+		return 2;
+	}
 
 	for (int i = 1; i <= 20; i++) {
 		kill(getpid(), SIGUSR1);
