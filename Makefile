@@ -7,7 +7,8 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 BPF_CFLAGS := -O2 -g -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
-DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium
+DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium \
+	iperf3 dnsperf knot unbound nsd dnsmasq-base memcached libmemcached-tools
 STAMP     := .deps.stamp
 
 .PHONY: help deps build generate check-generate test test-short test-race bench fuzz demo lint clean
@@ -61,6 +62,7 @@ bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by s
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	./bin/vmaxdp bench -duration 3s
 	./bench/sockperf.sh -t 3
+	./bench/apps.sh
 	./bench/nettrace.sh
 
 FUZZTIME ?= 60s
@@ -73,11 +75,12 @@ fuzz: ## fuzz every parser (FUZZTIME each, default 60s)
 		out=$$($(GO) test -run '^$$' -fuzz "^$${f#*:}$$" -fuzztime $(FUZZTIME) "$${f%:*}" 2>&1) || { echo "$$out"; exit 1; }; \
 	done
 
-demo: $(STAMP) build ## the built-in test bed: sockperf under vmaxdp and on the kernel side by side, then a nettrace report
+demo: $(STAMP) build ## a plain test bed (as ip link add makes it): sockperf and knot under vmaxdp and on the kernel side by side, then a nettrace report
 	./bench/sockperf.sh -t 2 -bed demo-sockperf
-	./bin/vmaxdp testbed up -name demo
+	./bin/vmaxdp bench apps -rounds 1 -duration 2s -apps knot,iperf3-64B
+	./bin/vmaxdp testbed up -name demo -plain
 	./bin/vmaxdp testbed status
-	./bin/nettrace record -o demo.ntrace -netns vmx-demo-b -e drops -- ./bin/vmaxdp bench -bed demo -duration 3s all
+	./bin/nettrace record -o demo.ntrace -netns vmx-demo-b -e all -- ./bin/vmaxdp bench -bed demo -duration 3s all
 	./bin/nettrace script -i demo.ntrace -e drops | tail -n 8
 	./bin/nettrace report -i demo.ntrace -top 5 -html -o demo.html
 	./bin/nettrace report -i demo.ntrace -top 5

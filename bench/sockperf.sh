@@ -3,24 +3,28 @@
 # side by side in one run on a fresh test bed, with each figure's ratio to
 # the kernel's (blocking and busy-polling kernel both).
 #
-#   bench/sockperf.sh [-t SECONDS] [-m SIZE] [-bed NAME]
+#   bench/sockperf.sh [-t SECONDS] [-m SIZE] [-bed NAME] [-tuned]
+#
+# The bed is plain (as `ip link add` makes it: TX checksum offload on, the
+# kernel's default queues) unless -tuned.
 #
 # Needs root, sockperf and bin/vmaxdp + bin/libvmaxdp.so (make build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-T=3 M=64 BED=sockbench
+T=3 M=64 BED=sockbench KIND=-plain
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-t) T=$2; shift 2 ;;
 	-m) M=$2; shift 2 ;;
 	-bed) BED=$2; shift 2 ;;
-	*) echo "usage: $0 [-t SECONDS] [-m SIZE] [-bed NAME]" >&2; exit 2 ;;
+	-tuned) KIND=""; shift ;;
+	*) echo "usage: $0 [-t SECONDS] [-m SIZE] [-bed NAME] [-tuned]" >&2; exit 2 ;;
 	esac
 done
 V=./bin/vmaxdp
 [ -x $V ] && [ -f bin/libvmaxdp.so ] || { echo "bench/sockperf.sh: build first (make build)" >&2; exit 1; }
 command -v sockperf >/dev/null || { echo "bench/sockperf.sh: sockperf not installed" >&2; exit 1; }
-$V testbed up -name "$BED" >/dev/null
+$V testbed up -name "$BED" $KIND >/dev/null
 trap '$V testbed down -name "$BED" >/dev/null' EXIT
 A=vmx-$BED-a B=vmx-$BED-b IP=198.18.0.2 PORT=11300
 OUT=$(mktemp -d)
@@ -53,7 +57,7 @@ lat() { # avg p50 p99 p99.9 of a pp run
 }
 ratio() { [ -n "$1" ] && [ -n "$2" ] && echo "scale=3; $1 / $2" | bc || echo "-"; }
 
-printf "sockperf %s B, %ss per run, test bed %s (veth, 1 queue)\n\n" "$M" "$T" "$BED"
+printf "sockperf %s B, %ss per run, test bed %s (veth, %s)\n\n" "$M" "$T" "$BED" "$($V testbed status | sed -n "s/^$BED: .*MTU [0-9]*, //p")"
 printf "%-28s %9s %9s %9s %9s %10s %10s\n" "ping-pong latency (usec)" avg p50 p99 p99.9 "avg/k-blk" "avg/k-spin"
 read -r kba kb50 kb99 kb999 <<<"$(lat k-block)"
 read -r ksa ks50 ks99 ks999 <<<"$(lat k-spin)"

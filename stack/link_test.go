@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/testbed"
@@ -290,5 +291,27 @@ func TestIdleDetach(t *testing.T) {
 	echo(t, kernelConn(t, bed, "198.18.0.1:0"), c, "attached again")
 	if c.Counters.RxOffloadPackets.Load() != 1 {
 		t.Errorf("not offloaded after the program came back")
+	}
+}
+
+// TestVLANLeftToKernel: a VLAN interface is not served (its frames reach
+// XDP on the parent with their tag already taken off by the parent's VLAN
+// offload), and says so.
+func TestVLANLeftToKernel(t *testing.T) {
+	bed := testutil.Bed(t, &testbed.Options{Plain: true})
+	if err := run(t, bed, testbed.B, "ip", "link", "add", "link", bed.Link(testbed.B), "name", "vmxb.10", "type", "vlan", "id", "10"); err != nil {
+		t.Skipf("no VLAN interface to be had (a kernel without CONFIG_VLAN_8021Q): %v", err)
+	}
+	mustRun(t, bed, testbed.B, "ip", "addr", "add", "198.18.10.2/24", "dev", "vmxb.10")
+	mustRun(t, bed, testbed.B, "ip", "link", "set", "vmxb.10", "up")
+	err := bed.Do(testbed.B, func() error {
+		st, err := stack.Open("vmxb.10", &stack.Options{XSK: &xsk.Options{NoHugePages: true}})
+		if err == nil {
+			st.Close()
+		}
+		return err
+	})
+	if !errors.Is(err, stack.ErrNotSupported) || !strings.Contains(err.Error(), "VLAN interface") {
+		t.Errorf("stack on a VLAN interface: %v; want ErrNotSupported naming it", err)
 	}
 }

@@ -211,6 +211,10 @@ type Stack struct {
 	Counters Counters
 }
 
+// ErrNotSupported is backend.ErrNotSupported: what the stack cannot serve
+// (a VLAN interface), or the kernel lacks.
+var ErrNotSupported = backend.ErrNotSupported
+
 // ErrClosed is returned on a closed stack; sockets return net.ErrClosed.
 var ErrClosed = errors.New("stack closed")
 
@@ -285,6 +289,12 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	l, err := netnsutil.LinkByName(nl, ifname)
 	if err != nil {
 		return st, err
+	}
+	if l.Type() == "vlan" {
+		// Its frames reach the stack's XDP program on the parent, where a
+		// veth or NIC with VLAN offload has already taken the tag off:
+		// the program could not tell them from the parent's own.
+		return st, fmt.Errorf("%w: %s is a VLAN interface: vmaxdp serves untagged interfaces only, and leaves VLAN traffic to the kernel", ErrNotSupported, ifname)
 	}
 	a := l.Attrs()
 	st.ifindex = a.Index
