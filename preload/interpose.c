@@ -643,16 +643,20 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 	return REAL(sendto)(fd, buf, len, flags, to, alen);
 }
 
+/* send, write and writev on a candidate go through sendto as well: the
+ * first send decides its offload (iperf3's server answers with write). */
 ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
-	if (state(fd) == VMX_OFFLOADED)
+	int s = state(fd);
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE)
 		return sendto(fd, buf, len, flags, NULL, 0);
 	return REAL(send)(fd, buf, len, flags);
 }
 
 ssize_t write(int fd, const void *buf, size_t len)
 {
-	if (state(fd) == VMX_OFFLOADED)
+	int s = state(fd);
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE)
 		return sendto(fd, buf, len, 0, NULL, 0);
 	return REAL(write)(fd, buf, len);
 }
@@ -670,7 +674,8 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 
 ssize_t writev(int fd, const struct iovec *iov, int n)
 {
-	if (state(fd) == VMX_OFFLOADED) {
+	int s = state(fd);
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n};
 		return sendmsg(fd, &m, 0);
 	}

@@ -142,6 +142,17 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 		eng.SetRcvTimeo(f, time.Duration(tv.Nano()))
 	case level == unix.SOL_SOCKET && (name == unix.SO_RCVBUF || name == unix.SO_RCVBUFFORCE) && n >= 4:
 		eng.SetRcvBuf(f, int(*(*int32)(val)))
+	case level == unix.SOL_SOCKET && name == unix.SO_ATTACH_REUSEPORT_CBPF:
+		eng.SetReuseportSelect(f, "SO_ATTACH_REUSEPORT_CBPF")
+		return
+	case level == unix.SOL_SOCKET && name == unix.SO_ATTACH_REUSEPORT_EBPF:
+		eng.SetReuseportSelect(f, "SO_ATTACH_REUSEPORT_EBPF")
+		return
+	case level == unix.SOL_SOCKET && name == unix.SO_INCOMING_CPU && n >= 4:
+		if cpu := *(*int32)(val); cpu >= 0 {
+			eng.SetReuseportSelect(f, fmt.Sprintf("SO_INCOMING_CPU (%d)", cpu))
+		}
+		return
 	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_LOOP && n >= 1:
 		eng.SetMulticastLoop(f, optInt(val, n) != 0)
 	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_IF && n >= 4:

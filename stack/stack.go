@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -76,6 +77,18 @@ type Options struct {
 	// untouched (every socket it was opened for went to the kernel
 	// meanwhile: attaching and detaching a program costs a veth's traffic).
 	Wanted func() bool
+	// Ours, when set, says whether the kernel socket with this inode is
+	// one the caller is handing to the stack (the stack knows those it
+	// serves already): such a socket on a shareable socket's port is not
+	// a reason to leave the port to the kernel (see ErrShared).
+	Ours func(inode uint64) bool
+	// Shared, when set, is told the steered sockets that share their
+	// address and port with a kernel socket the stack does not serve, and
+	// why; it must hand them back to the kernel (UDPConn.Unsteer and
+	// whatever its own tables need). It runs on the stack's watcher and
+	// must not wait for the stack to close. When nil, the stack unsteers
+	// them itself.
+	Shared func(cs []*UDPConn, reason string)
 }
 
 // ErrNotWanted is returned by Open when Options.Wanted said no.
@@ -196,17 +209,42 @@ type Stack struct {
 	watchStop  int           // eventfd that ends the watcher
 	watchDone  chan struct{} // nil: no watcher
 	ctlFD      int           // AF_INET socket for ethtool ioctls (-1: none)
+	diag       *diag         // lists the kernel sockets on a port (nil: none)
+	shareKick  int           // eventfd: look for shared ports now (-1: none)
 
 	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
-	// demultiplexer writes muxEvfd when it queues a datagram while one
-	// sleeps, because the datagram left the ring they watch.
-	muxWaiters atomic.Int32
-	muxEvfd    atomic.Int32
+	// demultiplexer writes each one's eventfd (muxSleeping) when it queues
+	// a datagram while they sleep, because the datagram left the ring
+	// they watch. One eventfd per sleeper: with a shared one, the first
+	// thread to wake drained it and a second (another thread of a
+	// SO_REUSEPORT group) slept on with its datagrams queued.
+	muxWaiters  atomic.Int32
+	muxMu       sync.Mutex
+	muxSleeping []int32 // eventfds of the sleeping multiplexers
+	muxFree     []int32 // eventfds not in use
+	// queuedNow are the sockets the poll under way queued datagrams for
+	// (guarded by rxMu).
+	queuedNow []*UDPConn
 
-	mu     sync.Mutex // serialises socket table changes
-	socks  atomic.Pointer[map[sockKey]*UDPConn]
+	mu sync.Mutex // serialises socket table and rule changes
+	// socks maps a key to the sockets bound there: one, or a SO_REUSEPORT
+	// group (a flow goes to one of them), or several receivers of one
+	// multicast group and port (each gets a copy).
+	socks  atomic.Pointer[map[sockKey][]*UDPConn]
 	conns  map[*UDPConn]struct{}
 	closed bool
+	// rules counts the sockets that share each steering rule (a
+	// SO_REUSEPORT group, the receivers of one multicast group): the rule
+	// goes when the last of them does. Guarded by mu.
+	rules   map[steer.Rule]steer.RuleID
+	ruleUse map[steer.RuleID]int
+
+	// copies are the buffers of datagrams copied for the second and later
+	// receivers of a multicast group, free for reuse; copyQ marks their
+	// rxItems. Guarded by rxMu.
+	copies     [][]byte
+	copiesMade int
+	copyQ      *queue
 
 	Counters Counters
 }
@@ -264,8 +302,8 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, conns: map[*UDPConn]struct{}{}, adaptive: adaptive}
-	st.muxEvfd.Store(-1)
+	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
+		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]int{}, copyQ: &queue{idx: -1}}
 	defer func() {
 		if err != nil {
 			st.Close()
@@ -314,6 +352,9 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, fmt.Errorf("ethtool socket: %w", err)
 	}
 	st.ctlFD = highfd.Move(ctl)
+	if st.diag, err = openDiag(); err != nil {
+		return st, err
+	}
 	st.partialCsum = virtualLink(st.ctlFD, ifname)
 	ch, err := xsk.QueueChannels(st.ctlFD, ifname, a.NumRxQueues, a.NumTxQueues)
 	if err != nil {
@@ -343,7 +384,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if err := st.openQueues(queues, ch); err != nil {
 		return st, err
 	}
-	empty := map[sockKey]*UDPConn{}
+	empty := map[sockKey][]*UDPConn{}
 	st.socks.Store(&empty)
 	ls := linkState{up: a.Flags&net.FlagUp != 0, mtu: a.MTU, addr: st.Addr(), addrs: *st.addrs.Load(), rx: ch.Rx}
 	if !ls.up {
@@ -580,41 +621,56 @@ func (st *Stack) Poll() int {
 // when a datagram is queued meanwhile. The caller looks at its sockets
 // once more after BeginWait, sleeps, and calls EndWait.
 func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
-	if st.muxEvfd.Load() < 0 {
-		fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	st.muxMu.Lock()
+	defer st.muxMu.Unlock()
+	var fd int32
+	if n := len(st.muxFree); n > 0 {
+		fd, st.muxFree = st.muxFree[n-1], st.muxFree[:n-1]
+	} else {
+		e, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 		if err != nil {
 			return pfds, fmt.Errorf("stack %s: eventfd: %w", st.ifname, err)
 		}
-		fd = highfd.Move(fd)
-		if !st.muxEvfd.CompareAndSwap(-1, int32(fd)) {
-			highfd.Close(fd)
-		}
+		fd = int32(highfd.Move(e))
 	}
+	st.muxSleeping = append(st.muxSleeping, fd)
 	st.muxWaiters.Add(1)
 	for _, q := range st.pollQueues() {
 		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
 	}
-	return append(pfds, unix.PollFd{Fd: st.muxEvfd.Load(), Events: unix.POLLIN}), nil
+	return append(pfds, unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
 }
 
 // EndWait ends a BeginWait; pfds are what the multiplexer slept on, with
-// their revents. The eventfd is read only when it woke the sleep: a read
+// their revents. Its eventfd is read only when it woke the sleep: a read
 // of one that did not costs a system call per sleep.
 func (st *Stack) EndWait(pfds []unix.PollFd) {
-	st.muxWaiters.Add(-1)
-	evfd := st.muxEvfd.Load()
+	st.muxMu.Lock()
+	defer st.muxMu.Unlock()
 	for _, p := range pfds {
-		if p.Fd == evfd && p.Revents&unix.POLLIN != 0 {
-			var v [8]byte
-			unix.Read(int(evfd), v[:])
-			return
+		i := slices.Index(st.muxSleeping, p.Fd)
+		if i < 0 {
+			continue
 		}
+		st.muxSleeping = slices.Delete(st.muxSleeping, i, i+1)
+		st.muxWaiters.Add(-1)
+		if p.Revents&unix.POLLIN != 0 {
+			var v [8]byte
+			unix.Read(int(p.Fd), v[:])
+		}
+		st.muxFree = append(st.muxFree, p.Fd)
+		return
 	}
 }
 
+// wakeMux wakes every sleeping multiplexer.
 func (st *Stack) wakeMux() {
 	var one = [8]byte{1}
-	unix.Write(int(st.muxEvfd.Load()), one[:])
+	st.muxMu.Lock()
+	for _, fd := range st.muxSleeping {
+		unix.Write(int(fd), one[:])
+	}
+	st.muxMu.Unlock()
 }
 
 // pollLocked drains every queue's RX ring into socket queues and returns
@@ -639,7 +695,30 @@ func (st *Stack) pollLocked() int {
 		}
 		st.flushLocked(q)
 	}
+	if len(st.queuedNow) > 0 {
+		st.wakeQueued()
+	}
 	return total
+}
+
+// wakeQueued wakes the sleepers on the sockets the poll queued datagrams
+// for, once each: a SO_REUSEPORT group's threads share the stack's queues,
+// and whichever polls hands the others their datagrams, a wakeup (an
+// eventfd write) per socket and batch instead of per datagram. Waiters
+// are looked at after the datagrams are queued, so that none arrives
+// unseen (see UDPConn.sleep). Caller holds rxMu.
+func (st *Stack) wakeQueued() {
+	for i, c := range st.queuedNow {
+		c.queuedNow = false
+		if c.waiters.Load() > 0 {
+			c.wake()
+		}
+		st.queuedNow[i] = nil
+	}
+	st.queuedNow = st.queuedNow[:0]
+	if st.muxWaiters.Load() > 0 {
+		st.wakeMux()
+	}
 }
 
 func (st *Stack) flushLocked(q *queue) {
@@ -649,15 +728,20 @@ func (st *Stack) flushLocked(q *queue) {
 	}
 }
 
-// releaseLocked returns a frame to its queue, in batches.
+// releaseLocked returns a frame to its queue, in batches (a copy, to the
+// copies' free list).
 func (st *Stack) releaseLocked(q *queue, b backend.Buf) {
+	if q == st.copyQ {
+		st.copies = append(st.copies, b.Data[:cap(b.Data)])
+		return
+	}
 	q.rel = append(q.rel, b)
 	if len(q.rel) >= rxBatch {
 		st.flushLocked(q)
 	}
 }
 
-func (st *Stack) demuxLocked(q *queue, socks map[sockKey]*UDPConn, b backend.Buf) {
+func (st *Stack) demuxLocked(q *queue, socks map[sockKey][]*UDPConn, b backend.Buf) {
 	var p header.Packet
 	switch r := header.Parse(b.Data, &p); {
 	case r == header.PartialUDPChecksum && st.partialCsum:
@@ -675,20 +759,114 @@ func (st *Stack) demuxLocked(q *queue, socks map[sockKey]*UDPConn, b backend.Buf
 		return
 	}
 	k := sockKey{laddr: [4]byte(p.IP[16:20]), raddr: [4]byte(p.IP[12:16]), lport: p.UDP.DstPort(), rport: p.UDP.SrcPort()}
-	c := socks[k]
-	if c == nil {
+	cs := socks[k]
+	if len(cs) == 0 {
 		k.raddr, k.rport = [4]byte{}, 0
-		if c = socks[k]; c == nil {
+		if cs = socks[k]; len(cs) == 0 {
 			k.laddr = [4]byte{}
-			c = socks[k]
+			cs = socks[k]
 		}
 	}
-	if c == nil {
+	switch {
+	case len(cs) == 0:
 		st.Counters.RxNoSocket.Add(1)
 		st.releaseLocked(q, b)
+	case len(cs) == 1:
+		cs[0].enqueueLocked(q, b, &p)
+	case k.laddr[0]>>4 == 0xe:
+		// Receivers of one multicast group: each gets its copy, as from
+		// the kernel; the last gets the frame itself.
+		for _, c := range cs[:len(cs)-1] {
+			st.enqueueCopyLocked(c, b, &p)
+		}
+		cs[len(cs)-1].enqueueLocked(q, b, &p)
+	default:
+		// A SO_REUSEPORT group: one socket per flow, by a hash of the
+		// source, as the kernel spreads a group (its hash is seeded at
+		// boot, so the choice is not the kernel's, but a flow keeps its
+		// socket while the group stays the same).
+		cs[flowIndex(&p, len(cs))].enqueueLocked(q, b, &p)
+	}
+}
+
+// flowIndex picks one of n sockets for p's flow.
+func flowIndex(p *header.Packet, n int) int {
+	h := uint32(p.IP[12])<<24 | uint32(p.IP[13])<<16 | uint32(p.IP[14])<<8 | uint32(p.IP[15])
+	h ^= uint32(p.UDP.SrcPort()) * 0x9e3779b1
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	return int(uint64(h) * uint64(n) >> 32)
+}
+
+// maxCopies bounds the buffers of multicast copies: beyond it, a copy is
+// dropped and counted in the receiver's RxQueueDrops, as a full queue is.
+const maxCopies = 4096
+
+// enqueueCopyLocked queues a copy of b for c. Caller holds rxMu.
+func (st *Stack) enqueueCopyLocked(c *UDPConn, b backend.Buf, p *header.Packet) {
+	var buf []byte
+	switch {
+	case len(st.copies) > 0:
+		buf = st.copies[len(st.copies)-1]
+		st.copies = st.copies[:len(st.copies)-1]
+	case st.copiesMade < maxCopies:
+		st.copiesMade++
+		buf = make([]byte, max(2048, len(b.Data)))
+	default:
+		c.Counters.RxQueueDrops.Add(1)
+		c.Counters.RxQueueDropBytes.Add(uint64(len(p.Payload)))
 		return
 	}
-	c.enqueueLocked(q, b, &p)
+	if cap(buf) < len(b.Data) {
+		buf = make([]byte, len(b.Data)) // a jumbo frame: rare, and then kept
+	}
+	d := buf[:copy(buf[:cap(buf)], b.Data)]
+	cp := backend.Buf{Data: d}
+	var pc header.Packet
+	pc.Eth = header.Ethernet(rebase(b.Data, d, p.Eth))
+	pc.IP = header.IPv4(rebase(b.Data, d, p.IP))
+	pc.UDP = header.UDP(rebase(b.Data, d, p.UDP))
+	pc.Payload = rebase(b.Data, d, p.Payload)
+	c.enqueueLocked(st.copyQ, cp, &pc)
+}
+
+// rebase is the view of to that view is of from.
+func rebase(from, to, view []byte) []byte {
+	off := cap(from) - cap(view)
+	return to[off : off+len(view)]
+}
+
+// addRule installs r, or counts one more user of it when another socket
+// installed it already (a SO_REUSEPORT group, receivers of one group).
+func (st *Stack) addRule(r steer.Rule) (steer.RuleID, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if id, ok := st.rules[r]; ok {
+		st.ruleUse[id]++
+		return id, nil
+	}
+	id, err := st.prog.AddRule(r)
+	if err != nil {
+		return 0, err
+	}
+	st.rules[r], st.ruleUse[id] = id, 1
+	return id, nil
+}
+
+// removeRule counts one user less of a rule, and removes it with the last.
+func (st *Stack) removeRule(id steer.RuleID) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ruleUse[id]--; st.ruleUse[id] > 0 {
+		return nil
+	}
+	delete(st.ruleUse, id)
+	for r, rid := range st.rules {
+		if rid == id {
+			delete(st.rules, r)
+		}
+	}
+	return st.prog.RemoveRule(id)
 }
 
 func (st *Stack) addSocket(c *UDPConn, keys ...sockKey) error {
@@ -699,16 +877,19 @@ func (st *Stack) addSocket(c *UDPConn, keys ...sockKey) error {
 	}
 	old := *st.socks.Load()
 	for _, k := range keys {
-		if o := old[k]; o != nil && o != c {
-			return fmt.Errorf("%s: %w", c.local, unix.EADDRINUSE)
+		for _, o := range old[k] {
+			// The kernel let both sockets bind: receivers of a multicast
+			// group, or a SO_REUSEPORT group; anything else is a clash.
+			if o != c && k.laddr[0]>>4 != 0xe && !(c.reusePort && o.reusePort) {
+				return fmt.Errorf("%s: %w", c.local, unix.EADDRINUSE)
+			}
 		}
 	}
-	m := make(map[sockKey]*UDPConn, len(old)+len(keys))
-	for k, v := range old {
-		m[k] = v
-	}
+	m := maps.Clone(old)
 	for _, k := range keys {
-		m[k] = c
+		if !slices.Contains(m[k], c) {
+			m[k] = append(slices.Clone(m[k]), c)
+		}
 	}
 	st.socks.Store(&m)
 	st.conns[c] = struct{}{}
@@ -718,17 +899,29 @@ func (st *Stack) addSocket(c *UDPConn, keys ...sockKey) error {
 func (st *Stack) removeSocket(c *UDPConn, keys ...sockKey) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	old := *st.socks.Load()
-	m := make(map[sockKey]*UDPConn, len(old))
-	for k, v := range old {
-		m[k] = v
-	}
+	m := maps.Clone(*st.socks.Load())
 	for _, k := range keys {
-		if m[k] == c {
+		cs := slices.DeleteFunc(slices.Clone(m[k]), func(o *UDPConn) bool { return o == c })
+		if len(cs) == 0 {
 			delete(m, k)
+		} else {
+			m[k] = cs
 		}
 	}
 	st.socks.Store(&m)
+}
+
+// Group lists the sockets that share c's address and port (a SO_REUSEPORT
+// group, in the order they joined), c included; nil when c is alone.
+func (st *Stack) Group(c *UDPConn) []*UDPConn {
+	if len(c.keys) == 0 {
+		return nil
+	}
+	cs := (*st.socks.Load())[c.keys[0]]
+	if len(cs) < 2 {
+		return nil
+	}
+	return slices.Clone(cs)
 }
 
 // Close closes every socket (waiting for the calls in them to leave),
@@ -769,9 +962,12 @@ func (st *Stack) Close() error {
 	st.queues.Store(nil)
 	st.rxMu.Unlock()
 	st.stopRefreshes()
-	if fd := st.muxEvfd.Swap(-1); fd >= 0 {
+	st.muxMu.Lock()
+	for _, fd := range append(st.muxFree, st.muxSleeping...) {
 		highfd.Close(int(fd))
 	}
+	st.muxFree, st.muxSleeping = nil, nil
+	st.muxMu.Unlock()
 	if st.ns >= 0 {
 		highfd.Close(int(st.ns))
 		st.ns = -1
@@ -780,5 +976,7 @@ func (st *Stack) Close() error {
 		highfd.Close(st.ctlFD)
 		st.ctlFD = -1
 	}
+	st.diag.close()
+	st.diag = nil
 	return errors.Join(errs...)
 }

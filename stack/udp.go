@@ -105,9 +105,18 @@ type UDPConn struct {
 	rxLim    atomic.Int64 // payload bytes the receive queue may hold
 	stamp    atomic.Bool  // stamp datagrams with their arrival time (SetRecvStamp)
 
-	rules  []steer.RuleID
-	keys   []sockKey
-	groups map[netip.Addr]steer.RuleID
+	rules []steer.RuleID
+	keys  []sockKey
+	// reusePort: its kernel socket has SO_REUSEPORT, so it may share its
+	// address and port with others that have it (a group). shareable: it
+	// has SO_REUSEPORT or SO_REUSEADDR, so kernel sockets the stack does
+	// not serve may share them (see ErrShared). inode names its kernel
+	// socket in sock_diag's answers. All three are set by attach.
+	reusePort bool
+	shareable bool
+	inode     uint64
+	steered   atomic.Bool // its rules are installed (attach to Unsteer)
+	groups    map[netip.Addr]steer.RuleID
 
 	// Receive queue, guarded by st.rxMu.
 	rxq    []rxItem
@@ -124,7 +133,10 @@ type UDPConn struct {
 	errAgain error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
 	spin     Spin  // how long blocking receives poll (Options.RxPoll 0)
 	waiters  atomic.Int32
-	osPolls  atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
+	// queuedNow: the poll under way queued a datagram for the socket
+	// (guarded by Stack.rxMu).
+	queuedNow bool
+	osPolls   atomic.Uint32 // nonblocking reads' polls, for RxPollOSRatio
 	// osPeeked: the last receive peeked (MSG_PEEK) at the kernel socket's
 	// datagram, which the next receive must return first, as the kernel's
 	// would (dnsmasq peeks for a datagram's size, then reads it).
@@ -278,11 +290,13 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 // socket receives them from now on, and the datagrams already queued stay
 // readable. It must not race the socket's own group changes.
 func (c *UDPConn) Unsteer() {
+	c.steered.Store(false)
+	defer c.st.kickShare() // the others on its port may share with it now
 	for _, id := range c.rules {
-		c.st.prog.RemoveRule(id)
+		c.st.removeRule(id)
 	}
 	for _, id := range c.groups {
-		c.st.prog.RemoveRule(id)
+		c.st.removeRule(id)
 	}
 	// What was steered here before the rules went is in the rings: into
 	// the socket's queue with it while the socket is still in the table,
@@ -322,6 +336,10 @@ func (c *UDPConn) attach() error {
 	}
 	c.errAgain = c.readErr(unix.EAGAIN)
 	c.osFirst.Store(true)
+	if v, err := unix.GetsockoptInt(c.FD(), unix.SOL_SOCKET, unix.SO_REUSEPORT); err == nil {
+		c.reusePort = v != 0
+	}
+	c.shareable, c.inode = shareable(c.FD())
 	// The queue holds at least what the kernel socket would: its
 	// SO_RCVBUF (what the kernel counts there includes each skb's
 	// overhead, so as payload it holds more). A queue of only
@@ -336,13 +354,33 @@ func (c *UDPConn) attach() error {
 	if err := st.addSocket(c, key); err != nil {
 		return err
 	}
-	id, err := st.prog.AddRule(rule)
+	if c.shareable && st.diag != nil {
+		_, served := st.shareableConns()
+		served[c.inode] = true
+		who, err := st.sharedWith(c, served)
+		if err != nil {
+			return err
+		}
+		if who != "" {
+			st.kickShare() // those of the stack on the port follow
+			return fmt.Errorf("%w: %s", ErrShared, sharedCause(c.local, who))
+		}
+	}
+	id, err := st.addRule(rule)
 	if err != nil {
 		return err
 	}
 	c.rules = append(c.rules, id)
+	c.steered.Store(true)
+	if c.shareable {
+		st.kickShare() // the watcher looks at its port from now on
+	}
 	return nil
 }
+
+// ReusePort says whether the socket's kernel socket has SO_REUSEPORT: it
+// may be one of a group (see Stack.Group).
+func (c *UDPConn) ReusePort() bool { return c.reusePort }
 
 // rxCapacity: a socket can never hold more datagrams than there are RX frames.
 func (st *Stack) rxCapacity() int {
@@ -426,7 +464,7 @@ func (c *UDPConn) SteerGroup(group netip.Addr) error {
 	if err := c.st.addSocket(c, key); err != nil {
 		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
 	}
-	id, err := c.st.prog.AddRule(steer.Rule{Kind: steer.RuleMcast, Proto: unix.IPPROTO_UDP, Local: netip.AddrPortFrom(group, c.local.Port())})
+	id, err := c.st.addRule(steer.Rule{Kind: steer.RuleMcast, Proto: unix.IPPROTO_UDP, Local: netip.AddrPortFrom(group, c.local.Port())})
 	if err != nil {
 		c.st.removeSocket(c, key)
 		return fmt.Errorf("udp %s: join %s: %w", c.local, group, err)
@@ -459,7 +497,7 @@ func (c *UDPConn) unsteerGroup(group netip.Addr) bool {
 	id, ok := c.groups[group]
 	if ok {
 		delete(c.groups, group)
-		c.st.prog.RemoveRule(id)
+		c.st.removeRule(id)
 		c.st.removeSocket(c, sockKey{laddr: group.As4(), lport: c.local.Port()})
 	}
 	return ok
@@ -595,11 +633,11 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	}
 	c.Counters.RxOffloadPackets.Add(1)
 	c.Counters.RxOffloadBytes.Add(uint64(n))
-	if c.waiters.Load() > 0 {
-		c.wake()
-	}
-	if c.st.muxWaiters.Load() > 0 {
-		c.st.wakeMux()
+	if !c.queuedNow {
+		// Woken once at the end of the poll, however many of its batch
+		// it got (see Stack.wakeQueued).
+		c.queuedNow = true
+		c.st.queuedNow = append(c.st.queuedNow, c)
 	}
 }
 
@@ -1276,12 +1314,13 @@ func (c *UDPConn) Close() error {
 		return net.ErrClosed
 	}
 	st := c.st
+	c.steered.Store(false)
 	var errs []error
 	for _, id := range c.rules {
-		errs = append(errs, st.prog.RemoveRule(id))
+		errs = append(errs, st.removeRule(id))
 	}
 	for _, id := range c.groups {
-		errs = append(errs, st.prog.RemoveRule(id))
+		errs = append(errs, st.removeRule(id))
 	}
 	st.removeSocket(c, c.keys...)
 	st.mu.Lock()

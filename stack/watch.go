@@ -56,7 +56,14 @@ func (st *Stack) startWatch(initial linkState) error {
 		highfd.Close(fd)
 		return fmt.Errorf("watch link events: eventfd: %w", err)
 	}
+	kick, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		highfd.Close(fd)
+		unix.Close(stop)
+		return fmt.Errorf("watch shared ports: eventfd: %w", err)
+	}
 	st.watchStop = highfd.Move(stop)
+	st.shareKick = highfd.Move(kick)
 	st.watchDone = make(chan struct{})
 	go st.watch(fd, initial)
 	return nil
@@ -71,6 +78,8 @@ func (st *Stack) stopWatch() {
 	unix.Write(st.watchStop, one[:])
 	<-st.watchDone
 	highfd.Close(st.watchStop)
+	highfd.Close(st.shareKick)
+	st.shareKick = -1
 	st.watchDone = nil
 }
 
@@ -88,20 +97,36 @@ func (st *Stack) watch(fd int, last linkState) {
 	defer highfd.Close(fd)
 	buf := make([]byte, 1<<16)
 	var idleSince time.Time
+	channelsRead := time.Now()
+	sharing := false // the stack serves shareable sockets: look at their ports every shareEvery
 	for {
 		idleSince = st.detachIdle(idleSince)
-		pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(st.watchStop), Events: unix.POLLIN}}
-		if _, err := unix.Poll(pfds, watchEvery); err != nil && err != unix.EINTR {
+		pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(st.watchStop), Events: unix.POLLIN},
+			{Fd: int32(st.shareKick), Events: unix.POLLIN}}
+		timeout := watchEvery
+		if sharing {
+			timeout = shareEvery
+		}
+		if _, err := unix.Poll(pfds, timeout); err != nil && err != unix.EINTR {
 			slog.Warn("stack: link watcher stops", "interface", st.ifname, "err", err)
 			return
 		}
 		if pfds[1].Revents != 0 {
 			return
 		}
+		if pfds[2].Revents != 0 || sharing {
+			var n [8]byte
+			unix.Read(st.shareKick, n[:])
+			sharing = st.checkShared()
+		}
 		if pfds[0].Revents == 0 {
 			// No event: only the channel count can have changed. It is
 			// read through the stack's ioctl socket, so the watcher takes
 			// no fd from the application.
+			if time.Since(channelsRead) < watchEvery*time.Millisecond {
+				continue
+			}
+			channelsRead = time.Now()
 			if ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, last.rx, last.rx); err == nil && ch.Rx != last.rx && len(st.opts.Queues) == 0 {
 				st.followChannels(ch.Rx, last.rx)
 				last.rx = ch.Rx
@@ -309,9 +334,7 @@ func (st *Stack) wakeAll() {
 		c.wake()
 	}
 	st.rxMu.Unlock()
-	if st.muxEvfd.Load() >= 0 {
-		st.wakeMux()
-	}
+	st.wakeMux()
 }
 
 func ptr(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

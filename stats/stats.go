@@ -88,6 +88,10 @@ type Socket struct {
 	Remote    string   `json:"remote,omitempty"`
 	Blocking  bool     `json:"blocking"`
 	Groups    []string `json:"groups,omitempty"`
+	// ReusePort: the socket has SO_REUSEPORT; the sockets of the process
+	// with it on the same Local are its group, among which the datagrams
+	// are spread.
+	ReusePort bool     `json:"reuseport,omitempty"`
 	Rules     []uint32 `json:"rules,omitempty"` // steering rule ids on Interface
 	// RxQueuePackets and RxQueueBytes are the receive queue now.
 	RxQueuePackets uint64         `json:"rx_queue_packets"`
@@ -154,6 +158,7 @@ type QueueCounters struct {
 	RxWakeups   uint64 `json:"rx_wakeups"`
 	TxWakeups   uint64 `json:"tx_wakeups"`
 	TxKickErrs  uint64 `json:"tx_kick_errs"`
+	TxBacklog   uint64 `json:"tx_backlog"`
 	MaxRxBatch  uint64 `json:"max_rx_batch" stats:"gauge"`
 	TxNoBufs    uint64 `json:"tx_no_bufs"`
 	FillNoSpace uint64 `json:"fill_no_space"`

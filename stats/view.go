@@ -3,7 +3,9 @@ package stats
 import (
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 )
@@ -136,8 +138,9 @@ func WriteView(w io.Writer, s *Snapshot, o ViewOptions) {
 		fmt.Fprintf(w, "%d more sockets not published (VMAXDP_STATS_FD_NUM)\n", s.Process.SocketsHidden)
 	}
 	if o.View >= 2 {
+		groups := reuseGroups(socks)
 		for _, sk := range socks {
-			writeSocketBlock(w, sk, deltas)
+			writeSocketBlock(w, sk, groups[sk.Local], deltas)
 		}
 	}
 	if o.View >= 3 {
@@ -210,7 +213,7 @@ func writeIomux(w io.Writer, s *Snapshot, deltas bool) {
 	}
 }
 
-func writeSocketBlock(w io.Writer, s *Socket, deltas bool) {
+func writeSocketBlock(w io.Writer, s *Socket, group []*Socket, deltas bool) {
 	per := ""
 	if deltas {
 		per = "/s"
@@ -234,6 +237,13 @@ func writeSocketBlock(w io.Writer, s *Socket, deltas bool) {
 	}
 	if len(s.Groups) > 0 {
 		fmt.Fprintf(w, "- Member of = [%s]\n", strings.Join(s.Groups, "] ["))
+	}
+	if s.ReusePort && len(group) > 1 {
+		fds := make([]string, len(group))
+		for i, g := range group {
+			fds[i] = fmt.Sprint(g.FD)
+		}
+		fmt.Fprintf(w, "- SO_REUSEPORT group = fds [%s]\n", strings.Join(fds, " "))
 	}
 	if !s.Offloaded() {
 		return
@@ -278,6 +288,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		line(w, "Drained max", "%d", q.Counters.MaxRxBatch)
 		line(w, "Wakeups"+per, "%d / %d [rx/tx]", q.Counters.RxWakeups, q.Counters.TxWakeups)
 		line(w, "Tx kick errors"+per, "%d", q.Counters.TxKickErrs)
+		line(w, "Tx backlog"+per, "%d (transmits that left frames on the ring: the device stayed busy)", q.Counters.TxBacklog)
 		line(w, "Rings", "%d / %d / %d / %d of %d [rx/tx/fill/completion]", q.RxRing, q.TxRing, q.FillRing, q.CompletionRing, q.RingSize)
 		if q.StatisticsError != "" {
 			line(w, "XDP_STATISTICS", "%s", q.StatisticsError)
@@ -348,6 +359,47 @@ func writeGroups(w io.Writer, socks []*Socket) {
 			fmt.Fprintf(w, "%-21s %d\n", "["+g+"]", s.FD)
 		}
 	}
+	groups := reuseGroups(socks)
+	if len(groups) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "VMAXDP SO_REUSEPORT Groups")
+	fmt.Fprintln(w, "Address                fd   offloaded   rx packets [offload/os]")
+	fmt.Fprintln(w, "---------------------------------------------------------------")
+	for _, local := range slices.Sorted(maps.Keys(groups)) {
+		for i, s := range groups[local] {
+			addr := ""
+			if i == 0 {
+				addr = "[" + local + "]"
+			}
+			if !s.Offloaded() {
+				// The kernel counts a socket it serves for all of them.
+				fmt.Fprintf(w, "%-22s %-4d %-11s -\n", addr, s.FD, "no")
+				continue
+			}
+			fmt.Fprintf(w, "%-22s %-4d %-11s %d / %d\n", addr, s.FD, "yes", s.Counters.RxOffloadPackets, s.Counters.RxOSPackets)
+		}
+	}
+}
+
+// reuseGroups gathers the sockets with SO_REUSEPORT by local address and
+// port: each entry of two or more is a group, in fd order.
+func reuseGroups(socks []*Socket) map[string][]*Socket {
+	m := map[string][]*Socket{}
+	for _, s := range socks {
+		if s.ReusePort {
+			m[s.Local] = append(m[s.Local], s)
+		}
+	}
+	for local, g := range m {
+		if len(g) < 2 {
+			delete(m, local)
+			continue
+		}
+		slices.SortFunc(g, func(a, b *Socket) int { return a.FD - b.FD })
+	}
+	return m
 }
 
 // WriteNetstat prints the netstat-like view (vma_stats -v 5) of the

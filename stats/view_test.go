@@ -84,3 +84,27 @@ func TestViewGroups(t *testing.T) {
 		t.Errorf("view 4:\n%s\nwant\n%s", b.String(), want)
 	}
 }
+
+// View 4 also lists each SO_REUSEPORT group with the datagrams each of
+// its sockets got; view 2 names a socket's group.
+func TestViewReusePortGroups(t *testing.T) {
+	s := sample()
+	s.Sockets = append(s.Sockets,
+		Socket{FD: 21, Proto: "udp", State: StateOffloaded, Interface: "vx0", Local: "198.18.0.2:53", ReusePort: true,
+			Counters: SocketCounters{RxOffloadPackets: 700}},
+		Socket{FD: 20, Proto: "udp", State: StateOffloaded, Interface: "vx0", Local: "198.18.0.2:53", ReusePort: true,
+			Counters: SocketCounters{RxOffloadPackets: 650, RxOSPackets: 2}},
+		Socket{FD: 22, Proto: "udp", State: StateOffloaded, Interface: "vx0", Local: "198.18.0.2:54", ReusePort: true})
+	var b strings.Builder
+	WriteView(&b, s, ViewOptions{View: 4})
+	want := "[198.18.0.2:53]        20   yes         650 / 2\n" +
+		"                       21   yes         700 / 0\n"
+	if !strings.Contains(b.String(), want) || strings.Contains(b.String(), ":54") {
+		t.Errorf("view 4:\n%s\nwant\n%s", b.String(), want)
+	}
+	b.Reset()
+	WriteView(&b, s, ViewOptions{View: 2})
+	if n := strings.Count(b.String(), "- SO_REUSEPORT group = fds [20 21]\n"); n != 2 {
+		t.Errorf("view 2 names the group %d times, want 2:\n%s", n, b.String())
+	}
+}

@@ -2,17 +2,14 @@ package xsk
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/sockdiag"
 )
 
 // busyOwner names the process holding an AF_XDP socket on (ifindex, queue),
@@ -33,7 +30,7 @@ func busyOwner(ifindex, queue int) string {
 	if ino == 0 {
 		return "another AF_XDP socket, in another network namespace or closing, is bound to it"
 	}
-	pid, comm := inodeOwner(ino)
+	pid, _, comm := sockdiag.Owner(uint64(ino))
 	if pid == 0 {
 		return fmt.Sprintf("AF_XDP socket inode %d is bound to it", ino)
 	}
@@ -88,55 +85,35 @@ func Sockets() ([]SocketDiag, error) {
 	binary.NativeEndian.PutUint32(req[24:], xdpShowInfo|xdpShowStats)
 	binary.NativeEndian.PutUint32(req[28:], ^uint32(0))
 	binary.NativeEndian.PutUint32(req[32:], ^uint32(0))
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("AF_XDP sock_diag: %w", err)
-	}
 	var out []SocketDiag
-	buf := make([]byte, 32768)
-	for {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
+	err = sockdiag.Dump(fd, req, make([]byte, 32768), func(data []byte) {
+		// struct xdp_diag_msg: family, type, pad u16, ino u32, cookie [2]u32
+		if len(data) < 16 {
+			return
+		}
+		d := SocketDiag{Inode: binary.NativeEndian.Uint32(data[4:])}
+		attrs, err := parseAttrs(data[16:])
 		if err != nil {
-			return out, fmt.Errorf("AF_XDP sock_diag: %w", err)
+			return
 		}
-		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-		if err != nil {
-			return out, fmt.Errorf("AF_XDP sock_diag: %w", err)
+		if info := attrs[xdpDiagInfo]; len(info) >= 8 {
+			d.Ifindex = int(binary.NativeEndian.Uint32(info))
+			d.Queue = int(binary.NativeEndian.Uint32(info[4:]))
 		}
-		for _, m := range msgs {
-			switch m.Header.Type {
-			case unix.NLMSG_DONE:
-				return out, nil
-			case unix.NLMSG_ERROR:
-				if len(m.Data) >= 4 {
-					if e := unix.Errno(-int32(binary.NativeEndian.Uint32(m.Data))); e == unix.ENOENT || e == unix.EOPNOTSUPP {
-						return nil, ErrDiagNotSupported
-					} else if e != 0 {
-						return out, fmt.Errorf("AF_XDP sock_diag: %w", e)
-					}
-				}
-				return out, nil
-			}
-			// struct xdp_diag_msg: family, type, pad u16, ino u32, cookie [2]u32
-			if len(m.Data) < 16 {
-				continue
-			}
-			d := SocketDiag{Inode: binary.NativeEndian.Uint32(m.Data[4:])}
-			attrs, err := parseAttrs(m.Data[16:])
-			if err != nil {
-				continue
-			}
-			if info := attrs[xdpDiagInfo]; len(info) >= 8 {
-				d.Ifindex = int(binary.NativeEndian.Uint32(info))
-				d.Queue = int(binary.NativeEndian.Uint32(info[4:]))
-			}
-			if st := attrs[xdpDiagStats]; len(st) >= 48 {
-				u := func(i int) uint64 { return binary.NativeEndian.Uint64(st[8*i:]) }
-				// struct xdp_diag_stats order
-				d.Stats = Statistics{Rx_dropped: u(0), Rx_invalid_descs: u(1), Rx_ring_full: u(2), Rx_fill_ring_empty_descs: u(3), Tx_invalid_descs: u(4), Tx_ring_empty_descs: u(5)}
-			}
-			out = append(out, d)
+		if st := attrs[xdpDiagStats]; len(st) >= 48 {
+			u := func(i int) uint64 { return binary.NativeEndian.Uint64(st[8*i:]) }
+			// struct xdp_diag_stats order
+			d.Stats = Statistics{Rx_dropped: u(0), Rx_invalid_descs: u(1), Rx_ring_full: u(2), Rx_fill_ring_empty_descs: u(3), Tx_invalid_descs: u(4), Tx_ring_empty_descs: u(5)}
 		}
+		out = append(out, d)
+	})
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP):
+		return nil, ErrDiagNotSupported
+	case err != nil:
+		return out, fmt.Errorf("AF_XDP %w", err)
 	}
+	return out, nil
 }
 
 func parseAttrs(b []byte) (map[uint16][]byte, error) {
@@ -150,18 +127,4 @@ func parseAttrs(b []byte) (map[uint16][]byte, error) {
 		b = b[min(len(b), (int(a.Len)+unix.RTA_ALIGNTO-1)&^(unix.RTA_ALIGNTO-1)):]
 	}
 	return out, nil
-}
-
-func inodeOwner(ino uint32) (int, string) {
-	target := fmt.Sprintf("socket:[%d]", ino)
-	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
-	for _, f := range fds {
-		if l, err := os.Readlink(f); err == nil && l == target {
-			pidDir := filepath.Dir(filepath.Dir(f))
-			pid, _ := strconv.Atoi(filepath.Base(pidDir))
-			comm, _ := os.ReadFile(filepath.Join(pidDir, "comm"))
-			return pid, strings.TrimSpace(string(comm))
-		}
-	}
-	return 0, ""
 }

@@ -92,6 +92,7 @@ type Counters struct {
 	RxWakeups   atomic.Uint64 // recvfrom kicks for the fill ring
 	TxWakeups   atomic.Uint64 // sendto kicks for the TX ring
 	TxKickErrs  atomic.Uint64 // kicks answered with an error other than EAGAIN/EBUSY/ENOBUFS
+	TxBacklog   atomic.Uint64 // transmits that left frames on the TX ring: the device stayed busy (see drainTx)
 	MaxRxBatch  atomic.Uint64 // largest batch drained from the RX ring
 	TxNoBufs    atomic.Uint64 // Alloc calls that found the transmit pool empty
 	FillNoSpace atomic.Uint64 // frames Release held back: the fill ring looked full
@@ -416,10 +417,39 @@ func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
 	s.tx.submit(n)
 	s.txOutstanding += n
 	s.Counters.TxPackets.Add(uint64(n))
-	if err := s.kick(); err != nil {
+	if err := s.drainTx(); err != nil {
 		return int(n), fmt.Errorf("xsk %s: transmit: %w", s, err)
 	}
 	return int(n), nil
+}
+
+// txDrainWait bounds how long Transmit kicks a TX ring the kernel does not
+// empty: a device that stays busy longer (a veth peer that does not
+// drain) keeps the rest for the next kick, counted in TxBacklog.
+const txDrainWait = time.Millisecond
+
+// drainTx kicks until the kernel has taken every descriptor of the TX
+// ring. In copy mode the kernel sends only inside a kick, at most 32
+// frames a kick, and leaves the rest when the device is busy (a veth
+// peer's ring full): with one kick per Transmit, a batch of 64 left 32
+// on the ring until the next send, and the last batch's for good.
+func (s *Socket) drainTx() error {
+	var deadline time.Time
+	for {
+		if err := s.kick(); err != nil {
+			return err
+		}
+		if s.tx.occupancy() == 0 || !s.tx.needWakeup() {
+			return nil
+		}
+		switch now := time.Now(); {
+		case deadline.IsZero():
+			deadline = now.Add(txDrainWait)
+		case now.After(deadline):
+			s.Counters.TxBacklog.Add(1)
+			return nil
+		}
+	}
 }
 
 func (s *Socket) kick() error {

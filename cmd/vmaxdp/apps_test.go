@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,9 @@ import (
 // offloaded side must say so in its log and the kernel must have delivered
 // (nearly) nothing in its namespace, so a silent fall-back fails; nsd,
 // which forks its servers after opening its sockets, must be served by
-// the kernel and say why.
+// the kernel and say why. knot and unbound run a second time with two
+// threads, whose sockets are a SO_REUSEPORT group: each must be served
+// offloaded.
 func TestRunApps(t *testing.T) {
 	testutil.RequireRoot(t)
 	vmaxdp := tools(t)
@@ -48,6 +51,7 @@ func TestRunApps(t *testing.T) {
 
 func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placement) {
 	before := [2]int{udpInDatagrams(t, b, testbed.A), udpInDatagrams(t, b, testbed.B)}
+	overflows := kernelOverflows(t, b, p)
 	run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: p.server, ClientOffload: p.client,
 		Duration: time.Second, Paced: true, Env: []string{"VMAXDP_TRACELEVEL=4"}}
 	res, srvLog, err := run.Do(context.Background())
@@ -63,7 +67,14 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 		t.Fatalf("no load went through:\n%s", res.Output)
 	}
 	if res.Lost != 0 {
-		t.Errorf("%d of %d lost", res.Lost, res.Sent)
+		// A receiver on the kernel whose socket overflowed lost what the
+		// kernel loses (make test runs packages side by side on two
+		// cores, and the kernel program gets less of them).
+		if own := kernelOverflows(t, b, p) - overflows; own >= int(res.Lost) {
+			t.Logf("%d of %d lost by the kernel side's socket (%d receive buffer overflows there)", res.Lost, res.Sent, own)
+		} else {
+			t.Errorf("%d of %d lost (the kernel side's sockets overflowed %d times)", res.Lost, res.Sent, own)
+		}
 	}
 	// The client's side receives the answers, the server's the requests
 	// (iperf3: the datagrams; its control connection is TCP).
@@ -79,8 +90,27 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 			// A socket is served by the kernel until its stack has
 			// opened (tens of milliseconds, more while the client opens
 			// its own): iperf3 opens its UDP socket once the test
-			// begins. A silent fall-back would be all of them.
-			t.Errorf("the kernel delivered %d datagrams in the server's namespace for %d sent: not offloaded", kernel[1], res.Sent)
+			// begins. A silent fall-back would be all of them; a stack
+			// that took half the run to open (other tests' namespaces
+			// hold the RTNL lock XDP's attach needs) says so in the log.
+			if open := openTime(srvLog); open > run.Duration/2 {
+				t.Logf("the kernel delivered %d datagrams in the server's namespace for %d sent: its stack took %v to open", kernel[1], res.Sent, open)
+				break
+			}
+			t.Errorf("the kernel delivered %d datagrams in the server's namespace for %d sent: not offloaded\n%s", kernel[1], res.Sent, tail(srvLog, 30))
+		}
+		// A SO_REUSEPORT group: every thread's socket served its share.
+		if a.Group > 1 {
+			serving := 0
+			for _, n := range res.ServerRx {
+				if n > 0 {
+					serving++
+				}
+			}
+			t.Logf("offloaded datagrams per fd of the server: %v", res.ServerRx)
+			if serving < a.Group {
+				t.Errorf("%d sockets of the server received offloaded datagrams (per fd: %v), want all %d of its SO_REUSEPORT group", serving, res.ServerRx, a.Group)
+			}
 		}
 	}
 	if p.client {
@@ -89,9 +119,37 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 		}
 		// The client's socket is decided at its first send.
 		if !a.OneWay && kernel[0] > int(res.Sent)/10 {
-			t.Errorf("the kernel delivered %d datagrams in the client's namespace for %d sent: not offloaded", kernel[0], res.Sent)
+			if open := openTime(res.Output); open > run.Duration/2 {
+				t.Logf("the kernel delivered %d datagrams in the client's namespace for %d sent: its stack took %v to open", kernel[0], res.Sent, open)
+			} else {
+				t.Errorf("the kernel delivered %d datagrams in the client's namespace for %d sent: not offloaded\n%s", kernel[0], res.Sent, tail(res.Output, 30))
+			}
 		}
 	}
+}
+
+// kernelOverflows counts the receive buffer overflows (Udp
+// RcvbufErrors) of the sides of p that the kernel serves.
+func kernelOverflows(t *testing.T, b *testbed.Bed, p placement) int {
+	n := 0
+	if !p.client {
+		n += testutil.UDPStat(t, b, testbed.A, "RcvbufErrors")
+	}
+	if !p.server {
+		n += testutil.UDPStat(t, b, testbed.B, "RcvbufErrors")
+	}
+	return n
+}
+
+// openTime is how long the first stack of a vmaxdp log took to open
+// (engine.newStack logs it), 0 when it says nothing of it.
+func openTime(log string) time.Duration {
+	m := regexp.MustCompile(`XDP \S+, \d+ queues, open in (\S+)`).FindStringSubmatch(log)
+	if m == nil {
+		return 0
+	}
+	d, _ := time.ParseDuration(m[1])
+	return d
 }
 
 func tail(s string, n int) string {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -128,13 +126,19 @@ func (p *cProgram) waitFor(line string) error {
 	return nil
 }
 
+// exited waits for the program to exit and returns how it did.
+func (p *cProgram) exited() error {
+	err := <-p.done
+	p.done <- err
+	return err
+}
+
 // wait waits for the program to exit and checks that its socket was
 // offloaded (as fd 3: vmaxdp must not shift the application's fd
 // numbers) and that each of checks printed "ok CHECK".
 func (p *cProgram) wait(t *testing.T, b *testbed.Bed, checks ...string) {
 	t.Helper()
-	err := <-p.done
-	p.done <- err
+	err := p.exited()
 	log := p.out.String()
 	if !strings.Contains(log, "fd 3: offloaded on "+b.Link(testbed.B)) {
 		t.Errorf("the socket was not offloaded as fd 3: the checks did not reach the engine")
@@ -207,36 +211,7 @@ func TestRunRefusesBadInput(t *testing.T) {
 // delivered to its sockets.
 func udpInDatagrams(t *testing.T, b *testbed.Bed, s testbed.Side) int {
 	t.Helper()
-	var n int
-	err := b.Do(s, func() error {
-		data, err := os.ReadFile("/proc/thread-self/net/snmp")
-		if err != nil {
-			return err
-		}
-		var head []string
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			if len(f) == 0 || f[0] != "Udp:" {
-				continue
-			}
-			if head == nil {
-				head = f
-				continue
-			}
-			for i, h := range head {
-				if h == "InDatagrams" && i < len(f) {
-					n, err = strconv.Atoi(f[i])
-					return err
-				}
-			}
-		}
-		return fmt.Errorf("no Udp InDatagrams in snmp")
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return testutil.UDPStat(t, b, s, "InDatagrams")
 }
 
 func requireSockperf(t *testing.T) {

@@ -37,6 +37,10 @@ type Result struct {
 	// and got no answer for (or the receiver never saw).
 	Sent, Lost int64
 	Output     string // the load generator's whole output
+	// ServerRx are the datagrams each fd of the server received offloaded
+	// (its VMAXDP_STATS_FILE, written as it exits), when it ran under
+	// vmaxdp.
+	ServerRx map[int]int64
 }
 
 // App is one server program and its load generator.
@@ -69,6 +73,9 @@ type App struct {
 	// under vmaxdp the kernel serves them (engine.Forked) and the log says
 	// why.
 	Forks bool
+	// Group: the server serves its port with a SO_REUSEPORT group of this
+	// many sockets, one per thread (0 or 1: one socket).
+	Group int
 }
 
 // Missing names the programs of a that are not installed, "" when none.
@@ -129,7 +136,8 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	srv := r.command(ctx, testbed.B, r.ServerOffload, r.App.Server(dir, addr))
 	// Daemons point stderr at /dev/null once they run (dnsmasq does):
 	// vmaxdp logs into the run's directory, and the logs are read back.
-	srv.Env = append(srv.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, "server-vmaxdp.%d.log"))
+	srv.Env = append(srv.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, "server-vmaxdp.%d.log"),
+		"VMAXDP_STATS_FILE="+filepath.Join(dir, "server-stats.txt"))
 	srv.Dir = dir
 	srv.Stdout, srv.Stderr = srvOut, srvOut
 	// The server and whatever it forks are one process group, stopped
@@ -149,6 +157,9 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 			<-done
 		}
 		serverLog = srvOut.String() + readLogs(dir, "server-vmaxdp.*.log")
+		if r.ServerOffload {
+			res.ServerRx = parseServerRx(readLogs(dir, "server-stats.txt"))
+		}
 	}()
 	if err := r.waitListening(ctx); err != nil {
 		return res, srvOut.String(), fmt.Errorf("%s: server did not start: %w\n%s", r.App.Name, err, tail(srvOut.String(), 20))
@@ -262,6 +273,27 @@ func dnsperfClient(dir, addr string, d time.Duration, paced bool) []string {
 	return argv
 }
 
+// dnsperfFlows is dnsperfClient with 32 sockets (-c 32), 32 flows that
+// a SO_REUSEPORT group spreads over its members by hash, one flow to one
+// member (with 8, all went to one of two members once in 128 runs).
+func dnsperfFlows(dir, addr string, d time.Duration, paced bool) []string {
+	return append(dnsperfClient(dir, addr, d, paced), "-c", "32")
+}
+
+var reServerRx = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx Offload: \d+ KB / (\d+) /`)
+
+// parseServerRx reads the offloaded datagrams of each fd from the
+// socket reports of a VMAXDP_STATS_FILE.
+func parseServerRx(report string) map[int]int64 {
+	rx := map[int]int64{}
+	for _, m := range reServerRx.FindAllStringSubmatch(report, -1) {
+		fd, _ := strconv.Atoi(m[1])
+		n, _ := strconv.ParseInt(m[2], 10, 64)
+		rx[fd] += n
+	}
+	return rx
+}
+
 var (
 	reQPS       = regexp.MustCompile(`Queries per second:\s+([0-9.]+)`)
 	reQSent     = regexp.MustCompile(`Queries sent:\s+(\d+)`)
@@ -334,59 +366,80 @@ func iperf(size int) *App {
 	}
 }
 
-// All are the applications, by name.
-var All = []*App{
-	{
-		Name: "knot", Unit: "queries/s", Programs: []string{"knotd", "dnsperf"}, Package: "knot dnsperf",
-		Proto: "udp", Port: 53,
+// knot is Knot DNS with workers UDP workers: with more than one, each
+// has its own socket, the sockets a SO_REUSEPORT group on port 53.
+func knot(workers int) *App {
+	name, client := "knot", dnsperfClient
+	if workers > 1 {
+		name, client = fmt.Sprintf("knot-%dworkers", workers), dnsperfFlows
+	}
+	return &App{
+		Name: name, Unit: "queries/s", Programs: []string{"knotd", "dnsperf"}, Package: "knot dnsperf",
+		Proto: "udp", Port: 53, Group: workers,
 		Server: func(dir, addr string) []string {
 			write(dir, map[string]string{"zone.db": zoneFile, "knot.conf": fmt.Sprintf(`server:
     listen: %s@53
-    udp-workers: 1
+    udp-workers: %d
     tcp-workers: 1
     background-workers: 1
-    rundir: %[2]s
+    rundir: %[3]s
 log:
   - target: stderr
     any: warning
 database:
-    storage: %[2]s/db
+    storage: %[3]s/db
 zone:
-  - domain: %[3]s
-    file: %[2]s/zone.db
-`, addr, dir, zoneName)})
+  - domain: %[4]s
+    file: %[3]s/zone.db
+`, addr, workers, dir, zoneName)})
 			return []string{"knotd", "-c", filepath.Join(dir, "knot.conf")}
 		},
-		Client: dnsperfClient, Parse: parseDnsperf,
-	},
-	{
-		Name: "unbound", Unit: "queries/s", Programs: []string{"unbound", "dnsperf"}, Package: "unbound dnsperf",
-		Proto: "udp", Port: 53,
+		Client: client, Parse: parseDnsperf,
+	}
+}
+
+// unbound is Unbound with threads threads: with more than one, each has
+// its own socket (so-reuseport, on by default), the sockets a
+// SO_REUSEPORT group on port 53.
+func unbound(threads int) *App {
+	name, client := "unbound", dnsperfClient
+	if threads > 1 {
+		name, client = fmt.Sprintf("unbound-%dthreads", threads), dnsperfFlows
+	}
+	return &App{
+		Name: name, Unit: "queries/s", Programs: []string{"unbound", "dnsperf"}, Package: "unbound dnsperf",
+		Proto: "udp", Port: 53, Group: threads,
 		Server: func(dir, addr string) []string {
 			write(dir, map[string]string{"unbound.conf": fmt.Sprintf(`server:
     interface: %s
     port: 53
-    num-threads: 1
+    num-threads: %d
     do-ip6: no
     do-tcp: no
     access-control: 198.18.0.0/15 allow
     chroot: ""
     username: ""
-    directory: "%[2]s"
-    pidfile: "%[2]s/unbound.pid"
+    directory: "%[3]s"
+    pidfile: "%[3]s/unbound.pid"
     use-syslog: no
     logfile: ""
     verbosity: 0
-    local-zone: "%[3]s." static
-    local-data: "www.%[3]s. 3600 IN A 198.18.0.10"
-    local-data: "mail.%[3]s. 3600 IN A 198.18.0.11"
+    local-zone: "%[4]s." static
+    local-data: "www.%[4]s. 3600 IN A 198.18.0.10"
+    local-data: "mail.%[4]s. 3600 IN A 198.18.0.11"
 remote-control:
     control-enable: no
-`, addr, dir, zoneName)})
+`, addr, threads, dir, zoneName)})
 			return []string{"unbound", "-d", "-c", filepath.Join(dir, "unbound.conf")}
 		},
-		Client: dnsperfClient, Parse: parseDnsperf,
-	},
+		Client: client, Parse: parseDnsperf,
+	}
+}
+
+// All are the applications, by name.
+var All = []*App{
+	knot(1),
+	unbound(1),
 	{
 		// dnsmasq listens on every address (no --bind-interfaces), as it
 		// does by default: it learns each query's interface and address
@@ -446,6 +499,8 @@ zone:
 		},
 		Parse: parseMemcaslap,
 	},
+	knot(2),
+	unbound(2),
 }
 
 // ByName finds an App.

@@ -117,6 +117,11 @@ type Socket struct {
 	cmsg     atomic.Uint32 // the ancillary data its receives report (Cmsg)
 	// drainCause is why a draining socket goes back to the kernel.
 	drainCause string
+	// inode names its kernel socket in sock_diag's answers (see
+	// stack.Options.Ours); kernel: it is served by the kernel, or is going
+	// back to it.
+	inode  uint64
+	kernel atomic.Bool
 
 	mu     sync.Mutex // decisions and options below
 	state  State
@@ -127,14 +132,20 @@ type Socket struct {
 	mcLoop bool         // IP_MULTICAST_LOOP
 	mcIf   string       // IP_MULTICAST_IF's interface, "": by route; why not, when it could not be named
 	groups []netip.Addr // joined by the kernel while a candidate
-	fds    []int        // the fds naming it (dup), guarded by Engine.mu
+	// selects names the option by which the socket chooses its own
+	// member of a SO_REUSEPORT group (see SetReuseportSelect), "": none.
+	selects string
+	fds     []int // the fds naming it (dup), guarded by Engine.mu
 	// kernelReads are the fds a candidate's receives are reading from the
 	// kernel now, one entry per receive.
 	kernelReads []int
 	// pending names the interface whose stack this candidate waits for
 	// (see stackOrWait); closed: the application closed its last fd.
 	pending string
-	closed  bool
+	// heldRcvbuf is the kernel socket's own SO_RCVBUF while it is raised
+	// for the wait on a stack (see holdKernelQueue), 0: not raised.
+	heldRcvbuf int
+	closed     bool
 	// decided is an eventfd (-1 until a wait needs it) written when a
 	// candidate is decided, so that a wait on its kernel socket (which
 	// gets nothing once the socket is steered) ends at once.
@@ -244,6 +255,10 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 0)
 	}
 	s.nonblock.Store(nonblock)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil {
+		s.inode = st.Ino
+	}
 	e.fds[fd].Store(s)
 	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
 	return StateCandidate
@@ -377,6 +392,9 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	case !matched && !e.p.OffloadedSockets:
 		return e.notOffloaded(s, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
 	}
+	if s.selects != "" && reusePort(s.fd) {
+		return e.notOffloaded(s, what, selectsCause(s.selects))
+	}
 	if s.pending != "" {
 		return StateCandidate // its stack is opening: adopt looks at it then
 	}
@@ -402,6 +420,9 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 
 // adopt offloads s onto st. Caller holds s.mu.
 func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
+	if s.selects != "" && reusePort(s.fd) { // set while its stack opened
+		return e.notOffloaded(s, what, selectsCause(s.selects))
+	}
 	c, err := st.Adopt(s.fd)
 	if err != nil {
 		return e.notOffloaded(s, what, err.Error())
@@ -460,7 +481,50 @@ func (e *Engine) stackOrWait(ifname string, s *Socket, what, by string) (*stack.
 	}
 	e.opening[ifname] = append(waiting, pendingAdopt{s, what, by})
 	s.pending = ifname
+	e.holdKernelQueue(s)
 	return nil, nil
+}
+
+// waitRcvbuf is the kernel receive buffer of a socket while it waits for
+// its stack to open.
+const waitRcvbuf = 4 << 20
+
+// holdKernelQueue raises the receive buffer of s's kernel socket while s
+// waits for its stack: the kernel serves it meanwhile, and the opening
+// (a BPF program verified, a UMEM allocated) takes a core for tens of
+// milliseconds, which on a small machine starves the thread that reads
+// the kernel socket. 208 KiB (the default) hold 4 ms of 1400-byte
+// datagrams at 20,000 a second: iperf3's server under vmaxdp lost up to
+// 0.4% of them, counted in UdpRcvbufErrors. releaseKernelQueue puts the
+// socket's own size back once it is decided. Caller holds s.mu.
+func (e *Engine) holdKernelQueue(s *Socket) {
+	if s.heldRcvbuf != 0 {
+		return
+	}
+	n, err := unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	if err != nil || n >= waitRcvbuf {
+		return
+	}
+	// SO_RCVBUFFORCE doubles what it is given, as SO_RCVBUF does.
+	if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, waitRcvbuf/2); err != nil {
+		e.Log.Printf(params.LevelDebug, "fd %d: kernel receive buffer kept at %d bytes while its stack opens: %v", s.fd, n, err)
+		return
+	}
+	s.heldRcvbuf = n
+}
+
+// releaseKernelQueue gives s's kernel socket its own receive buffer size
+// back (see holdKernelQueue); what it holds stays queued. Caller holds
+// s.mu.
+func (e *Engine) releaseKernelQueue(s *Socket) {
+	if s.heldRcvbuf == 0 || s.closed {
+		s.heldRcvbuf = 0
+		return
+	}
+	if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, s.heldRcvbuf/2); err != nil {
+		e.Log.Printf(params.LevelWarning, "fd %d: kernel receive buffer not set back to %d bytes: %v", s.fd, s.heldRcvbuf, err)
+	}
+	s.heldRcvbuf = 0
 }
 
 // openStack opens ifname's stack in the namespace ns, which it closes,
@@ -505,6 +569,9 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 		} else {
 			w.s.pending = ""
 		}
+		if w.s.pending == "" {
+			e.releaseKernelQueue(w.s)
+		}
 		w.s.mu.Unlock()
 	}
 	if st != nil {
@@ -547,6 +614,7 @@ func (e *Engine) WaitOpens() { e.opens.Wait() }
 // the stats tool shows every socket's reason.
 func (e *Engine) notOffloaded(s *Socket, what, cause string) State {
 	s.state, s.reason = StateKernel, what+": "+cause
+	s.kernel.Store(true)
 	e.onState(s.fd, StateKernel)
 	s.wakeDecided()
 	level, more := params.LevelInfo, ""
@@ -706,7 +774,11 @@ func onlyInterface() (string, error) {
 func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, error) {
 	p := e.p
 	o := &stack.Options{
-		Wanted:           wanted,
+		Wanted: wanted,
+		Ours:   e.ours,
+		// On the stack's watcher, which must not wait for a socket's
+		// lock: a thread holding one may be closing the stack.
+		Shared:           func(cs []*stack.UDPConn, reason string) { go e.sharedToKernel(cs, reason) },
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
 		Steer:            &steer.Options{Generic: p.XDPMode == "generic"},
 		RxPoll:           p.RxPoll,
@@ -730,6 +802,7 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 	if p.RxUDPPollOSRatio == 0 {
 		o.RxPollOSRatio = stack.OSPollBeforeSleep
 	}
+	began := time.Now()
 	st, err := stack.Open(ifname, o)
 	if err == nil && p.XDPMode == "native" && st.Program().Mode() != steer.ModeNative {
 		st.Close()
@@ -738,7 +811,9 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 	if err != nil {
 		return nil, err
 	}
-	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues", ifname, st.Program().Mode(), len(st.Backends()))
+	// Its sockets are served by the kernel until it is open: the time
+	// says how long.
+	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues, open in %v", ifname, st.Program().Mode(), len(st.Backends()), time.Since(began).Round(time.Millisecond))
 	for _, u := range st.UnservedQueues() {
 		e.Log.Printf(params.LevelInfo, "%s: %v: not served, its datagrams reach the sockets through the kernel", ifname, u)
 	}
@@ -845,6 +920,7 @@ func (e *Engine) toKernel(s *Socket, cause string) {
 		e.notOffloaded(s, fmt.Sprintf("fd %d", s.fd), cause)
 	case StateOffloaded:
 		c := s.conn.Load()
+		s.kernel.Store(true)
 		c.Unsteer() // the rings' datagrams for it go to its queue
 		s.drainCause = cause
 		if n, _ := c.QueueLen(); n > 0 {
@@ -925,6 +1001,7 @@ func (e *Engine) SetRcvBuf(fd int, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rcvbuf = 2 * n
+	s.heldRcvbuf = 0 // the application's size replaces the raised one
 	if c := s.conn.Load(); c != nil {
 		c.SetRxBytesLimit(s.rcvbuf)
 	}
@@ -1076,4 +1153,61 @@ func errnoOf(err error) unix.Errno {
 		return unix.EBADF
 	}
 	return unix.EIO
+}
+
+// ours says whether the kernel socket with this inode is one of the
+// engine's sockets that is not served by the kernel: offloaded, or a
+// candidate (one whose stack is opening is about to be adopted). A
+// SO_REUSEPORT group whose members are all ours may be offloaded.
+func (e *Engine) ours(inode uint64) bool {
+	for fd := range e.fds {
+		if s := e.fds[fd].Load(); s != nil && s.inode == inode {
+			return !s.kernel.Load()
+		}
+	}
+	return false
+}
+
+// sharedToKernel hands the offloaded sockets of cs back to the kernel:
+// they share their address and port with a kernel socket the engine does
+// not serve (stack.ErrShared).
+func (e *Engine) sharedToKernel(cs []*stack.UDPConn, reason string) {
+	for fd := range e.fds {
+		if s := e.fds[fd].Load(); s != nil && slices.Contains(cs, s.conn.Load()) {
+			e.toKernel(s, reason)
+		}
+	}
+}
+
+// reusePort reads whether the kernel socket fd has SO_REUSEPORT.
+func reusePort(fd int) bool {
+	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
+	return err == nil && v != 0
+}
+
+// selectsCause is why a socket that picks its own member of a
+// SO_REUSEPORT group, by option opt, stays on the kernel.
+func selectsCause(opt string) string {
+	return opt + " chooses the socket of its SO_REUSEPORT group that gets each datagram, which vmaxdp does not: the group stays on the kernel"
+}
+
+// SetReuseportSelect follows an option by which a socket chooses which
+// member of its SO_REUSEPORT group gets each datagram
+// (SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF, SO_INCOMING_CPU),
+// named opt. The stack spreads a group by flow and cannot run the
+// group's program, so a socket of a group that chooses goes to the
+// kernel, and the rest of its group follows (stack.ErrShared: a member
+// the engine does not serve shares their port).
+func (e *Engine) SetReuseportSelect(fd int, opt string) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.selects = opt
+	state := s.state
+	s.mu.Unlock()
+	if state == StateOffloaded && reusePort(fd) {
+		e.toKernel(s, selectsCause(opt))
+	}
 }

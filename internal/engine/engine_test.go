@@ -493,3 +493,71 @@ func TestCloseCandidate(t *testing.T) {
 		t.Fatalf("send on the offloaded dup: %v", errno)
 	}
 }
+
+// TestBurstWhileStackOpens: a burst that comes while a socket's stack
+// opens is queued by its kernel socket; none of it is lost to the
+// kernel socket's default receive buffer (208 KiB: some 90 datagrams of
+// 1400 bytes), and the socket's own size is back once it is offloaded.
+func TestBurstWhileStackOpens(t *testing.T) {
+	const port, n, size = 9410, 600, 1400
+	bed, e := newEngine(t)
+	fd := socketB(t, bed, e, false)
+	own, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bed.Do(testbed.B, func() error {
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: bed.Addr(testbed.B).As4(), Port: port}); err != nil {
+			return err
+		}
+		e.Bind(fd)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State(fd) != StateCandidate {
+		t.Skipf("the stack opened within Bind (state %d): no window to test", e.State(fd))
+	}
+	// The burst, unpaced but for a breath every 50 datagrams (the
+	// receiving veth's backlog holds 1000 before XDP is attached).
+	err = bed.Do(testbed.A, func() error {
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(bed.Addr(testbed.B), port))
+		msg := make([]byte, size)
+		for i := range n {
+			if _, err := c.WriteToUDP(msg, to); err != nil {
+				return err
+			}
+			if i%50 == 49 {
+				time.Sleep(100 * time.Microsecond)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := settled(e, fd); st != StateOffloaded {
+		t.Fatalf("state %d, reason %q", st, e.Reason(fd))
+	}
+	if got, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF); got != own {
+		t.Errorf("SO_RCVBUF once offloaded = %d, want the socket's own %d", got, own)
+	}
+	buf := make([]byte, 2048)
+	got := 0
+	for got < n {
+		m, _, _, errno := e.Recv(fd, buf, 0, time.Now().Add(time.Second), nil, nil)
+		if errno != 0 || m != size {
+			break
+		}
+		got++
+	}
+	if got != n {
+		t.Errorf("received %d of the %d datagrams sent while the stack opened", got, n)
+	}
+}

@@ -239,8 +239,10 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 		for _, g := range s.groups {
 			rec.Groups = append(rec.Groups, g.String())
 		}
+		rec.ReusePort = reusePort(s.fd)
 		return
 	}
+	rec.ReusePort = c.ReusePort()
 	rec.Interface = c.Stack().Interface()
 	if why := c.Stack().KernelOnly(); why != "" {
 		rec.Reason = "its kernel socket serves it: " + why

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -141,4 +142,39 @@ func EachBed(t *testing.T, opts *testbed.Options, fn func(t *testing.T, b *testb
 			fn(t, Bed(t, &bo))
 		})
 	}
+}
+
+// UDPStat reads a Udp counter of /proc/net/snmp in side s's namespace
+// ("InDatagrams": what the kernel delivered to its sockets there).
+func UDPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, name string) int {
+	tb.Helper()
+	var n int
+	err := b.Do(s, func() error {
+		data, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var head []string
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "Udp:" {
+				continue
+			}
+			if head == nil {
+				head = f
+				continue
+			}
+			for i, h := range head {
+				if h == name && i < len(f) {
+					n, err = strconv.Atoi(f[i])
+					return err
+				}
+			}
+		}
+		return fmt.Errorf("no Udp %s in snmp", name)
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
 }

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// TestRunReusePort runs testdata/reuseport.c, a SO_REUSEPORT group with
+// one thread per socket, and asks it from side A over 64 flows through
+// the kernel: every request is answered, each flow by one socket, and the
+// flows are spread over the group. Under vmaxdp run alone the whole group
+// is offloaded (the kernel delivers nothing); a group that chooses its
+// members itself (SO_ATTACH_REUSEPORT_CBPF, SO_INCOMING_CPU), or that
+// shares its port with another process, stays on the kernel and the log
+// says why.
+func TestRunReusePort(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "reuseport")
+	// A plain bed, as `ip link add` makes it: the kernel-stack requests
+	// carry partial checksums.
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	const n, seconds = 4, "4"
+	t.Run("offloaded", func(t *testing.T) {
+		const port = 11180
+		p := startC(t, b, prog, nil, fmt.Sprint(port), fmt.Sprint(n), seconds)
+		if err := p.waitFor("bound\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		p.waitOffloaded(t)
+		before := udpInDatagrams(t, b, testbed.B)
+		sent, members := askGroup(t, b, port, true)
+		if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel > sent/10 {
+			t.Errorf("the kernel delivered %d of %d requests: the group was not offloaded", kernel, sent)
+		}
+		if members < 2 {
+			t.Errorf("%d flows went to %d member of %d: not spread", flows, members, n)
+		}
+		// vmaxdp stats shows the group: each socket, offloaded, with the
+		// datagrams it got, which add up to the requests (the process
+		// publishes ten times a second: a busy machine can lag).
+		var out []byte
+		var rows [][]string
+		total := 0
+		re := regexp.MustCompile(`(?m)^(?:\[0\.0\.0\.0:11180\])?\s+\d+\s+yes\s+(\d+) / \d+$`)
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			var err error
+			out, err = exec.Command(tools(t), "stats", "-p", fmt.Sprint(p.pid), "-v", "4", "-c", "1").CombinedOutput()
+			if err != nil {
+				t.Fatalf("vmaxdp stats: %v\n%s", err, out)
+			}
+			rows, total = re.FindAllStringSubmatch(string(out), -1), 0
+			for _, r := range rows {
+				k, _ := strconv.Atoi(r[1])
+				total += k
+			}
+			if total >= sent || time.Now().After(deadline) {
+				break
+			}
+		}
+		if !strings.Contains(string(out), "VMAXDP SO_REUSEPORT Groups\n") || len(rows) != n || total != sent {
+			t.Errorf("vmaxdp stats -v 4: %d offloaded members with %d datagrams, want %d with %d:\n%s", len(rows), total, n, sent, out)
+		}
+		p.wait(t, b)
+		// fds are not checked by number: the stack opens while the
+		// program binds, and its own fds are made low and moved high.
+		if got := len(regexp.MustCompile(`fd \d+: offloaded on `+b.Link(testbed.B)).FindAllString(p.out.String(), -1)); got != n {
+			t.Errorf("%d of the group's %d sockets were offloaded:\n%s", got, n, p.out.String())
+		}
+	})
+	for i, sel := range []string{"cbpf", "cpu"} {
+		opt := map[string]string{"cbpf": "SO_ATTACH_REUSEPORT_CBPF", "cpu": "SO_INCOMING_CPU"}[sel]
+		t.Run(opt, func(t *testing.T) {
+			port := 11181 + i
+			p := startC(t, b, prog, nil, fmt.Sprint(port), fmt.Sprint(n), seconds, sel)
+			if err := p.waitFor("bound\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			p.waitOffloaded(t)
+			before := udpInDatagrams(t, b, testbed.B)
+			sent, _ := askGroup(t, b, port, false)
+			if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel < sent {
+				t.Errorf("the kernel delivered %d of %d requests: the group was offloaded though %s chooses its members", kernel, sent, opt)
+			}
+			p.exited()
+			if want := regexp.MustCompile(opt + `( \(\d+\))? chooses the socket of its SO_REUSEPORT group`); !want.MatchString(p.out.String()) {
+				t.Errorf("the log does not say %q:\n%s", want, p.out.String())
+			}
+		})
+	}
+	// Two processes share the port, one under vmaxdp: the kernel must
+	// spread their datagrams over both, whichever bound first.
+	for i, vmaxdpFirst := range []bool{true, false} {
+		name := map[bool]string{true: "shared/vmaxdp_first", false: "shared/kernel_first"}[vmaxdpFirst]
+		t.Run(name, func(t *testing.T) {
+			port := 11183 + i
+			args := []string{fmt.Sprint(port), "2", seconds}
+			var under, plain *cProgram
+			start := func(offload bool) *cProgram {
+				var p *cProgram
+				if offload {
+					p = startC(t, b, prog, nil, args...)
+				} else {
+					p = startArgv(t, b, nil, append([]string{prog}, args...)...)
+				}
+				if err := p.waitFor("bound\n"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				return p
+			}
+			if vmaxdpFirst {
+				under = start(true)
+				under.waitOffloaded(t)
+				plain = start(false)
+			} else {
+				plain = start(false)
+				under = start(true)
+			}
+			want := fmt.Sprintf("is shared with pid %d (reuseport)", plain.pid)
+			if err := under.waitFor(want); err != nil {
+				t.Fatalf("%v\n%s", err, under.out.String())
+			}
+			before := udpInDatagrams(t, b, testbed.B)
+			sent, _ := askGroup(t, b, port, true)
+			if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel < sent {
+				t.Errorf("the kernel delivered %d of %d requests: vmaxdp kept some though the port is shared", kernel, sent)
+			}
+			under.exited()
+			plain.exited()
+			servedBy := func(p *cProgram) (sum int) {
+				for _, l := range strings.Split(p.out.String(), "\n") {
+					var i, k int
+					if _, err := fmt.Sscanf(l, "served %d %d", &i, &k); err == nil {
+						sum += k
+					}
+				}
+				return sum
+			}
+			if u, k := servedBy(under), servedBy(plain); u == 0 || k == 0 {
+				t.Errorf("the process under vmaxdp served %d requests, the other %d: the kernel spreads flows over both", u, k)
+			}
+		})
+	}
+}
+
+// flows and perFlow shape askGroup's load.
+const flows, perFlow = 64, 10
+
+// askGroup sends perFlow requests on each of flows sockets of side A
+// (flows through the kernel, each its own source port) to port on side
+// B, one at a time per flow, and checks every answer: it fails the test
+// for a request not answered within a second, or, when sticky, a flow
+// answered by two members (a group that chooses its members by CPU
+// moves a flow when its datagrams come in on another CPU). It returns
+// the requests sent (up to flows*perFlow: a flow stops at its first
+// failure) and the members that answered.
+func askGroup(t *testing.T, b *testbed.Bed, port int, sticky bool) (sent, members int) {
+	t.Helper()
+	to := netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))
+	conns := make([]*net.UDPConn, flows)
+	err := b.Do(testbed.A, func() error {
+		for i := range conns {
+			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+			if err != nil {
+				return err
+			}
+			conns[i] = c
+		}
+		return nil
+	})
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var asked atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, flows)
+	for f, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			member := ""
+			buf := make([]byte, 256)
+			for k := range perFlow {
+				req := fmt.Sprintf("flow %d request %d", f, k)
+				if _, err := c.Write([]byte(req)); err != nil {
+					errs <- err
+					return
+				}
+				asked.Add(1)
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				m, err := c.Read(buf)
+				if err != nil {
+					errs <- fmt.Errorf("%s from %s: no answer: %w", req, c.LocalAddr(), err)
+					return
+				}
+				who, echo, _ := strings.Cut(string(buf[:m]), " ")
+				switch {
+				case echo != req:
+					errs <- fmt.Errorf("%s: answered %q", req, buf[:m])
+					return
+				case sticky && member != "" && who != member:
+					errs <- fmt.Errorf("flow %d: answered by members %s and %s", f, member, who)
+					return
+				}
+				member = who
+			}
+			mu.Lock()
+			seen[member] = true
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	return int(asked.Load()), len(seen)
+}

@@ -1,0 +1,115 @@
+/*
+ * reuseport: a SO_REUSEPORT group served by one thread per socket, as
+ * multi-threaded UDP servers (DNS servers, QUIC front ends) do.
+ *
+ *   reuseport PORT N SECONDS [cbpf|cpu]
+ *
+ * It opens N UDP sockets with SO_REUSEPORT, all bound to 0.0.0.0:PORT,
+ * optionally choosing the group's member itself (cbpf: a classic BPF
+ * program by SO_ATTACH_REUSEPORT_CBPF on the first socket; cpu:
+ * SO_INCOMING_CPU on each), prints
+ * "bound", and answers every datagram with "I PAYLOAD", I being the
+ * index of the socket that got it. After SECONDS it prints "served I N"
+ * for each socket and exits 0; a watchdog ends it after 20 s.
+ */
+#define _GNU_SOURCE
+#include <linux/filter.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "watchdog.h"
+
+enum { MAX = 16 };
+
+static int fds[MAX];
+static long served[MAX];
+static double until;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *serve(void *arg)
+{
+	long i = (long)arg;
+	char in[1500], out[1600];
+	while (now() < until) {
+		struct sockaddr_in from;
+		socklen_t alen = sizeof from;
+		ssize_t n = recvfrom(fds[i], in, sizeof in - 1, 0, (struct sockaddr *)&from, &alen);
+		if (n < 0)
+			continue; /* SO_RCVTIMEO: look at the clock */
+		in[n] = 0;
+		int m = snprintf(out, sizeof out, "%ld %s", i, in);
+		if (sendto(fds[i], out, m, 0, (struct sockaddr *)&from, alen) != m)
+			perror("sendto");
+		served[i]++;
+	}
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 4)
+		return 2;
+	int port = atoi(argv[1]), n = atoi(argv[2]);
+	const char *selects = argc > 4 ? argv[4] : "";
+	if (n < 1 || n > MAX)
+		return 2;
+	start_watchdog();
+	until = now() + atof(argv[3]);
+	for (int i = 0; i < n; i++) {
+		int one = 1;
+		fds[i] = socket(AF_INET, SOCK_DGRAM, 0);
+		if (setsockopt(fds[i], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+			perror("SO_REUSEPORT");
+			return 2;
+		}
+		struct timeval tv = {.tv_usec = 100000};
+		setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		if (!strcmp(selects, "cbpf") && i == 0) {
+			/* The group's program, attached to its first socket: the
+			 * member is the receiving CPU modulo the group's size. */
+			struct sock_filter code[] = {
+				{BPF_LD | BPF_W | BPF_ABS, 0, 0, SKF_AD_OFF + SKF_AD_CPU},
+				{BPF_ALU | BPF_MOD | BPF_K, 0, 0, n},
+				{BPF_RET | BPF_A, 0, 0, 0},
+			};
+			struct sock_fprog prog = {.len = 3, .filter = code};
+			if (setsockopt(fds[i], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) != 0) {
+				perror("SO_ATTACH_REUSEPORT_CBPF");
+				return 2;
+			}
+		} else if (!strcmp(selects, "cpu")) {
+			int cpu = i % sysconf(_SC_NPROCESSORS_ONLN);
+			if (setsockopt(fds[i], SOL_SOCKET, SO_INCOMING_CPU, &cpu, sizeof cpu) != 0) {
+				perror("SO_INCOMING_CPU");
+				return 2;
+			}
+		}
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+		if (bind(fds[i], (struct sockaddr *)&sa, sizeof sa) != 0) {
+			perror("bind");
+			return 2;
+		}
+	}
+	printf("bound\n");
+	fflush(stdout);
+	pthread_t t[MAX];
+	for (long i = 0; i < n; i++)
+		pthread_create(&t[i], NULL, serve, (void *)i);
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < n; i++)
+		printf("served %d %ld\n", i, served[i]);
+	return 0;
+}

@@ -1,0 +1,69 @@
+// Package sockdiag sends NETLINK_SOCK_DIAG dump requests and finds which
+// process holds a socket, for the packages that list the kernel's sockets
+// (xsk: AF_XDP sockets; stack: UDP sockets sharing a port). It builds no
+// requests and parses no answers: each caller knows its family's structs.
+package sockdiag
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dump sends req (a whole netlink message, NLM_F_DUMP set) on the
+// NETLINK_SOCK_DIAG socket fd and calls each with the payload of every
+// answer, reading into buf, until the dump is done. An error the kernel
+// answers with is returned as its unix.Errno, wrapped.
+func Dump(fd int, req, buf []byte, each func(data []byte)) error {
+	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("sock_diag: send: %w", err)
+	}
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return fmt.Errorf("sock_diag: receive: %w", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return fmt.Errorf("sock_diag: %w", err)
+		}
+		for _, m := range msgs {
+			switch m.Header.Type {
+			case unix.NLMSG_DONE:
+				return nil
+			case unix.NLMSG_ERROR:
+				if len(m.Data) >= 4 {
+					if e := unix.Errno(-int32(binary.NativeEndian.Uint32(m.Data))); e != 0 {
+						return fmt.Errorf("sock_diag: %w", e)
+					}
+				}
+				return nil
+			}
+			each(m.Data)
+		}
+	}
+}
+
+// Owner finds a process holding the socket with inode ino: its pid, the
+// fd it holds it as and its command name; pid 0 when none is found (the
+// socket is closing, or its process is in another pid namespace).
+func Owner(ino uint64) (pid, fd int, comm string) {
+	target := "socket:[" + strconv.FormatUint(ino, 10) + "]"
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, f := range fds {
+		if l, err := os.Readlink(f); err == nil && l == target {
+			dir := filepath.Dir(filepath.Dir(f))
+			pid, _ = strconv.Atoi(filepath.Base(dir))
+			fd, _ = strconv.Atoi(filepath.Base(f))
+			b, _ := os.ReadFile(filepath.Join(dir, "comm"))
+			return pid, fd, strings.TrimSpace(string(b))
+		}
+	}
+	return 0, -1, ""
+}

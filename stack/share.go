@@ -1,0 +1,272 @@
+package stack
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/sockdiag"
+)
+
+// A socket with SO_REUSEPORT or SO_REUSEADDR may share its address and
+// port with kernel sockets the stack does not serve: members of its
+// SO_REUSEPORT group in another process, or in this one but left to the
+// kernel, receivers of the same multicast group in another process, a
+// connected socket on the port. The steering rule would take their
+// datagrams too, and they would get none. So the stack looks, through
+// sock_diag, at the kernel sockets on the ports of its shareable sockets:
+// at each bind, when one of its sockets goes back to the kernel (Unsteer),
+// and every shareEvery while it serves any; one it does not serve sends
+// every socket of the stack on that address and port back to the kernel
+// (Options.Shared), with the reason.
+
+// ErrShared is returned by Adopt when a kernel socket the stack does not
+// serve shares the socket's address and port.
+var ErrShared = errors.New("port shared")
+
+// sharedCause is why the sockets on local, which who shares, go to the
+// kernel: the same words whether Adopt or the watcher finds it.
+func sharedCause(local netip.AddrPort, who string) string {
+	return fmt.Sprintf("%s is shared with %s, which vmaxdp does not serve: every socket on it goes to the kernel, which spreads datagrams over them all", local, who)
+}
+
+// shareEvery is how often the watcher looks for sockets sharing a port
+// with a shareable socket of the stack (milliseconds).
+const shareEvery = 250
+
+// shareable reads whether the kernel socket fd may share its address and
+// port (SO_REUSEPORT, SO_REUSEADDR), and its inode.
+func shareable(fd int) (share bool, inode uint64) {
+	for _, opt := range []int{unix.SO_REUSEPORT, unix.SO_REUSEADDR} {
+		if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, opt); err == nil && v != 0 {
+			share = true
+		}
+	}
+	var s unix.Stat_t
+	if unix.Fstat(fd, &s) == nil {
+		inode = s.Ino
+	}
+	return share, inode
+}
+
+// kernelSock is one kernel UDP socket as sock_diag reports it.
+type kernelSock struct {
+	local netip.Addr // unspecified: any
+	v6any bool       // an IPv6 socket bound to :: without IPV6_V6ONLY: it receives IPv4 too
+	inode uint64
+}
+
+// overlaps says whether the kernel socket receives datagrams sent to
+// local's address.
+func (k *kernelSock) overlaps(local netip.Addr) bool {
+	return k.v6any || k.local.IsUnspecified() || local.IsUnspecified() || k.local == local
+}
+
+// diag is a NETLINK_SOCK_DIAG socket in the stack's namespace, kept at a
+// high fd; vishvananda/netlink opens one per call, which takes a low fd
+// from the application each time.
+type diag struct {
+	mu  sync.Mutex
+	fd  int
+	buf []byte
+}
+
+func openDiag() (*diag, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return nil, fmt.Errorf("sock_diag socket: %w", err)
+	}
+	return &diag{fd: highfd.Move(fd), buf: make([]byte, 1<<16)}, nil
+}
+
+func (d *diag) close() {
+	if d != nil {
+		highfd.Close(d.fd)
+	}
+}
+
+// Offsets in struct inet_diag_req_v2 and struct inet_diag_msg.
+const (
+	diagReqLen   = 56 // family, protocol, ext, pad, states, sockid (48)
+	diagMsgLen   = 72 // family, state, timer, retrans, sockid, expires, rqueue, wqueue, uid, inode
+	diagSportOff = 8  // of the sockid in a request; 4 in a message
+	diagV6Only   = 11 // INET_DIAG_SKV6ONLY
+)
+
+// udpOnPort lists the kernel's UDP sockets bound to port, IPv4 and IPv6.
+func (d *diag) udpOnPort(port uint16) ([]kernelSock, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []kernelSock
+	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		req := make([]byte, unix.SizeofNlMsghdr+diagReqLen)
+		binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
+		binary.NativeEndian.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
+		binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+		r := req[unix.SizeofNlMsghdr:]
+		r[0], r[1] = family, unix.IPPROTO_UDP
+		binary.NativeEndian.PutUint32(r[4:], ^uint32(0))   // every state
+		binary.BigEndian.PutUint16(r[diagSportOff:], port) // udp_dump filters on it
+		err := sockdiag.Dump(d.fd, req, d.buf, func(data []byte) {
+			if k, ok := parseDiagMsg(data, family, port); ok {
+				out = append(out, k)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("udp port %d: %w", port, err)
+		}
+	}
+	return out, nil
+}
+
+// parseDiagMsg reads one inet_diag_msg and its attributes.
+func parseDiagMsg(b []byte, family uint8, port uint16) (kernelSock, bool) {
+	if len(b) < diagMsgLen || b[0] != family || binary.BigEndian.Uint16(b[4:]) != port {
+		return kernelSock{}, false
+	}
+	k := kernelSock{inode: uint64(binary.NativeEndian.Uint32(b[68:]))}
+	src := b[8:24]
+	if family == unix.AF_INET {
+		k.local = netip.AddrFrom4([4]byte(src[:4]))
+		return k, true
+	}
+	switch l := netip.AddrFrom16([16]byte(src)); {
+	case l.Is4In6():
+		k.local = l.Unmap()
+	case l.IsUnspecified():
+		k.v6any = true
+		for a := b[diagMsgLen:]; len(a) >= 4; {
+			alen := int(binary.NativeEndian.Uint16(a))
+			if alen < 4 || alen > len(a) {
+				break
+			}
+			if binary.NativeEndian.Uint16(a[2:]) == diagV6Only && alen >= 5 && a[4] != 0 {
+				k.v6any = false
+			}
+			a = a[min(len(a), (alen+3)&^3):]
+		}
+		if !k.v6any {
+			return kernelSock{}, false
+		}
+	default:
+		return kernelSock{}, false // IPv6 only: never an IPv4 datagram
+	}
+	return k, true
+}
+
+// kickShare asks the watcher to look for shared ports now.
+func (st *Stack) kickShare() {
+	if st.shareKick >= 0 {
+		one := [8]byte{1}
+		unix.Write(st.shareKick, one[:])
+	}
+}
+
+// shareableConns lists the stack's steered shareable sockets, and the
+// inodes of all it serves.
+func (st *Stack) shareableConns() (share []*UDPConn, served map[uint64]bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	served = map[uint64]bool{}
+	for c := range st.conns {
+		if !c.steered.Load() {
+			continue
+		}
+		served[c.inode] = true
+		if c.shareable {
+			share = append(share, c)
+		}
+	}
+	return share, served
+}
+
+// sharedWith looks for a kernel socket the stack does not serve on c's
+// address and port: it returns a description of it, or "".
+func (st *Stack) sharedWith(c *UDPConn, served map[uint64]bool) (string, error) {
+	socks, err := st.diag.udpOnPort(c.local.Port())
+	if err != nil {
+		return "", err
+	}
+	for _, k := range socks {
+		if served[k.inode] || (st.opts.Ours != nil && st.opts.Ours(k.inode)) {
+			continue
+		}
+		if !k.overlaps(c.local.Addr()) {
+			continue
+		}
+		who := describeSocket(k.inode)
+		// A socket the application is closing is still listed until its
+		// close returns, after the engine forgot it: iperf3's server
+		// lost its offload to its own closed listener. One that is
+		// still there after the look at /proc is not closing.
+		again, err := st.diag.udpOnPort(c.local.Port())
+		if err != nil {
+			return "", err
+		}
+		if slices.ContainsFunc(again, func(a kernelSock) bool { return a.inode == k.inode }) {
+			return who, nil
+		}
+	}
+	return "", nil
+}
+
+// checkShared sends back to the kernel every steered socket that shares
+// its address and port with a kernel socket the stack does not serve,
+// and says whether the stack still has shareable sockets to watch.
+func (st *Stack) checkShared() bool {
+	if st.diag == nil {
+		return false
+	}
+	share, served := st.shareableConns()
+	byPort := map[uint16][]*UDPConn{}
+	for _, c := range share {
+		byPort[c.local.Port()] = append(byPort[c.local.Port()], c)
+	}
+	for _, cs := range byPort {
+		var hit []*UDPConn
+		reason := ""
+		for _, c := range cs {
+			who, err := st.sharedWith(c, served)
+			if err != nil {
+				slog.Warn("stack: cannot list the sockets sharing a port", "interface", st.ifname, "port", c.local.Port(), "err", err)
+				return true
+			}
+			if who != "" {
+				hit = append(hit, c)
+				reason = sharedCause(c.local, who)
+			}
+		}
+		if len(hit) == 0 {
+			continue
+		}
+		if st.opts.Shared != nil {
+			st.opts.Shared(hit, reason)
+			continue
+		}
+		slog.Info("stack: " + reason)
+		for _, c := range hit {
+			c.Unsteer()
+		}
+	}
+	return len(share) > 0
+}
+
+// describeSocket names the owner of the socket with this inode: an fd of
+// this process, or a process found in /proc.
+func describeSocket(inode uint64) string {
+	switch pid, fd, comm := sockdiag.Owner(inode); {
+	case pid == os.Getpid():
+		return fmt.Sprintf("fd %d of this process (the kernel serves it)", fd)
+	case pid != 0:
+		return fmt.Sprintf("pid %d (%s)", pid, comm)
+	}
+	return fmt.Sprintf("socket inode %d of another process", inode)
+}
