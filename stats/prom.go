@@ -82,6 +82,7 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 				"pid", pid, "fd", fd, "ifname", sk.Interface, "proto", sk.Proto, "state", sk.State,
 				"local", sk.Local, "remote", sk.Remote, "reason", sk.Reason)
 			f.add("vmaxdp_socket_offloaded", "1 when vmaxdp serves the socket.", gauge, b2f(sk.Offloaded()), "pid", pid, "fd", fd, "ifname", sk.Interface)
+			f.add("vmaxdp_socket_kernel_drops_total", "Datagrams the socket's kernel socket dropped: its receive buffer was full while the kernel served it.", dto.MetricType_COUNTER, float64(sk.KernelDrops), "pid", pid, "fd", fd, "ifname", sk.Interface)
 			if !sk.Offloaded() {
 				continue
 			}

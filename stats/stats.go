@@ -94,10 +94,14 @@ type Socket struct {
 	ReusePort bool     `json:"reuseport,omitempty"`
 	Rules     []uint32 `json:"rules,omitempty"` // steering rule ids on Interface
 	// RxQueuePackets and RxQueueBytes are the receive queue now.
-	RxQueuePackets uint64         `json:"rx_queue_packets"`
-	RxQueueBytes   uint64         `json:"rx_queue_bytes"`
-	RxBytesLimit   uint64         `json:"rx_bytes_limit"`
-	Counters       SocketCounters `json:"counters"`
+	RxQueuePackets uint64 `json:"rx_queue_packets"`
+	RxQueueBytes   uint64 `json:"rx_queue_bytes"`
+	RxBytesLimit   uint64 `json:"rx_bytes_limit"`
+	// KernelDrops are the datagrams the socket's kernel socket dropped
+	// (SO_MEMINFO's sk_drops): its receive buffer was full while the
+	// kernel served it (before its offload, or for good).
+	KernelDrops uint64         `json:"kernel_drops"`
+	Counters    SocketCounters `json:"counters"`
 }
 
 // Offloaded says whether vmaxdp serves the socket.

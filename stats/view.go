@@ -245,6 +245,9 @@ func writeSocketBlock(w io.Writer, s *Socket, group []*Socket, deltas bool) {
 		}
 		fmt.Fprintf(w, "- SO_REUSEPORT group = fds [%s]\n", strings.Join(fds, " "))
 	}
+	if s.KernelDrops > 0 {
+		fmt.Fprintf(w, "- Kernel socket drops = %d (its receive buffer was full while the kernel served it)\n", s.KernelDrops)
+	}
 	if !s.Offloaded() {
 		return
 	}

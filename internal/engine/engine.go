@@ -122,6 +122,10 @@ type Socket struct {
 	// back to it.
 	inode  uint64
 	kernel atomic.Bool
+	// osRxPackets and osRxBytes count what a candidate received from its
+	// kernel socket; adopt adds them to its offloaded socket's Rx OS
+	// counters, so that nothing it received goes uncounted.
+	osRxPackets, osRxBytes atomic.Uint64
 
 	mu     sync.Mutex // decisions and options below
 	state  State
@@ -427,6 +431,8 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	if err != nil {
 		return e.notOffloaded(s, what, err.Error())
 	}
+	c.Counters.RxOSPackets.Add(s.osRxPackets.Swap(0))
+	c.Counters.RxOSBytes.Add(s.osRxBytes.Swap(0))
 	e.applyOptions(s, c)
 	s.conn.Store(c)
 	s.state = StateOffloaded

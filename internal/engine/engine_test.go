@@ -18,6 +18,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/bench"
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -559,5 +560,49 @@ func TestBurstWhileStackOpens(t *testing.T) {
 	}
 	if got != n {
 		t.Errorf("received %d of the %d datagrams sent while the stack opened", got, n)
+	}
+	// Each is counted once: through the kernel socket before the offload
+	// (Rx OS), or offloaded.
+	c := e.Conn(fd).Counters
+	if os, off := c.RxOSPackets.Load(), c.RxOffloadPackets.Load(); os+off != n {
+		t.Errorf("counted %d through the kernel and %d offloaded, want %d in all", os, off, n)
+	}
+}
+
+// TestKernelDropsCounted: what a socket's kernel socket drops while the
+// kernel serves it (a full receive buffer) shows in its stats record.
+func TestKernelDropsCounted(t *testing.T) {
+	const port = 9411
+	bed, e := newEngine(t)
+	fd := socketB(t, bed, e, false)
+	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
+	err := bed.Do(testbed.B, func() error {
+		// Loopback: the kernel serves it.
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: port}); err != nil {
+			return err
+		}
+		e.Bind(fd)
+		// Decided first: while a socket waits for a stack its kernel
+		// receive buffer is raised (holdKernelQueue).
+		if st := settled(e, fd); st != StateKernel {
+			t.Fatalf("bound to loopback: state %d, want the kernel's", st)
+		}
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for range 100 {
+			c.Write(make([]byte, 1400))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec stats.Socket
+	e.socketRecord(e.get(fd), &rec)
+	if rec.KernelDrops == 0 {
+		t.Errorf("100 datagrams of 1400 bytes into a 4 KiB receive buffer: kernel_drops = 0 (state %s)", rec.State)
 	}
 }

@@ -127,6 +127,10 @@ func (e *Engine) candidateTurn(fd int, s *Socket, b []byte, flags int, nonblock 
 	} else {
 		full, from, errno = stack.KernelRecvFrom(fd, b, flags&^unix.MSG_TRUNC)
 	}
+	if errno == 0 && flags&unix.MSG_PEEK == 0 {
+		s.osRxPackets.Add(1)
+		s.osRxBytes.Add(uint64(full))
+	}
 	if errno != unix.EAGAIN || nonblock || wait <= 0 {
 		return errno != unix.EAGAIN, full, from, errno
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -220,7 +221,7 @@ func zeroCounters(c any) {
 func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	*rec = stats.Socket{FD: s.fd, Proto: "udp", Blocking: !s.nonblock.Load(), Reason: s.reason}
+	*rec = stats.Socket{FD: s.fd, Proto: "udp", Blocking: !s.nonblock.Load(), Reason: s.reason, KernelDrops: kernelDrops(s.fd)}
 	switch s.state {
 	case StateOffloaded:
 		rec.State = stats.StateOffloaded
@@ -240,6 +241,8 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 			rec.Groups = append(rec.Groups, g.String())
 		}
 		rec.ReusePort = reusePort(s.fd)
+		// What its kernel socket served before a decision, or since.
+		rec.Counters.RxOSPackets, rec.Counters.RxOSBytes = s.osRxPackets.Load(), s.osRxBytes.Load()
 		return
 	}
 	rec.ReusePort = c.ReusePort()
@@ -261,6 +264,19 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 	rec.RxQueuePackets, rec.RxQueueBytes = uint64(p), uint64(b)
 	rec.RxBytesLimit = uint64(c.RxBytesLimit())
 	loadCounters(&rec.Counters, c.Counters)
+}
+
+// kernelDrops reads the datagrams the kernel socket fd dropped
+// (SO_MEMINFO's SK_MEMINFO_DROPS), 0 when it cannot be read.
+func kernelDrops(fd int) uint64 {
+	var mem [unix.SK_MEMINFO_VARS]uint32
+	n := uint32(unsafe.Sizeof(mem))
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_MEMINFO,
+		uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&n)), 0)
+	if errno != 0 || n < (unix.SK_MEMINFO_DROPS+1)*4 {
+		return 0
+	}
+	return uint64(mem[unix.SK_MEMINFO_DROPS])
 }
 
 // publish takes a snapshot and writes it to the stats file.
