@@ -606,3 +606,52 @@ func TestKernelDropsCounted(t *testing.T) {
 		t.Errorf("100 datagrams of 1400 bytes into a 4 KiB receive buffer: kernel_drops = 0 (state %s)", rec.State)
 	}
 }
+
+// TestEpollSmallMaxevents: with maxevents 1 and two members ready
+// (level-triggered, so both stay ready), successive waits report both:
+// a scan that always began with the same member starved the other.
+func TestEpollSmallMaxevents(t *testing.T) {
+	bed, e, fd := offloaded(t, 9412, true)
+	fd2 := socketB(t, bed, e, true)
+	err := bed.Do(testbed.B, func() error {
+		if err := unix.Bind(fd2, &unix.SockaddrInet4{Addr: bed.Addr(testbed.B).As4(), Port: 9413}); err != nil {
+			return err
+		}
+		e.Bind(fd2)
+		if st := settled(e, fd2); st != StateOffloaded {
+			t.Fatalf("second socket: state %d, reason %q", st, e.Reason(fd2))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(epfd)
+	for _, f := range []int{fd, fd2} {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(f)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, f, &ev); err != nil {
+			t.Fatal(err)
+		}
+		e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, f, &ev)
+	}
+	for _, port := range []int{9412, 9413} {
+		if err := testutil.SendUDP(bed, port, 1, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[int32]bool{}
+	out := make([]unix.EpollEvent, 1)
+	for range 4 {
+		if n, errno := e.EpollWait(epfd, out, time.Second, nil, nil); errno != 0 || n != 1 {
+			t.Fatalf("epoll_wait: %d events, errno %v", n, errno)
+		}
+		seen[out[0].Fd] = true
+	}
+	if !seen[int32(fd)] || !seen[int32(fd2)] {
+		t.Errorf("four waits of maxevents 1 reported %v: both members are ready", seen)
+	}
+}
