@@ -64,7 +64,7 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 	kernel := [2]int{udpInDatagrams(t, b, testbed.A) - before[0], udpInDatagrams(t, b, testbed.B) - before[1]}
 	t.Logf("%.0f %s, sent %d, lost %d; the kernel delivered %d datagrams on the client's side, %d on the server's", res.Rate, a.Unit, res.Sent, res.Lost, kernel[0], kernel[1])
 	if res.Sent == 0 || res.Rate == 0 {
-		t.Fatalf("no load went through:\n%s\nthe server's output and log:\n%s", res.Output, tail(srvLog, 40))
+		t.Fatalf("no load went through:\n%s\nthe server's output and log (offloaded datagrams per fd: %v):\n%s", res.Output, res.ServerRx, tail(srvLog, 40))
 	}
 	if res.Lost != 0 {
 		// A receiver on the kernel whose socket overflowed lost what the
