@@ -188,34 +188,41 @@ func (st *Stack) shareableConns() (share []*UDPConn, served map[uint64]bool) {
 	return share, served
 }
 
-// sharedWith looks for a kernel socket the stack does not serve on c's
-// address and port: it returns a description of it, or "".
-func (st *Stack) sharedWith(c *UDPConn, served map[uint64]bool) (string, error) {
-	socks, err := st.diag.udpOnPort(c.local.Port())
+// sharedWith lists the sockets of cs, all on port, that share their
+// address and port with a kernel socket the stack does not serve, with a
+// description of one such socket: one sock_diag dump for the port,
+// however many sockets of the stack are on it.
+func (st *Stack) sharedWith(port uint16, cs []*UDPConn, served map[uint64]bool) (hit []*UDPConn, who string, err error) {
+	socks, err := st.diag.udpOnPort(port)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
-	for _, k := range socks {
-		if served[k.inode] || (st.opts.Ours != nil && st.opts.Ours(k.inode)) {
-			continue
-		}
-		if !k.overlaps(c.local.Addr()) {
-			continue
-		}
-		who := describeSocket(k.inode)
-		// A socket the application is closing is still listed until its
-		// close returns, after the engine forgot it: iperf3's server
-		// lost its offload to its own closed listener. One that is
-		// still there after the look at /proc is not closing.
-		again, err := st.diag.udpOnPort(c.local.Port())
-		if err != nil {
-			return "", err
-		}
-		if slices.ContainsFunc(again, func(a kernelSock) bool { return a.inode == k.inode }) {
-			return who, nil
+	var other kernelSock
+	for _, c := range cs {
+		for _, k := range socks {
+			if served[k.inode] || (st.opts.Ours != nil && st.opts.Ours(k.inode)) || !k.overlaps(c.local.Addr()) {
+				continue
+			}
+			hit, other = append(hit, c), k
+			break
 		}
 	}
-	return "", nil
+	if len(hit) == 0 {
+		return nil, "", nil
+	}
+	who = describeSocket(other.inode)
+	// A socket the application is closing is still listed until its close
+	// returns, after the engine forgot it: iperf3's server lost its
+	// offload to its own closed listener. One that is still there after
+	// the look at /proc is not closing.
+	again, err := st.diag.udpOnPort(port)
+	if err != nil {
+		return nil, "", err
+	}
+	if !slices.ContainsFunc(again, func(a kernelSock) bool { return a.inode == other.inode }) {
+		return nil, "", nil
+	}
+	return hit, who, nil
 }
 
 // checkShared sends back to the kernel every steered socket that shares
@@ -230,23 +237,16 @@ func (st *Stack) checkShared() bool {
 	for _, c := range share {
 		byPort[c.local.Port()] = append(byPort[c.local.Port()], c)
 	}
-	for _, cs := range byPort {
-		var hit []*UDPConn
-		reason := ""
-		for _, c := range cs {
-			who, err := st.sharedWith(c, served)
-			if err != nil {
-				slog.Warn("stack: cannot list the sockets sharing a port", "interface", st.ifname, "port", c.local.Port(), "err", err)
-				return true
-			}
-			if who != "" {
-				hit = append(hit, c)
-				reason = sharedCause(c.local, who)
-			}
+	for port, cs := range byPort {
+		hit, who, err := st.sharedWith(port, cs, served)
+		if err != nil {
+			slog.Warn("stack: cannot list the sockets sharing a port", "interface", st.ifname, "port", port, "err", err)
+			return true
 		}
 		if len(hit) == 0 {
 			continue
 		}
+		reason := sharedCause(hit[0].local, who)
 		if st.opts.Shared != nil {
 			st.opts.Shared(hit, reason)
 			continue

@@ -357,11 +357,11 @@ func (c *UDPConn) attach() error {
 	if c.shareable && st.diag != nil {
 		_, served := st.shareableConns()
 		served[c.inode] = true
-		who, err := st.sharedWith(c, served)
+		hit, who, err := st.sharedWith(c.local.Port(), []*UDPConn{c}, served)
 		if err != nil {
 			return err
 		}
-		if who != "" {
+		if len(hit) > 0 {
 			st.kickShare() // those of the stack on the port follow
 			return fmt.Errorf("%w: %s", ErrShared, sharedCause(c.local, who))
 		}

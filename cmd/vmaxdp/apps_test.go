@@ -143,8 +143,10 @@ func kernelOverflows(t *testing.T, b *testbed.Bed, p placement) int {
 
 // openTime is how long the first stack of a vmaxdp log took to open
 // (engine.newStack logs it), 0 when it says nothing of it.
+var reOpenTime = regexp.MustCompile(`XDP \S+, \d+ queues, open in (\S+)`)
+
 func openTime(log string) time.Duration {
-	m := regexp.MustCompile(`XDP \S+, \d+ queues, open in (\S+)`).FindStringSubmatch(log)
+	m := reOpenTime.FindStringSubmatch(log)
 	if m == nil {
 		return 0
 	}

@@ -366,13 +366,20 @@ func iperf(size int) *App {
 	}
 }
 
+// threaded names a DNS server run with n threads ("knot-2workers") and
+// picks its load generator: with more than one, dnsperf with flows enough
+// to spread over the threads' SO_REUSEPORT group.
+func threaded(base string, n int, unit string) (string, func(dir, addr string, d time.Duration, paced bool) []string) {
+	if n > 1 {
+		return fmt.Sprintf("%s-%d%s", base, n, unit), dnsperfFlows
+	}
+	return base, dnsperfClient
+}
+
 // knot is Knot DNS with workers UDP workers: with more than one, each
 // has its own socket, the sockets a SO_REUSEPORT group on port 53.
 func knot(workers int) *App {
-	name, client := "knot", dnsperfClient
-	if workers > 1 {
-		name, client = fmt.Sprintf("knot-%dworkers", workers), dnsperfFlows
-	}
+	name, client := threaded("knot", workers, "workers")
 	return &App{
 		Name: name, Unit: "queries/s", Programs: []string{"knotd", "dnsperf"}, Package: "knot dnsperf",
 		Proto: "udp", Port: 53, Group: workers,
@@ -402,10 +409,7 @@ zone:
 // its own socket (so-reuseport, on by default), the sockets a
 // SO_REUSEPORT group on port 53.
 func unbound(threads int) *App {
-	name, client := "unbound", dnsperfClient
-	if threads > 1 {
-		name, client = fmt.Sprintf("unbound-%dthreads", threads), dnsperfFlows
-	}
+	name, client := threaded("unbound", threads, "threads")
 	return &App{
 		Name: name, Unit: "queries/s", Programs: []string{"unbound", "dnsperf"}, Package: "unbound dnsperf",
 		Proto: "udp", Port: 53, Group: threads,
