@@ -22,6 +22,13 @@ type Buf struct {
 	Data []byte
 	// ID is the backend's handle of the frame; callers pass it back untouched.
 	ID uint64
+	// CsumStart and CsumOffset ask Transmit to complete a transport
+	// checksum, as the kernel's CHECKSUM_PARTIAL does: the 16-bit field at
+	// CsumStart+CsumOffset holds the folded pseudo-header sum, and the
+	// checksum covers Data[CsumStart:]. Zero CsumStart: the frame is
+	// complete. Only for a backend whose TxChecksum reports true; Alloc
+	// clears both.
+	CsumStart, CsumOffset uint16
 }
 
 // Backend is one receive/transmit queue of one interface.
@@ -36,6 +43,9 @@ type Backend interface {
 	// Transmit queues the frames for sending and owns them afterwards; it
 	// returns how many were queued (the rest still belong to the caller).
 	Transmit(bufs []Buf) (int, error)
+	// TxChecksum reports whether Transmit completes checksums that
+	// Buf.CsumStart asks for.
+	TxChecksum() bool
 	// FD is a file descriptor that polls readable when Receive has work, for
 	// callers that block in poll(2) together with other descriptors.
 	FD() int

@@ -142,8 +142,12 @@ type queue struct {
 	// canTx: the interface runs a TX queue of that number too, so the
 	// queue's socket has a TX ring.
 	canTx bool
-	rx    [rxBatch]backend.Buf // guarded by Stack.rxMu
-	rel   []backend.Buf        // frames to release, guarded by Stack.rxMu
+	// txCsum: the backend completes UDP checksums (backend.TxChecksum),
+	// so that neither this stack nor a kernel receiver on this host sums
+	// the payload.
+	txCsum bool
+	rx     [rxBatch]backend.Buf // guarded by Stack.rxMu
+	rel    []backend.Buf        // frames to release, guarded by Stack.rxMu
 
 	txMu   sync.Mutex
 	txBufs [rxBatch]backend.Buf // guarded by txMu
@@ -443,7 +447,7 @@ func (st *Stack) openQueues(qs []int, ch xsk.Channels) error {
 			st.unserved = append(st.unserved, QueueError{qi, err})
 			continue
 		}
-		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, rel: make([]backend.Buf, 0, 2*rxBatch)})
+		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, txCsum: be.TxChecksum(), rel: make([]backend.Buf, 0, 2*rxBatch)})
 	}
 	if len(next) == 0 {
 		errs := make([]error, len(st.unserved))

@@ -1210,11 +1210,15 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 			return sent, c.sendErr(to, unix.ENOBUFS)
 		}
 		bytes := 0
+		f.PartialChecksum = q.txCsum
 		for i, b := range msgs[sent : sent+got] {
-			frame := q.txBufs[i].Data
-			copy(frame[header.UDPHeadersLen:], b)
+			tb := &q.txBufs[i]
+			copy(tb.Data[header.UDPHeadersLen:], b)
 			f.ID = uint16(st.ipID.Add(1))
-			q.txBufs[i].Data = frame[:header.BuildUDP(frame, &f, len(b))]
+			tb.Data = tb.Data[:header.BuildUDP(tb.Data, &f, len(b))]
+			if q.txCsum {
+				tb.CsumStart, tb.CsumOffset = header.UDPChecksumStart, header.UDPChecksumOffset
+			}
 			bytes += len(b)
 		}
 		k, err := q.be.Transmit(q.txBufs[:got])

@@ -62,8 +62,15 @@ func (o *Options) RxFrameLen() uint32 {
 // TxFrameLen is the longest frame a socket with these options transmits.
 func (o *Options) TxFrameLen() uint32 {
 	r, _ := o.withDefaults()
-	return r.FrameSize
+	return r.FrameSize - txMetaLen
 }
+
+// txMetaLen is the room in front of each transmit frame for the kernel's
+// struct xsk_tx_metadata (Documentation/networking/xsk-tx-metadata.rst):
+// u64 flags, then u16 csum_start, u16 csum_offset and u64 launch_time.
+// The room is kept whether or not the kernel takes metadata, so that frame
+// lengths do not depend on the kernel.
+const txMetaLen = 24
 
 func (o *Options) withDefaults() (Options, error) {
 	var r Options
@@ -123,6 +130,8 @@ type Socket struct {
 	queue    int
 	zeroCopy bool
 	huge     bool
+	txMeta   bool // the UMEM was registered with room for TX metadata
+	txCsum   bool // Transmit asks the kernel to complete checksums
 
 	umem      []byte
 	frameSize uint32
@@ -139,7 +148,7 @@ type Socket struct {
 	Counters             Counters
 }
 
-var hugeOnce sync.Once
+var hugeOnce, txMetaOnce sync.Once
 
 // busyWait bounds how long Open waits for a queue whose previous socket is
 // still being released.
@@ -194,8 +203,23 @@ func (s *Socket) setup(o Options) error {
 			return fmt.Errorf("mmap UMEM of %d bytes: %w", size, err)
 		}
 	}
-	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&s.umem[0]))), Len: uint64(size), Size: o.FrameSize}
-	if err := setsockoptRaw(s.fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+	// TX metadata (Linux 6.11 and later) lets copy mode hand frames to the
+	// device as CHECKSUM_PARTIAL, as the kernel's own UDP does: the device
+	// or the kernel completes the checksum, and a receiver on this host
+	// need not verify it. An older kernel refuses the flag: checksums are
+	// then computed by the caller.
+	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&s.umem[0]))), Len: uint64(size), Size: o.FrameSize,
+		Flags: unix.XDP_UMEM_TX_METADATA_LEN, Tx_metadata_len: txMetaLen}
+	err = setsockoptRaw(s.fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg))
+	s.txMeta = err == nil
+	if errors.Is(err, unix.EINVAL) {
+		txMetaOnce.Do(func() {
+			slog.Info("xsk: the kernel takes no AF_XDP TX metadata (Linux 6.11 and later): transmit checksums are computed in user space", "err", err)
+		})
+		reg.Flags, reg.Tx_metadata_len = 0, 0
+		err = setsockoptRaw(s.fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg))
+	}
+	if err != nil {
 		return fmt.Errorf("register UMEM: %w", err)
 	}
 	// Each ring holds all frames of its half, so Release and Transmit
@@ -282,6 +306,11 @@ func (s *Socket) setup(o Options) error {
 	if err := getsockoptRaw(s.fd, unix.XDP_OPTIONS, unsafe.Pointer(&opts), 4); err == nil {
 		s.zeroCopy = opts&unix.XDP_OPTIONS_ZEROCOPY != 0
 	}
+	// In copy mode the kernel builds an skb from the metadata, and the
+	// skb path completes the checksum whatever the device offers. In
+	// zero-copy mode the driver would have to (xsk_tx_metadata_ops), and
+	// one that does not would send the partial sum: compute it here.
+	s.txCsum = s.txMeta && !s.zeroCopy && !o.RxOnly
 	return nil
 }
 
@@ -300,6 +329,10 @@ func (s *Socket) RxOnly() bool { return s.txDescs == nil }
 
 // ZeroCopy reports whether the kernel granted zero-copy mode.
 func (s *Socket) ZeroCopy() bool { return s.zeroCopy }
+
+// TxChecksum implements backend.Backend: the kernel completes the
+// checksums Transmit is asked for (copy mode with TX metadata).
+func (s *Socket) TxChecksum() bool { return s.txCsum }
 
 // HugePages reports whether the UMEM is backed by huge pages.
 func (s *Socket) HugePages() bool { return s.huge }
@@ -397,7 +430,8 @@ func (s *Socket) Alloc(bufs []backend.Buf) int {
 	}
 	for i := 0; i < n; i++ {
 		a := s.txFree[len(s.txFree)-1-i]
-		bufs[i] = backend.Buf{Data: s.umem[a : a+uint64(s.frameSize) : a+uint64(s.frameSize)], ID: a}
+		end := a + uint64(s.frameSize)
+		bufs[i] = backend.Buf{Data: s.umem[a+txMetaLen : end : end], ID: a + txMetaLen}
 	}
 	s.txFree = s.txFree[:len(s.txFree)-n]
 	s.txFreeN.Store(uint32(len(s.txFree)))
@@ -412,7 +446,13 @@ func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
 	n := s.tx.reserve(uint32(len(bufs)))
 	prod := s.tx.cachedProd
 	for i := uint32(0); i < n; i++ {
-		s.txDescs[(prod+i)&s.tx.mask] = unix.XDPDesc{Addr: bufs[i].ID, Len: uint32(len(bufs[i].Data))}
+		b := &bufs[i]
+		d := unix.XDPDesc{Addr: b.ID, Len: uint32(len(b.Data))}
+		if b.CsumStart != 0 && s.txCsum {
+			s.putCsumMeta(b)
+			d.Options = unix.XDP_TX_METADATA
+		}
+		s.txDescs[(prod+i)&s.tx.mask] = d
 	}
 	s.tx.submit(n)
 	s.txOutstanding += n
@@ -421,6 +461,16 @@ func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
 		return int(n), fmt.Errorf("xsk %s: transmit: %w", s, err)
 	}
 	return int(n), nil
+}
+
+// putCsumMeta writes the struct xsk_tx_metadata in front of b's frame
+// that asks for its checksum (native byte order, as the kernel reads it).
+func (s *Socket) putCsumMeta(b *backend.Buf) {
+	m := (*[txMetaLen]byte)(s.umem[b.ID-txMetaLen : b.ID])
+	*(*uint64)(unsafe.Pointer(&m[0])) = unix.XDP_TXMD_FLAGS_CHECKSUM
+	*(*uint16)(unsafe.Pointer(&m[8])) = b.CsumStart
+	*(*uint16)(unsafe.Pointer(&m[10])) = b.CsumOffset
+	*(*uint64)(unsafe.Pointer(&m[16])) = 0
 }
 
 // txDrainWait bounds how long Transmit kicks a TX ring the kernel does not

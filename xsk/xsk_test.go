@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmaxdp/vmaxdp/backend"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/testbed"
 	"github.com/vmaxdp/vmaxdp/xsk"
@@ -159,3 +160,125 @@ func TestSocketsDiag(t *testing.T) {
 	}
 	t.Logf("%+v", found)
 }
+
+// TestTxChecksum: a frame sent with Buf.CsumStart leaves with a checksum
+// the kernel completed. On the tuned bed (the veth's TX checksum offload
+// off) the bytes on the wire carry the full checksum; on the plain one the
+// frame reaches the peer as the kernel's own UDP does, with the partial
+// sum, and the peer's kernel accepts it. Either way a kernel socket
+// receives every datagram and counts no checksum error.
+func TestTxChecksum(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		var s *xsk.Socket
+		err := bed.Do(testbed.B, func() error {
+			var err error
+			s, err = xsk.Open(bed.Link(testbed.B), 0, &xsk.Options{NoHugePages: true, Mode: xsk.BindCopy})
+			return err
+		})
+		testutil.SkipIfNotSupported(t, err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if !s.TxChecksum() {
+			t.Skip("no AF_XDP TX metadata in this kernel (Linux 6.11 and later)")
+		}
+		const port = 7003
+		var rx *net.UDPConn
+		var pkt int
+		err = bed.Do(testbed.A, func() error {
+			var err error
+			if rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: bed.Addr(testbed.A).AsSlice(), Port: port}); err != nil {
+				return err
+			}
+			ifi, err := net.InterfaceByName(bed.Link(testbed.A))
+			if err != nil {
+				return err
+			}
+			proto := int(htons(unix.ETH_P_IP))
+			if pkt, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto); err != nil {
+				return err
+			}
+			return unix.Bind(pkt, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifi.Index})
+		})
+		if rx != nil {
+			defer rx.Close()
+		}
+		if pkt > 0 {
+			defer unix.Close(pkt)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		csumErrs := testutil.UDPStat(t, bed, testbed.A, "InCsumErrors")
+		var srcMAC, dstMAC header.MAC
+		for side, m := range map[testbed.Side]*header.MAC{testbed.A: &dstMAC, testbed.B: &srcMAC} {
+			if err := bed.Do(side, func() error {
+				ifi, err := net.InterfaceByName(bed.Link(side))
+				if err == nil {
+					copy(m[:], ifi.HardwareAddr)
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		const n = 20
+		for i := range n {
+			bufs := make([]backend.Buf, 1)
+			if s.Alloc(bufs) != 1 {
+				t.Fatal("no transmit frame")
+			}
+			b := &bufs[0]
+			payload := make([]byte, 100+i*61)
+			for j := range payload {
+				payload[j] = byte(i + j)
+			}
+			copy(b.Data[header.UDPHeadersLen:], payload)
+			f := header.UDPFields{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64, ID: uint16(i), PartialChecksum: true,
+				Src: netip.AddrPortFrom(bed.Addr(testbed.B), 7004), Dst: netip.AddrPortFrom(bed.Addr(testbed.A), port)}
+			b.Data = b.Data[:header.BuildUDP(b.Data, &f, len(payload))]
+			b.CsumStart, b.CsumOffset = header.UDPChecksumStart, header.UDPChecksumOffset
+			if k, err := s.Transmit(bufs); k != 1 || err != nil {
+				t.Fatalf("transmit %d: %d, %v", i, k, err)
+			}
+		}
+		buf := make([]byte, 2048)
+		rx.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for i := range n {
+			k, err := rx.Read(buf)
+			if err != nil {
+				t.Fatalf("kernel socket got %d of %d datagrams: %v", i, n, err)
+			}
+			if k != 100+i*61 || buf[k-1] != byte(i+k-1) {
+				t.Fatalf("datagram %d: %d bytes, last %d", i, k, buf[k-1])
+			}
+		}
+		if d := testutil.UDPStat(t, bed, testbed.A, "InCsumErrors") - csumErrs; d != 0 {
+			t.Errorf("the peer's kernel counted %d checksum errors", d)
+		}
+		// What crossed the link, seen by the peer's packet socket.
+		seen := 0
+		for seen < n {
+			k, _, err := unix.Recvfrom(pkt, buf, unix.MSG_DONTWAIT)
+			if err != nil {
+				t.Fatalf("packet socket saw %d of %d frames: %v", seen, n, err)
+			}
+			var p header.Packet
+			r := header.Parse(buf[:k], &p)
+			if r == header.NotUDP || (r == header.Ok && p.UDP.DstPort() != port) {
+				continue
+			}
+			want := header.Ok
+			if bed.Plain {
+				want = header.PartialUDPChecksum
+			}
+			if r != want {
+				t.Fatalf("frame %d: %v, want %v", seen, r, want)
+			}
+			seen++
+		}
+	})
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -819,7 +819,11 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 	}
 	// Its sockets are served by the kernel until it is open: the time
 	// says how long.
-	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues, open in %v", ifname, st.Program().Mode(), len(st.Backends()), time.Since(began).Round(time.Millisecond))
+	csum := "in user space"
+	if bes := st.Backends(); len(bes) > 0 && bes[0].TxChecksum() {
+		csum = "by the kernel (TX metadata)"
+	}
+	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues, open in %v, UDP checksums of sent datagrams completed %s", ifname, st.Program().Mode(), len(st.Backends()), time.Since(began).Round(time.Millisecond), csum)
 	for _, u := range st.UnservedQueues() {
 		e.Log.Printf(params.LevelInfo, "%s: %v: not served, its datagrams reach the sockets through the kernel", ifname, u)
 	}

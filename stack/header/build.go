@@ -12,11 +12,25 @@ type UDPFields struct {
 	Src, Dst       netip.AddrPort
 	ID             uint16
 	TTL            uint8
+	// PartialChecksum leaves the UDP checksum for the device to complete:
+	// the field gets the folded pseudo-header sum (CHECKSUM_PARTIAL), to
+	// be finished over the bytes from UDPChecksumStart on, the field at
+	// UDPChecksumOffset of them.
+	PartialChecksum bool
 }
 
+// UDPChecksumStart and UDPChecksumOffset locate the UDP checksum of a
+// frame BuildUDP writes: where the checksummed bytes start, and where the
+// field is in them.
+const (
+	UDPChecksumStart  = EthernetLen + IPv4MinLen
+	UDPChecksumOffset = 6
+)
+
 // BuildUDP writes the headers of a datagram whose payloadLen bytes are
-// already at frame[UDPHeadersLen:], computes both checksums, and returns
-// the frame's length. frame must hold UDPHeadersLen+payloadLen bytes.
+// already at frame[UDPHeadersLen:], computes both checksums (the UDP one
+// partially with f.PartialChecksum), and returns the frame's length.
+// frame must hold UDPHeadersLen+payloadLen bytes.
 func BuildUDP(frame []byte, f *UDPFields, payloadLen int) int {
 	eth := Ethernet(frame)
 	eth.SetDst(f.DstMAC)
@@ -32,7 +46,11 @@ func BuildUDP(frame []byte, f *UDPFields, payloadLen int) int {
 	u.SetSrcPort(f.Src.Port())
 	u.SetDstPort(f.Dst.Port())
 	u.SetLength(uint16(ulen))
-	u.SetChecksum(0)
-	u.SetChecksum(UDPChecksum(seg, f.Src.Addr(), f.Dst.Addr()))
+	if f.PartialChecksum {
+		u.SetChecksum(Fold(PseudoSum(f.Src.Addr(), f.Dst.Addr(), ProtocolUDP, ulen)))
+	} else {
+		u.SetChecksum(0)
+		u.SetChecksum(UDPChecksum(seg, f.Src.Addr(), f.Dst.Addr()))
+	}
 	return UDPHeadersLen + payloadLen
 }

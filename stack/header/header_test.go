@@ -149,3 +149,30 @@ func BenchmarkBuild(b *testing.B) {
 		header.BuildUDP(frame, &fields, 64)
 	}
 }
+
+// TestBuildUDPPartialChecksum: a frame built for the device to complete
+// parses as a partial checksum, and as valid once completed the way the
+// kernel's skb_checksum_help does.
+func TestBuildUDPPartialChecksum(t *testing.T) {
+	for _, n := range []int{0, 1, 17, 1400} {
+		f := make([]byte, header.UDPHeadersLen+n)
+		for i := range n {
+			f[header.UDPHeadersLen+i] = byte(i*7 + 3)
+		}
+		fields := header.UDPFields{Src: netip.MustParseAddrPort("198.18.0.2:4000"), Dst: netip.MustParseAddrPort("198.18.0.1:53"), TTL: 64, PartialChecksum: true}
+		f = f[:header.BuildUDP(f, &fields, n)]
+		var p header.Packet
+		if r := header.Parse(f, &p); r != header.PartialUDPChecksum {
+			t.Fatalf("%d bytes: %v, want partial", n, r)
+		}
+		c := ^header.Fold(header.Sum(f[header.UDPChecksumStart:], 0))
+		if c == 0 {
+			c = 0xffff
+		}
+		f[header.UDPChecksumStart+header.UDPChecksumOffset] = byte(c >> 8)
+		f[header.UDPChecksumStart+header.UDPChecksumOffset+1] = byte(c)
+		if r := header.Parse(f, &p); r != header.Ok {
+			t.Fatalf("%d bytes completed: %v", n, r)
+		}
+	}
+}
