@@ -1,6 +1,6 @@
 // Package stack is vmaxdp's user-space network stack: Ethernet, IPv4 and
 // UDP over the packet queues of package backend, with sockets in the style
-// of package net.
+// of package net, and TCP through gVisor's netstack on the same queues.
 //
 // A Stack serves one interface. It attaches the steering program (package
 // steer) and opens one backend queue per interface queue; every socket adds
@@ -13,6 +13,15 @@
 // what the stack cannot send itself (destinations behind other interfaces,
 // datagrams larger than the MTU): the socket reads and writes it too, so no
 // datagram is lost by taking the fast path.
+//
+// TCP is netstack's (tcp.go): the stack is its link, handing it the TCP
+// packets its rules bring (a listener's address:port, each connection's
+// 5-tuple) and sending its packets with the next hop's Ethernet header. A
+// listener listens in the kernel too, for connections that come another
+// way; a connection the stack opens holds its port in a kernel socket. A
+// closed connection keeps its rule until netstack is done with it, so
+// that the peer's last segments never meet the kernel. While TCP sockets
+// exist a goroutine drains the queues that no UDP receive is polling.
 //
 // Concurrency: one receive lock serialises the receive side of all queues
 // and the receive queues of all sockets; each queue has a transmit lock.

@@ -116,10 +116,11 @@ type Counters struct {
 	// RxProgressFrames counts the frames the progress engine drained
 	// (see Options.ProgressInterval): no receive was polling.
 	RxProgressFrames atomic.Uint64
-	// RxPartialChecksum counts datagrams delivered with a partial UDP
-	// checksum (header.PartialUDPChecksum) on a link without a bus, where
-	// they come from this host's kernel with TX checksum offload on. On a
-	// link with a bus they are dropped as bad_udp_checksum.
+	// RxPartialChecksum counts datagrams and TCP segments delivered with a
+	// partial checksum (header.PartialUDPChecksum, PartialTCPChecksum) on
+	// a link without a bus, where they come from this host's kernel with
+	// TX checksum offload on. On a link with a bus they are dropped as
+	// bad_udp_checksum or bad_tcp_checksum.
 	RxPartialChecksum atomic.Uint64
 }
 
@@ -193,6 +194,7 @@ type Stack struct {
 	// and other links without a bus), whose UDP checksum may be partial.
 	partialCsum bool
 	txFrameLen  int  // the longest frame a queue transmits
+	rxFrameLen  int  // the longest frame a queue receives
 	adaptive    bool // receives poll as Spin says (Options.RxPoll 0)
 	ipID        atomic.Uint32
 	hops        nextHops
@@ -250,7 +252,12 @@ type Stack struct {
 	copiesMade int
 	copyQ      *queue
 
-	Counters Counters
+	// tcp is netstack, once a TCP socket made it (tcpStack, under tcpMu).
+	tcp   atomic.Pointer[tcpState]
+	tcpMu sync.Mutex
+
+	Counters    Counters
+	TCPCounters TCPCounters
 }
 
 // ErrNotSupported is backend.ErrNotSupported: what the stack cannot serve
@@ -374,7 +381,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if so.MaxFrameLen == 0 {
 		so.MaxFrameLen = o.XSK.RxFrameLen()
 	}
-	st.txFrameLen = int(o.XSK.TxFrameLen())
+	st.txFrameLen, st.rxFrameLen = int(o.XSK.TxFrameLen()), int(so.MaxFrameLen)
 	if o.Wanted != nil && !o.Wanted() {
 		return st, ErrNotWanted
 	}
@@ -757,6 +764,10 @@ func (st *Stack) demuxLocked(q *queue, socks map[sockKey][]*UDPConn, b backend.B
 		st.Counters.RxDropped[header.BadUDPChecksum].Add(1)
 		st.releaseLocked(q, b)
 		return
+	case r == header.NotUDP && p.IP.Protocol() == header.ProtocolTCP:
+		st.deliverTCP(p.IP)
+		st.releaseLocked(q, b)
+		return
 	case r != header.Ok:
 		st.Counters.RxDropped[r].Add(1)
 		st.releaseLocked(q, b)
@@ -949,6 +960,7 @@ func (st *Stack) Close() error {
 	for _, c := range conns {
 		c.Close()
 	}
+	st.closeTCP()
 	if st.prog != nil {
 		for _, q := range st.queueList() {
 			st.prog.UnregisterQueue(q.idx)

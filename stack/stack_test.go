@@ -32,7 +32,15 @@ func bedStack(t testing.TB, opts *stack.Options) (*testbed.Bed, *stack.Stack) {
 
 // bedStackOn brings up a bed made with bedOpts, with a stack on side B.
 func bedStackOn(t testing.TB, bedOpts *testbed.Options, opts *stack.Options) (*testbed.Bed, *stack.Stack) {
-	bed := testutil.Bed(t, bedOpts)
+	return stackOn(t, testutil.Bed(t, bedOpts), opts)
+}
+
+// bedStackOnBed opens a stack with default options on side B of bed.
+func bedStackOnBed(t testing.TB, bed *testbed.Bed) (*testbed.Bed, *stack.Stack) {
+	return stackOn(t, bed, nil)
+}
+
+func stackOn(t testing.TB, bed *testbed.Bed, opts *stack.Options) (*testbed.Bed, *stack.Stack) {
 	if opts == nil {
 		opts = &stack.Options{}
 	}

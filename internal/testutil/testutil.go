@@ -148,6 +148,13 @@ func EachBed(t *testing.T, opts *testbed.Options, fn func(t *testing.T, b *testb
 // ("InDatagrams": what the kernel delivered to its sockets there).
 func UDPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, name string) int {
 	tb.Helper()
+	return SNMPStat(tb, b, s, "Udp", name)
+}
+
+// SNMPStat reads counter name of protocol proto ("Tcp", "Udp", "Ip") of
+// /proc/net/snmp in side s's namespace.
+func SNMPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, proto, name string) int {
+	tb.Helper()
 	var n int
 	err := b.Do(s, func() error {
 		data, err := os.ReadFile("/proc/thread-self/net/snmp")
@@ -157,7 +164,7 @@ func UDPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, name string) int {
 		var head []string
 		for _, line := range strings.Split(string(data), "\n") {
 			f := strings.Fields(line)
-			if len(f) == 0 || f[0] != "Udp:" {
+			if len(f) == 0 || f[0] != proto+":" {
 				continue
 			}
 			if head == nil {
@@ -171,7 +178,7 @@ func UDPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, name string) int {
 				}
 			}
 		}
-		return fmt.Errorf("no Udp %s in snmp", name)
+		return fmt.Errorf("no %s %s in snmp", proto, name)
 	})
 	if err != nil {
 		tb.Fatal(err)

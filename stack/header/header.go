@@ -17,6 +17,7 @@ const (
 	VLANLen     = 4
 	IPv4MinLen  = 20
 	UDPLen      = 8
+	TCPMinLen   = 20
 
 	EtherTypeIPv4   = 0x0800
 	EtherTypeARP    = 0x0806

@@ -115,9 +115,20 @@ func FuzzParse(f *testing.F) {
 	f.Add(build([]byte("seed")))
 	f.Add(build(nil))
 	f.Add([]byte{})
+	f.Add(buildTCP([]byte("seed")))
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		var p header.Packet
-		if header.Parse(frame, &p) != header.Ok {
+		switch header.Parse(frame, &p) {
+		case header.Ok:
+		case header.NotUDP:
+			if p.IP.Protocol() == header.ProtocolTCP && header.CheckTCP(p.IP) == header.Ok {
+				pkt := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.NoCopy)
+				if tcp, _ := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP); tcp == nil {
+					t.Fatalf("CheckTCP accepted a segment gopacket does not read: %v", pkt)
+				}
+			}
+			return
+		default:
 			return
 		}
 		// Whatever Parse accepts, gopacket decodes to the same datagram.
@@ -174,5 +185,48 @@ func TestBuildUDPPartialChecksum(t *testing.T) {
 		if r := header.Parse(f, &p); r != header.Ok {
 			t.Fatalf("%d bytes completed: %v", n, r)
 		}
+	}
+}
+
+// buildTCP makes a frame with a TCP segment (a bare ACK header and
+// payload) whose checksum is right.
+func buildTCP(payload []byte) []byte {
+	src, dst := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
+	seg := make([]byte, header.TCPMinLen+len(payload))
+	seg[0], seg[1], seg[2], seg[3] = 0x1f, 0x90, 0xc0, 0x01 // ports 8080, 49153
+	seg[12], seg[13] = 5<<4, 0x10                          // 20-byte header, ACK
+	copy(seg[header.TCPMinLen:], payload)
+	c := ^header.Fold(header.Sum(seg, header.PseudoSum(src, dst, header.ProtocolTCP, len(seg))))
+	seg[16], seg[17] = byte(c>>8), byte(c)
+	f := make([]byte, header.EthernetLen+header.IPv4MinLen+len(seg))
+	header.Ethernet(f).SetType(header.EtherTypeIPv4)
+	header.IPv4(f[header.EthernetLen:]).Encode(header.IPv4Fields{TotalLen: uint16(header.IPv4MinLen + len(seg)), TTL: 64,
+		Protocol: header.ProtocolTCP, Src: src, Dst: dst})
+	copy(f[header.EthernetLen+header.IPv4MinLen:], seg)
+	return f
+}
+
+// TestCheckTCP: a right checksum, a partial one and a wrong one.
+func TestCheckTCP(t *testing.T) {
+	f := buildTCP([]byte("hello, tcp"))
+	var p header.Packet
+	if r := header.Parse(f, &p); r != header.NotUDP {
+		t.Fatalf("Parse: %v", r)
+	}
+	if r := header.CheckTCP(p.IP); r != header.Ok {
+		t.Fatalf("right checksum: %v", r)
+	}
+	seg := p.IP[header.IPv4MinLen:]
+	pseudo := header.Fold(header.PseudoSum(p.IP.Src(), p.IP.Dst(), header.ProtocolTCP, len(seg)))
+	seg[16], seg[17] = byte(pseudo>>8), byte(pseudo)
+	if r := header.CheckTCP(p.IP); r != header.PartialTCPChecksum {
+		t.Fatalf("partial checksum: %v", r)
+	}
+	seg[17]++
+	if r := header.CheckTCP(p.IP); r != header.BadTCPChecksum {
+		t.Fatalf("wrong checksum: %v", r)
+	}
+	if r := header.CheckTCP(p.IP[:header.IPv4MinLen+10]); r != header.BadLength {
+		t.Fatalf("short segment: %v", r)
 	}
 }

@@ -20,10 +20,14 @@ const (
 	// anyway: whether that is good is the link's to say (from this host's
 	// kernel over veth it is; from a wire it is a bad checksum).
 	PartialUDPChecksum
+	// BadTCPChecksum and PartialTCPChecksum are CheckTCP's findings, as
+	// their UDP namesakes.
+	BadTCPChecksum
+	PartialTCPChecksum
 	NumResults
 )
 
-var resultNames = [NumResults]string{"ok", "not_ipv4", "truncated", "bad_ihl", "bad_length", "bad_ip_checksum", "fragment", "not_udp", "bad_udp_length", "bad_udp_checksum", "partial_udp_checksum"}
+var resultNames = [NumResults]string{"ok", "not_ipv4", "truncated", "bad_ihl", "bad_length", "bad_ip_checksum", "fragment", "not_udp", "bad_udp_length", "bad_udp_checksum", "partial_udp_checksum", "bad_tcp_checksum", "partial_tcp_checksum"}
 
 func (r Result) String() string {
 	if r < NumResults {
@@ -111,4 +115,23 @@ func Parse(frame []byte, p *Packet) Result {
 		}
 	}
 	return Ok
+}
+
+// CheckTCP checks the TCP segment of ip, a packet Parse found NotUDP and
+// whose protocol is TCP: Ok, BadLength when it cannot hold a TCP header,
+// BadTCPChecksum, or PartialTCPChecksum (see PartialUDPChecksum).
+func CheckTCP(ip IPv4) Result {
+	hl := ip.HeaderLen()
+	seg := ip[hl:]
+	if len(seg) < TCPMinLen {
+		return BadLength
+	}
+	pseudo := PseudoSum(ip.Src(), ip.Dst(), ProtocolTCP, len(seg))
+	if Fold(Sum(seg, pseudo)) == 0xffff {
+		return Ok
+	}
+	if uint16(seg[16])<<8|uint16(seg[17]) == Fold(pseudo) {
+		return PartialTCPChecksum
+	}
+	return BadTCPChecksum
 }

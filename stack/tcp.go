@@ -1,0 +1,707 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	gbuffer "gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	gheader "gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	nstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/steer"
+)
+
+// TCP is gVisor's netstack (gvisor.dev/gvisor/pkg/tcpip), not one of our
+// own: its TCP is conformance-tested and maintained. It sits on the stack
+// as an IP link (tcpLink): the stack keeps Ethernet, the next hops (from
+// the kernel's tables), the queues and the steering, hands netstack the
+// TCP packets the steering rules bring, and puts netstack's packets on a
+// transmit queue. UDP keeps its own path; ARP, ICMP and the rest stay
+// with the kernel.
+
+// tcpNIC is netstack's only NIC: the stack's interface.
+const tcpNIC tcpip.NICID = 1
+
+// TCPCounters are the stack's TCP frame counters; netstack keeps its own
+// per-protocol counters (tcpip.Stats).
+type TCPCounters struct {
+	RxSegments atomic.Uint64 // segments handed to netstack
+	TxSegments atomic.Uint64 // segments put on a transmit queue
+	// TxDropped counts netstack's packets that found no transmit frame or
+	// no next hop behind the interface; TCP sends them again.
+	TxDropped atomic.Uint64
+}
+
+// tcpState is netstack and what drives it, made by the first TCP socket.
+type tcpState struct {
+	ns   *nstack.Stack
+	link *tcpLink
+	stop chan struct{}
+	done chan struct{}
+
+	// closing are closed connections whose steering rule and kernel
+	// socket wait for netstack to finish with them (FIN exchange,
+	// TIME_WAIT): removed at once, the peer's last segments would meet
+	// the kernel, which answers with a reset.
+	mu      sync.Mutex
+	closing []*TCPConn
+}
+
+// tcpLink is netstack's link endpoint over the stack's queues. Netstack
+// sees a link without a header: frames arrive as IPv4 packets, and
+// WritePackets adds the Ethernet header of the next hop.
+type tcpLink struct {
+	st   *Stack
+	q    *queue
+	mtu  uint32
+	disp atomic.Pointer[dispatcher]
+
+	mu      sync.Mutex
+	onClose func()
+}
+
+// dispatcher boxes the interface so that the receive path loads it
+// atomically.
+type dispatcher struct{ nstack.NetworkDispatcher }
+
+func (l *tcpLink) MTU() uint32                              { return l.mtu }
+func (l *tcpLink) SetMTU(uint32)                            {}
+func (l *tcpLink) MaxHeaderLength() uint16                  { return 0 }
+func (l *tcpLink) LinkAddress() tcpip.LinkAddress           { return "" }
+func (l *tcpLink) SetLinkAddress(tcpip.LinkAddress)         {}
+func (l *tcpLink) Wait()                                    {}
+func (l *tcpLink) ARPHardwareType() gheader.ARPHardwareType { return gheader.ARPHardwareNone }
+func (l *tcpLink) AddHeader(*nstack.PacketBuffer)           {}
+func (l *tcpLink) ParseHeader(*nstack.PacketBuffer) bool    { return true }
+func (l *tcpLink) IsAttached() bool                         { return l.disp.Load() != nil }
+
+// Capabilities: the stack checks TCP checksums itself (deliverTCP), since
+// a kernel sender on this host leaves them partial.
+func (l *tcpLink) Capabilities() nstack.LinkEndpointCapabilities {
+	return nstack.CapabilityRXChecksumOffload
+}
+
+func (l *tcpLink) Attach(d nstack.NetworkDispatcher) {
+	if d == nil {
+		l.disp.Store(nil)
+		return
+	}
+	l.disp.Store(&dispatcher{d})
+}
+
+func (l *tcpLink) SetOnCloseAction(f func()) {
+	l.mu.Lock()
+	l.onClose = f
+	l.mu.Unlock()
+}
+
+func (l *tcpLink) Close() {
+	l.mu.Lock()
+	f := l.onClose
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// WritePackets puts netstack's packets on the link's transmit queue, a
+// batch at a time. The next hops are looked up before the queue's lock
+// is taken: the first packet to a destination may wait for ARP.
+func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) {
+	st, q := l.st, l.q
+	list := pkts.AsSlice()
+	var hops [rxBatch]nextHop
+	sent := 0
+	for sent < len(list) {
+		chunk := list[sent:min(len(list), sent+len(q.txBufs))]
+		for i, pkt := range chunk {
+			dst := netip.AddrFrom4([4]byte(pkt.NetworkHeader().Slice()[16:20]))
+			if i > 0 && dst == netip.AddrFrom4([4]byte(chunk[i-1].NetworkHeader().Slice()[16:20])) {
+				hops[i] = hops[i-1]
+				continue
+			}
+			h, err := st.nextHop(dst)
+			if err != nil {
+				h.viaKernel = true
+			}
+			hops[i] = h
+		}
+		if err := l.transmit(q, chunk, hops[:len(chunk)]); err != nil {
+			return sent, err
+		}
+		sent += len(chunk)
+	}
+	return sent, nil
+}
+
+func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop) tcpip.Error {
+	st := l.st
+	// Packets with no next hop behind the interface, or too long for a
+	// frame, are dropped before frames are taken for them: a transmit
+	// frame cannot be given back unsent.
+	var send [rxBatch]int
+	n := 0
+	for i, pkt := range pkts {
+		if !hops[i].viaKernel && header.EthernetLen+pkt.Size() <= st.txFrameLen {
+			send[n] = i
+			n++
+		}
+	}
+	st.TCPCounters.TxDropped.Add(uint64(len(pkts) - n))
+	if n == 0 {
+		return nil
+	}
+	q.txMu.Lock()
+	defer q.txMu.Unlock()
+	got := q.be.Alloc(q.txBufs[:n])
+	for k, i := range send[:got] {
+		b := &q.txBufs[k]
+		eth := header.Ethernet(b.Data)
+		eth.SetDst(hops[i].mac)
+		eth.SetSrc(st.mac)
+		eth.SetType(header.EtherTypeIPv4)
+		off := header.EthernetLen
+		for _, v := range pkts[i].AsSlices() {
+			off += copy(b.Data[off:], v)
+		}
+		b.Data = b.Data[:off]
+	}
+	st.TCPCounters.TxDropped.Add(uint64(n - got))
+	if got == 0 {
+		return &tcpip.ErrNoBufferSpace{}
+	}
+	m, err := q.be.Transmit(q.txBufs[:got])
+	st.TCPCounters.TxSegments.Add(uint64(m))
+	if err != nil {
+		return &tcpip.ErrClosedForSend{}
+	}
+	return nil
+}
+
+// deliverTCP hands a TCP packet to netstack (a copy: the frame goes back
+// to its queue at once). Caller holds rxMu.
+func (st *Stack) deliverTCP(ip header.IPv4) {
+	t := st.tcp.Load()
+	if t == nil {
+		st.Counters.RxNoSocket.Add(1)
+		return
+	}
+	d := t.link.disp.Load()
+	if d == nil {
+		st.Counters.RxNoSocket.Add(1)
+		return
+	}
+	switch r := header.CheckTCP(ip); {
+	case r == header.PartialTCPChecksum && st.partialCsum:
+		st.Counters.RxPartialChecksum.Add(1)
+	case r == header.PartialTCPChecksum:
+		st.Counters.RxDropped[header.BadTCPChecksum].Add(1)
+		return
+	case r != header.Ok:
+		st.Counters.RxDropped[r].Add(1)
+		return
+	}
+	pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(ip)})
+	st.TCPCounters.RxSegments.Add(1)
+	d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
+	pkt.DecRef()
+}
+
+// tcpStack returns netstack, made on first use with the interface's
+// addresses, a route to everything through it, and a goroutine that
+// drains the queues while no receive does.
+func (st *Stack) tcpStack() (*tcpState, error) {
+	st.tcpMu.Lock()
+	defer st.tcpMu.Unlock()
+	if t := st.tcp.Load(); t != nil {
+		return t, nil
+	}
+	q := st.pickTxQueue()
+	if q == nil {
+		return nil, fmt.Errorf("tcp: no queue can transmit")
+	}
+	mtu := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen, st.rxFrameLen-header.EthernetLen)
+	link := &tcpLink{st: st, q: q, mtu: uint32(mtu)}
+	ns := nstack.New(nstack.Options{
+		NetworkProtocols:   []nstack.NetworkProtocolFactory{ipv4.NewProtocol},
+		TransportProtocols: []nstack.TransportProtocolFactory{tcp.NewProtocol},
+	})
+	sack := tcpip.TCPSACKEnabled(true)
+	ns.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	if err := ns.CreateNIC(tcpNIC, link); err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("tcp: netstack NIC: %s", err)
+	}
+	if p := st.addrs.Load(); p != nil {
+		for _, a := range *p {
+			if err := st.tcpAddAddr(ns, a); err != nil {
+				ns.Close()
+				return nil, err
+			}
+		}
+	}
+	ns.SetRouteTable([]tcpip.Route{{Destination: gheader.IPv4EmptySubnet, NIC: tcpNIC}})
+	t := &tcpState{ns: ns, link: link, stop: make(chan struct{}), done: make(chan struct{})}
+	go st.tcpDrain(t)
+	st.tcp.Store(t)
+	return t, nil
+}
+
+func (st *Stack) tcpAddAddr(ns *nstack.Stack, a netip.Addr) error {
+	pa := tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFrom4(a.As4()), PrefixLen: 32}}
+	if err := ns.AddProtocolAddress(tcpNIC, pa, nstack.AddressProperties{}); err != nil {
+		if _, dup := err.(*tcpip.ErrDuplicateAddress); dup {
+			return nil
+		}
+		return fmt.Errorf("tcp: netstack address %s: %s", a, err)
+	}
+	return nil
+}
+
+// tcpDrain waits on the queues and drains them while no receive of a UDP
+// socket does: netstack's sockets have no receive of ours to poll. It
+// also retires closed connections once netstack is done with them.
+func (st *Stack) tcpDrain(t *tcpState) {
+	defer close(t.done)
+	var pfds [maxQueues]unix.PollFd
+	lastReap := time.Now()
+	for {
+		select {
+		case <-t.stop:
+			return
+		default:
+		}
+		if time.Since(lastReap) > 100*time.Millisecond {
+			st.reapTCP(t, false)
+			lastReap = time.Now()
+		}
+		n := 0
+		for _, q := range st.queueList() {
+			pfds[n] = unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN}
+			n++
+		}
+		if _, err := unix.Poll(pfds[:n], 50); err != nil && !errors.Is(err, unix.EINTR) {
+			return
+		}
+		st.rxMu.Lock()
+		for i := 0; i < 64 && st.pollLocked() > 0; i++ {
+		}
+		st.rxMu.Unlock()
+	}
+}
+
+// closeTCP stops netstack; its sockets are closed already.
+func (st *Stack) closeTCP() {
+	t := st.tcp.Swap(nil)
+	if t == nil {
+		return
+	}
+	close(t.stop)
+	<-t.done
+	st.reapTCP(t, true)
+	t.ns.Close()
+	t.ns.Wait()
+}
+
+// reapTCP removes the rules and kernel sockets of closed connections
+// netstack has let go of (all of them with all).
+func (st *Stack) reapTCP(t *tcpState, all bool) {
+	t.mu.Lock()
+	keep := t.closing[:0]
+	var done []*TCPConn
+	for _, c := range t.closing {
+		switch tcp.EndpointState(c.ep.State()) {
+		case tcp.StateClose, tcp.StateError:
+			done = append(done, c)
+		default:
+			if all {
+				done = append(done, c)
+			} else {
+				keep = append(keep, c)
+			}
+		}
+	}
+	clear(t.closing[len(keep):])
+	t.closing = keep
+	t.mu.Unlock()
+	for _, c := range done {
+		c.release()
+	}
+}
+
+// TCPListener is a listening TCP socket whose connections netstack serves
+// for what arrives on the stack's interface. A kernel socket listens on
+// the same address first, which keeps the port this process's, and takes
+// the connections that come another way (loopback, other interfaces):
+// Accept returns both kinds.
+type TCPListener struct {
+	st    *Stack
+	local netip.AddrPort
+	ep    tcpip.Endpoint
+	wq    waiter.Queue
+	kl    net.Listener
+	rule  steer.RuleID
+	conns chan acceptResult
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+}
+
+type acceptResult struct {
+	c   net.Conn
+	err error
+}
+
+// ListenTCP listens on laddr (address unspecified: every address of the
+// interface) with a kernel socket, then steers the interface's TCP to
+// that address to netstack. Call it in the stack's network namespace.
+func (st *Stack) ListenTCP(laddr netip.AddrPort) (*TCPListener, error) {
+	if !laddr.Addr().Is4() {
+		return nil, fmt.Errorf("tcp listen %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
+	}
+	t, err := st.tcpStack()
+	if err != nil {
+		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+	}
+	kl, err := kernelListen(laddr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+	}
+	l := &TCPListener{st: st, local: laddr, kl: kl, conns: make(chan acceptResult), done: make(chan struct{})}
+	if err := l.listen(t); err != nil {
+		kl.Close()
+		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+	}
+	l.wg.Add(2)
+	go l.acceptNetstack()
+	go l.acceptKernel()
+	return l, nil
+}
+
+// listen opens netstack's listening endpoint and the steering rule.
+func (l *TCPListener) listen(t *tcpState) error {
+	st := l.st
+	if l.local.Port() == 0 {
+		l.local = netip.AddrPortFrom(l.local.Addr(), l.kl.Addr().(*net.TCPAddr).AddrPort().Port())
+	}
+	fa := tcpip.FullAddress{NIC: tcpNIC, Port: l.local.Port()}
+	if !l.local.Addr().IsUnspecified() {
+		fa.Addr = tcpip.AddrFrom4(l.local.Addr().As4())
+		if err := st.tcpAddAddr(t.ns, l.local.Addr()); err != nil {
+			return err
+		}
+	}
+	ep, terr := t.ns.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, &l.wq)
+	if terr != nil {
+		return fmt.Errorf("netstack endpoint: %s", terr)
+	}
+	if terr := ep.Bind(fa); terr != nil {
+		ep.Close()
+		return fmt.Errorf("netstack bind: %s", terr)
+	}
+	if terr := ep.Listen(unix.SOMAXCONN); terr != nil {
+		ep.Close()
+		return fmt.Errorf("netstack listen: %s", terr)
+	}
+	r := steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_TCP, Local: l.local}
+	if l.local.Addr().IsUnspecified() {
+		r.Kind = steer.RulePort
+	}
+	id, err := st.addRule(r)
+	if err != nil {
+		ep.Close()
+		return err
+	}
+	l.ep, l.rule = ep, id
+	return nil
+}
+
+// kernelListen opens the kernel's listening socket on laddr.
+func kernelListen(laddr netip.AddrPort) (net.Listener, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("kernel socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "tcp "+laddr.String())
+	defer f.Close()
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return nil, fmt.Errorf("kernel socket: SO_REUSEADDR: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: laddr.Addr().As4(), Port: int(laddr.Port())}); err != nil {
+		return nil, fmt.Errorf("kernel socket: bind: %w", err)
+	}
+	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
+		return nil, fmt.Errorf("kernel socket: listen: %w", err)
+	}
+	return net.FileListener(f)
+}
+
+// offer hands an accepted connection (or the error that ends a loop) to
+// Accept; false when the listener closed first.
+func (l *TCPListener) offer(c net.Conn, err error) bool {
+	select {
+	case l.conns <- acceptResult{c, err}:
+		return true
+	case <-l.done:
+		if c != nil {
+			c.Close()
+		}
+		return false
+	}
+}
+
+func (l *TCPListener) acceptKernel() {
+	defer l.wg.Done()
+	for {
+		c, err := l.kl.Accept()
+		if !l.offer(c, err) || err != nil {
+			return
+		}
+	}
+}
+
+func (l *TCPListener) acceptNetstack() {
+	defer l.wg.Done()
+	entry, ready := waiter.NewChannelEntry(waiter.ReadableEvents)
+	l.wq.EventRegister(&entry)
+	defer l.wq.EventUnregister(&entry)
+	for {
+		ep, wq, terr := l.ep.Accept(nil)
+		if _, ok := terr.(*tcpip.ErrWouldBlock); ok {
+			select {
+			case <-ready:
+				continue
+			case <-l.done:
+				return
+			}
+		}
+		if terr != nil {
+			l.offer(nil, errors.New(terr.String()))
+			return
+		}
+		c, err := l.st.adoptTCP(ep, wq, -1)
+		if err != nil {
+			ep.Abort()
+		}
+		if !l.offer(c, err) {
+			return
+		}
+	}
+}
+
+// Accept waits for the next connection, offloaded (a *TCPConn) or the
+// kernel's.
+func (l *TCPListener) Accept() (net.Conn, error) {
+	select {
+	case r := <-l.conns:
+		if r.err != nil {
+			return nil, fmt.Errorf("tcp accept %s: %w", l.local, r.err)
+		}
+		return r.c, nil
+	case <-l.done:
+		return nil, fmt.Errorf("tcp accept %s: %w", l.local, net.ErrClosed)
+	}
+}
+
+// Addr is the listening address.
+func (l *TCPListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.local) }
+
+// Close stops listening, in netstack and the kernel, and removes the
+// listener's steering rule; accepted connections keep their own.
+func (l *TCPListener) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.done)
+		l.ep.Close()
+		err = errors.Join(l.st.removeRule(l.rule), l.kl.Close())
+		l.wg.Wait()
+	})
+	return err
+}
+
+// TCPConn is a TCP connection netstack serves. Its 5-tuple has a steering
+// rule of its own, so that it outlives its listener; a connection this
+// stack opened also holds its local port in a kernel socket.
+type TCPConn struct {
+	*gonet.TCPConn
+	st   *Stack
+	ep   tcpip.Endpoint
+	rule steer.RuleID
+	kfd  int // the kernel socket that holds the local port, or -1
+	once sync.Once
+}
+
+// adoptTCP wraps a connected netstack endpoint, with a 5-tuple rule.
+func (st *Stack) adoptTCP(ep tcpip.Endpoint, wq *waiter.Queue, kfd int) (*TCPConn, error) {
+	la, terr := ep.GetLocalAddress()
+	if terr != nil {
+		return nil, fmt.Errorf("netstack local address: %s", terr)
+	}
+	ra, terr := ep.GetRemoteAddress()
+	if terr != nil {
+		return nil, fmt.Errorf("netstack remote address: %s", terr)
+	}
+	r := steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
+		Local:  netip.AddrPortFrom(netip.AddrFrom4(la.Addr.As4()), la.Port),
+		Remote: netip.AddrPortFrom(netip.AddrFrom4(ra.Addr.As4()), ra.Port)}
+	id, err := st.addRule(r)
+	if err != nil {
+		return nil, err
+	}
+	return &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), st: st, ep: ep, rule: id, kfd: kfd}, nil
+}
+
+// DialTCP connects to raddr through netstack, from the interface address
+// the kernel's route to raddr names and a port a kernel socket holds.
+// Call it in the stack's network namespace.
+func (st *Stack) DialTCP(ctx context.Context, raddr netip.AddrPort) (*TCPConn, error) {
+	if !raddr.Addr().Is4() {
+		return nil, fmt.Errorf("tcp dial %s: %w: IPv4 only", raddr, unix.EAFNOSUPPORT)
+	}
+	t, err := st.tcpStack()
+	if err != nil {
+		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
+	}
+	hop, err := st.nextHop(raddr.Addr())
+	if err != nil {
+		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
+	}
+	if hop.viaKernel {
+		return nil, fmt.Errorf("tcp dial %s: %w: not reached through %s", raddr, unix.ENETUNREACH, st.ifname)
+	}
+	kfd, local, err := kernelBindAny(hop.src)
+	if err != nil {
+		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
+	}
+	c, err := st.dial(ctx, t, kfd, local, raddr)
+	if err != nil {
+		unix.Close(kfd)
+		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
+	}
+	return c, nil
+}
+
+func (st *Stack) dial(ctx context.Context, t *tcpState, kfd int, local, raddr netip.AddrPort) (*TCPConn, error) {
+	var wq waiter.Queue
+	ep, terr := t.ns.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, &wq)
+	if terr != nil {
+		return nil, fmt.Errorf("netstack endpoint: %s", terr)
+	}
+	if terr := ep.Bind(tcpip.FullAddress{NIC: tcpNIC, Addr: tcpip.AddrFrom4(local.Addr().As4()), Port: local.Port()}); terr != nil {
+		ep.Close()
+		return nil, fmt.Errorf("netstack bind %s: %s", local, terr)
+	}
+	// The rule goes in before the SYN goes out: the SYN-ACK must find it.
+	r := steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: raddr}
+	id, err := st.addRule(r)
+	if err != nil {
+		ep.Close()
+		return nil, err
+	}
+	entry, ready := waiter.NewChannelEntry(waiter.WritableEvents)
+	wq.EventRegister(&entry)
+	defer wq.EventUnregister(&entry)
+	terr = ep.Connect(tcpip.FullAddress{NIC: tcpNIC, Addr: tcpip.AddrFrom4(raddr.Addr().As4()), Port: raddr.Port()})
+	if _, ok := terr.(*tcpip.ErrConnectStarted); ok {
+		select {
+		case <-ctx.Done():
+			terr = nil
+			err = ctx.Err()
+		case <-ready:
+			terr = ep.LastError()
+		}
+	}
+	if terr != nil {
+		err = tcpipErrno(terr)
+	}
+	if err != nil {
+		ep.Abort()
+		st.removeRule(id)
+		return nil, err
+	}
+	return &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), st: st, ep: ep, rule: id, kfd: kfd}, nil
+}
+
+// tcpipErrno gives netstack's errors the kernel's names, for errors.Is.
+func tcpipErrno(e tcpip.Error) error {
+	switch e.(type) {
+	case *tcpip.ErrConnectionRefused:
+		return unix.ECONNREFUSED
+	case *tcpip.ErrTimeout:
+		return unix.ETIMEDOUT
+	case *tcpip.ErrConnectionReset:
+		return unix.ECONNRESET
+	case *tcpip.ErrNetworkUnreachable, *tcpip.ErrHostUnreachable:
+		return unix.EHOSTUNREACH
+	}
+	return errors.New(e.String())
+}
+
+// kernelBindAny binds a kernel TCP socket to src and a port the kernel
+// picks, which keeps that port from its other sockets.
+func kernelBindAny(src netip.Addr) (int, netip.AddrPort, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, netip.AddrPort{}, fmt.Errorf("kernel socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: src.As4()}); err != nil {
+		unix.Close(fd)
+		return -1, netip.AddrPort{}, fmt.Errorf("kernel socket: bind %s: %w", src, err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return -1, netip.AddrPort{}, fmt.Errorf("kernel socket: getsockname: %w", err)
+	}
+	return fd, netip.AddrPortFrom(src, uint16(sa.(*unix.SockaddrInet4).Port)), nil
+}
+
+// Close closes the connection as netstack does (FIN, or RST with unread
+// data); its rule and port stay until netstack has finished with it.
+func (c *TCPConn) Close() error {
+	err := c.TCPConn.Close()
+	c.once.Do(func() {
+		t := c.st.tcp.Load()
+		if t == nil {
+			c.release()
+			return
+		}
+		t.mu.Lock()
+		t.closing = append(t.closing, c)
+		t.mu.Unlock()
+	})
+	return err
+}
+
+// release removes the connection's rule and kernel socket.
+func (c *TCPConn) release() {
+	c.st.removeRule(c.rule)
+	if c.kfd >= 0 {
+		unix.Close(c.kfd)
+		c.kfd = -1
+	}
+}
+
+// State is netstack's TCP state of the connection.
+func (c *TCPConn) State() tcp.EndpointState { return tcp.EndpointState(c.ep.State()) }
+
+var (
+	_ nstack.LinkEndpoint = (*tcpLink)(nil)
+	_ net.Listener        = (*TCPListener)(nil)
+	_ net.Conn            = (*TCPConn)(nil)
+)

@@ -1,0 +1,320 @@
+package stack_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/testbed"
+	"golang.org/x/sys/unix"
+)
+
+// echoTCP serves l until it closes: each connection gets back what it sends.
+func echoTCP(l net.Listener) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return &wg
+}
+
+// listenTCP listens on laddr with the stack on side B of bed.
+func listenTCP(t *testing.T, bed *testbed.Bed, st *stack.Stack, laddr netip.AddrPort) *stack.TCPListener {
+	t.Helper()
+	var l *stack.TCPListener
+	if err := bed.Do(testbed.B, func() (err error) {
+		l, err = st.ListenTCP(laddr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// exchange writes size bytes in chunks of chunk on c and reads them back.
+func exchange(c net.Conn, size, chunk, seed int) error {
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*31 + seed)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for off := 0; off < size; off += chunk {
+			if _, err := c.Write(want[off:min(size, off+chunk)]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	got := make([]byte, size)
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read back: %w", err)
+	}
+	if err := <-errc; err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if !bytes.Equal(got, want) {
+		return errors.New("echo differs from what was sent")
+	}
+	return nil
+}
+
+// TestTCPListenKernelClients: a listener on the stack serves kernel-stack
+// clients of the peer namespace through netstack, with the kernel's TCP
+// on the stack's side untouched, and clients of its own namespace (over
+// loopback) through its kernel socket; once closed, connecting is
+// refused as by the kernel.
+func TestTCPListenKernelClients(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		bed, st := bedStackOnBed(t, bed)
+		laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7100)
+		l := listenTCP(t, bed, st, laddr)
+		served := echoTCP(l)
+		inSegs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs")
+
+		const conns = 8
+		errs := make(chan error, conns)
+		err := bed.Do(testbed.A, func() error {
+			for i := range conns {
+				c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+				if err != nil {
+					return err
+				}
+				go func() {
+					defer c.Close()
+					size, chunk := 14*1000, 14 // small messages
+					if i%2 == 1 {
+						size, chunk = 1<<20, 64<<10 // 64 KB writes
+					}
+					errs <- exchange(c, size, chunk, i)
+				}()
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range conns {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs") - inSegs; d != 0 {
+			t.Errorf("the kernel's TCP on the stack's side took %d segments: not offloaded", d)
+		}
+		if st.TCPCounters.RxSegments.Load() == 0 || st.TCPCounters.TxSegments.Load() == 0 {
+			t.Errorf("netstack saw no segments: rx %d tx %d", st.TCPCounters.RxSegments.Load(), st.TCPCounters.TxSegments.Load())
+		}
+		if bed.Plain && st.Counters.RxPartialChecksum.Load() == 0 {
+			t.Error("plain bed: no partial checksum counted, though the kernel client's link offloads them")
+		}
+
+		// Loopback: the kernel socket's share.
+		if err := bed.Do(testbed.B, func() error {
+			c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return exchange(c, 4096, 100, 99)
+		}); err != nil {
+			t.Fatalf("loopback client: %v", err)
+		}
+
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		served.Wait()
+		err = bed.Do(testbed.A, func() error {
+			c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+			if err == nil {
+				c.Close()
+				return errors.New("connected to a closed listener")
+			}
+			if !errors.Is(err, unix.ECONNREFUSED) {
+				return fmt.Errorf("connect after close: %w, want connection refused", err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("netstack segments rx %d tx %d, tx dropped %d, partial checksums %d",
+			st.TCPCounters.RxSegments.Load(), st.TCPCounters.TxSegments.Load(), st.TCPCounters.TxDropped.Load(), st.Counters.RxPartialChecksum.Load())
+	})
+}
+
+// awaitRules waits until the stack's steering program holds n rules.
+func awaitRules(t *testing.T, st *stack.Stack, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for st.Program().RuleCount() != n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := st.Program().RuleCount(); got != n {
+		t.Fatalf("%d steering rules, want %d: %v", got, n, st.Program().Rules())
+	}
+}
+
+// TestTCPDialKernelServer: a connection the stack opens to a kernel-stack
+// server carries data both ways through netstack, with the kernel's TCP
+// on the stack's side untouched; its rule and port go once it is closed;
+// a port nobody listens on refuses, as from the kernel.
+func TestTCPDialKernelServer(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		bed, st := bedStackOnBed(t, bed)
+		var kl net.Listener
+		if err := bed.Do(testbed.A, func() (err error) {
+			kl, err = net.Listen("tcp4", netip.AddrPortFrom(bed.Addr(testbed.A), 7200).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		served := echoTCP(kl)
+		rules := st.Program().RuleCount()
+		inSegs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs")
+		outSegs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "OutSegs")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for i, sz := range []struct{ size, chunk int }{{14 * 500, 14}, {1 << 20, 64 << 10}} {
+			var c *stack.TCPConn
+			if err := bed.Do(testbed.B, func() (err error) {
+				c, err = st.DialTCP(ctx, netip.AddrPortFrom(bed.Addr(testbed.A), 7200))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := exchange(c, sz.size, sz.chunk, i); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs") - inSegs; d != 0 {
+			t.Errorf("the kernel's TCP on the stack's side took %d segments: not offloaded", d)
+		}
+		if d := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "OutSegs") - outSegs; d != 0 {
+			t.Errorf("the kernel's TCP on the stack's side sent %d segments: not offloaded", d)
+		}
+		// The stack closed first: its side waits in TIME_WAIT, as the
+		// kernel's would, with the rule in place.
+		if got := st.Program().RuleCount(); got != rules+2 {
+			t.Errorf("%d rules after close, want %d (two connections in TIME_WAIT)", got, rules+2)
+		}
+		err := bed.Do(testbed.B, func() error {
+			_, err := st.DialTCP(ctx, netip.AddrPortFrom(bed.Addr(testbed.A), 7201))
+			return err
+		})
+		if !errors.Is(err, unix.ECONNREFUSED) {
+			t.Errorf("dial to a closed port: %v, want connection refused", err)
+		}
+		kl.Close()
+		served.Wait()
+	})
+}
+
+// TestTCPConnsOutliveListener: accepted connections keep working after
+// their listener closes, and a stream of connect, exchange and close
+// (the client closing first) leaves no rule, goroutine or kernel socket
+// behind.
+func TestTCPConnsOutliveListener(t *testing.T) {
+	bed, st := bedStack(t, &stack.Options{})
+	laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7300)
+	l := listenTCP(t, bed, st, laddr)
+	rules := st.Program().RuleCount()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	var c net.Conn
+	if err := bed.Do(testbed.A, func() (err error) {
+		c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	if _, off := s.(*stack.TCPConn); !off {
+		t.Fatalf("accepted %T, want an offloaded *stack.TCPConn", s)
+	}
+	l.Close()
+	copied := make(chan struct{})
+	go func() {
+		io.Copy(s, s)
+		s.Close() // after the client's FIN: no TIME_WAIT on this side
+		close(copied)
+	}()
+	if err := exchange(c, 100000, 1000, 7); err != nil {
+		t.Fatalf("after the listener closed: %v", err)
+	}
+	c.Close()
+	<-copied
+	awaitRules(t, st, rules-1)
+
+	// A stream of short connections.
+	l = listenTCP(t, bed, st, laddr)
+	defer l.Close()
+	served := echoTCP(l)
+	goroutines := runtime.NumGoroutine()
+	const cycles = 300
+	err := bed.Do(testbed.A, func() error {
+		for i := range cycles {
+			c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+			if err != nil {
+				return fmt.Errorf("cycle %d: %w", i, err)
+			}
+			err = exchange(c, 64, 64, i)
+			c.Close()
+			if err != nil {
+				return fmt.Errorf("cycle %d: %w", i, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRules(t, st, rules)
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > goroutines+2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > goroutines+2 {
+		t.Errorf("%d goroutines after %d connections, %d before", n, cycles, goroutines)
+	}
+	l.Close()
+	served.Wait()
+}
