@@ -2,6 +2,8 @@ package stack_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -132,5 +134,55 @@ func BenchmarkEcho(b *testing.B) {
 		if _, err := cli.Read(buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkTCPPingPong is a 64-byte request and its reply over one TCP
+// connection from a kernel client on side A to a server on side B,
+// served by the kernel and by netstack on the stack, in one run.
+func BenchmarkTCPPingPong(b *testing.B) {
+	for _, server := range []string{"kernel", "netstack"} {
+		b.Run(server, func(b *testing.B) {
+			bed, st := bedStack(b, nil)
+			laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7400)
+			var l net.Listener
+			err := bed.Do(testbed.B, func() (err error) {
+				if server == "kernel" {
+					l, err = net.Listen("tcp4", laddr.String())
+				} else {
+					l, err = st.ListenTCP(laddr)
+				}
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			served := echoTCP(l)
+			defer func() { l.Close(); served.Wait() }()
+			var c net.Conn
+			if err := bed.Do(testbed.A, func() (err error) {
+				c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			c.(*net.TCPConn).SetNoDelay(true)
+			msg, buf := make([]byte, 64), make([]byte, 64)
+			rx, tx := st.TCPCounters.RxSegments.Load(), st.TCPCounters.TxSegments.Load()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// Segments each way per exchange: more than one means acks
+			// of their own, which the kernel delays to ride on a reply.
+			b.ReportMetric(float64(st.TCPCounters.RxSegments.Load()-rx)/float64(b.N), "rx_segs/op")
+			b.ReportMetric(float64(st.TCPCounters.TxSegments.Load()-tx)/float64(b.N), "tx_segs/op")
+		})
 	}
 }

@@ -318,3 +318,37 @@ func TestTCPConnsOutliveListener(t *testing.T) {
 	l.Close()
 	served.Wait()
 }
+
+// TestTCPChannelsGrow: netstack's traffic keeps flowing when the stack
+// takes on a queue that ethtool -L adds while a listener runs.
+func TestTCPChannelsGrow(t *testing.T) {
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, nil)
+	laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7500)
+	l := listenTCP(t, bed, st, laddr)
+	served := echoTCP(l)
+	dial := func(seed int) {
+		t.Helper()
+		if err := bed.Do(testbed.A, func() error {
+			c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return exchange(c, 10000, 100, seed)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dial(1)
+	mustRun(t, bed, testbed.B, "ethtool", "-L", bed.Link(testbed.B), "rx", "2")
+	eventually(t, "the stack serves the second queue", func() bool { return len(st.Backends()) == 2 })
+	time.Sleep(300 * time.Millisecond) // past a tick of the drains' watcher
+	for i := range 8 {
+		dial(2 + i)
+	}
+	if n := st.TCPCounters.DrainErrors.Load(); n != 0 {
+		t.Errorf("%d queues without a drain", n)
+	}
+	l.Close()
+	served.Wait()
+}

@@ -194,7 +194,7 @@ func buildTCP(payload []byte) []byte {
 	src, dst := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	seg := make([]byte, header.TCPMinLen+len(payload))
 	seg[0], seg[1], seg[2], seg[3] = 0x1f, 0x90, 0xc0, 0x01 // ports 8080, 49153
-	seg[12], seg[13] = 5<<4, 0x10                          // 20-byte header, ACK
+	seg[12], seg[13] = 5<<4, 0x10                           // 20-byte header, ACK
 	copy(seg[header.TCPMinLen:], payload)
 	c := ^header.Fold(header.Sum(seg, header.PseudoSum(src, dst, header.ProtocolTCP, len(seg))))
 	seg[16], seg[17] = byte(c>>8), byte(c)
