@@ -137,37 +137,54 @@ func BenchmarkEcho(b *testing.B) {
 	}
 }
 
+// tcpPair connects a kernel client on side A to a server on side B,
+// served by the kernel or by netstack on the stack, and returns the
+// client's and the server's ends.
+func tcpPair(b *testing.B, server string, port uint16) (*stack.Stack, net.Conn, net.Conn) {
+	bed, st := bedStack(b, nil)
+	laddr := netip.AddrPortFrom(bed.Addr(testbed.B), port)
+	var l net.Listener
+	err := bed.Do(testbed.B, func() (err error) {
+		if server == "kernel" {
+			l, err = net.Listen("tcp4", laddr.String())
+		} else {
+			l, err = st.ListenTCP(laddr)
+		}
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		accepted <- c
+	}()
+	var c net.Conn
+	if err := bed.Do(testbed.A, func() (err error) {
+		c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	c.(*net.TCPConn).SetNoDelay(true)
+	s := <-accepted
+	if s == nil {
+		b.Fatal("accept failed")
+	}
+	b.Cleanup(func() { c.Close(); s.Close() })
+	return st, c, s
+}
+
 // BenchmarkTCPPingPong is a 64-byte request and its reply over one TCP
 // connection from a kernel client on side A to a server on side B,
 // served by the kernel and by netstack on the stack, in one run.
 func BenchmarkTCPPingPong(b *testing.B) {
 	for _, server := range []string{"kernel", "netstack"} {
 		b.Run(server, func(b *testing.B) {
-			bed, st := bedStack(b, nil)
-			laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7400)
-			var l net.Listener
-			err := bed.Do(testbed.B, func() (err error) {
-				if server == "kernel" {
-					l, err = net.Listen("tcp4", laddr.String())
-				} else {
-					l, err = st.ListenTCP(laddr)
-				}
-				return err
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			served := echoTCP(l)
-			defer func() { l.Close(); served.Wait() }()
-			var c net.Conn
-			if err := bed.Do(testbed.A, func() (err error) {
-				c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
-				return err
-			}); err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
-			c.(*net.TCPConn).SetNoDelay(true)
+			st, c, s := tcpPair(b, server, 7400)
+			go io.Copy(s, s)
 			msg, buf := make([]byte, 64), make([]byte, 64)
 			rx, tx := st.TCPCounters.RxSegments.Load(), st.TCPCounters.TxSegments.Load()
 			b.ReportAllocs()
@@ -183,6 +200,39 @@ func BenchmarkTCPPingPong(b *testing.B) {
 			// of their own, which the kernel delays to ride on a reply.
 			b.ReportMetric(float64(st.TCPCounters.RxSegments.Load()-rx)/float64(b.N), "rx_segs/op")
 			b.ReportMetric(float64(st.TCPCounters.TxSegments.Load()-tx)/float64(b.N), "tx_segs/op")
+		})
+	}
+}
+
+// BenchmarkTCPStream is one 64-byte write of a kernel client (TCP_NODELAY)
+// to a server that reads all, per op: the small-message rate one way.
+func BenchmarkTCPStream(b *testing.B) {
+	for _, server := range []string{"kernel", "netstack"} {
+		b.Run(server, func(b *testing.B) {
+			_, c, s := tcpPair(b, server, 7401)
+			n := b.N
+			done := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 64<<10)
+				var err error
+				for total := 0; total < 64*n && err == nil; {
+					var k int
+					k, err = s.Read(buf)
+					total += k
+				}
+				done <- err
+			}()
+			msg := make([]byte, 64)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range n {
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
 		})
 	}
 }

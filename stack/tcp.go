@@ -97,7 +97,14 @@ func (l *tcpLink) IsAttached() bool                         { return l.disp.Load
 
 // Capabilities: the stack checks TCP checksums itself (deliverTCP), since
 // a kernel sender on this host leaves them partial.
+//
+// With a backend that completes checksums (backend.TxChecksum), netstack
+// leaves the TCP checksum to the link too: transmit writes the
+// pseudo-header sum and the kernel finishes it, as for the stack's UDP.
 func (l *tcpLink) Capabilities() nstack.LinkEndpointCapabilities {
+	if l.q.txCsum {
+		return nstack.CapabilityRXChecksumOffload | nstack.CapabilityTXChecksumOffload
+	}
 	return nstack.CapabilityRXChecksumOffload
 }
 
@@ -185,6 +192,9 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 			off += copy(b.Data[off:], v)
 		}
 		b.Data = b.Data[:off]
+		if q.txCsum {
+			partialTCPChecksum(b)
+		}
 	}
 	st.TCPCounters.TxDropped.Add(uint64(n - got))
 	if got == 0 {
@@ -196,6 +206,21 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 		return &tcpip.ErrClosedForSend{}
 	}
 	return nil
+}
+
+// partialTCPChecksum sets the TCP checksum of b's IPv4 packet to the
+// pseudo-header sum and asks the backend to finish it: netstack left it
+// to the link (CapabilityTXChecksumOffload).
+func partialTCPChecksum(b *backend.Buf) {
+	ip := header.IPv4(b.Data[header.EthernetLen:])
+	hl := ip.HeaderLen()
+	seg := ip[hl:]
+	if ip.Protocol() != header.ProtocolTCP || len(seg) < header.TCPMinLen {
+		return
+	}
+	c := header.Fold(header.PseudoSum(ip.Src(), ip.Dst(), header.ProtocolTCP, len(seg)))
+	seg[16], seg[17] = byte(c>>8), byte(c)
+	b.CsumStart, b.CsumOffset = uint16(header.EthernetLen+hl), 16
 }
 
 // deliverTCP hands a TCP packet to netstack (a copy: the frame goes back

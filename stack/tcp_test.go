@@ -96,6 +96,7 @@ func TestTCPListenKernelClients(t *testing.T) {
 		l := listenTCP(t, bed, st, laddr)
 		served := echoTCP(l)
 		inSegs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs")
+		csumErrs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InCsumErrors")
 
 		const conns = 8
 		errs := make(chan error, conns)
@@ -126,6 +127,9 @@ func TestTCPListenKernelClients(t *testing.T) {
 		}
 		if d := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs") - inSegs; d != 0 {
 			t.Errorf("the kernel's TCP on the stack's side took %d segments: not offloaded", d)
+		}
+		if d := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InCsumErrors") - csumErrs; d != 0 {
+			t.Errorf("the clients' kernel counted %d TCP checksum errors in what netstack sent", d)
 		}
 		if st.TCPCounters.RxSegments.Load() == 0 || st.TCPCounters.TxSegments.Load() == 0 {
 			t.Errorf("netstack saw no segments: rx %d tx %d", st.TCPCounters.RxSegments.Load(), st.TCPCounters.TxSegments.Load())
