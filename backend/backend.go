@@ -43,6 +43,12 @@ type Backend interface {
 	// Transmit queues the frames for sending and owns them afterwards; it
 	// returns how many were queued (the rest still belong to the caller).
 	Transmit(bufs []Buf) (int, error)
+	// TransmitLater queues the frames as Transmit does, but may leave
+	// them for a later Transmit or Flush to send; it reports whether it
+	// did (unsent).
+	TransmitLater(bufs []Buf) (n int, unsent bool, err error)
+	// Flush sends what TransmitLater left.
+	Flush() error
 	// TxChecksum reports whether Transmit completes checksums that
 	// Buf.CsumStart asks for.
 	TxChecksum() bool

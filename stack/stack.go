@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -69,6 +70,14 @@ type Options struct {
 	// the ring's frames until the fill ring runs dry and the kernel drops.
 	// 0 means the default, 10 ms; ProgressNever disables it.
 	ProgressInterval time.Duration
+	// TxKickDelay lets a send leave its datagram on the TX ring without
+	// the system call that sends it (a kick), for up to this long
+	// (VMAXDP_TX_KICK_DELAY): the kick comes when a kernel batch is full,
+	// when the application next receives or waits (a receive, poll,
+	// select, epoll_wait), or when the delay is over. In copy mode a kick
+	// runs the device's transmit inline, so consecutive sends share one.
+	// 0 means the default, 20 us; TxKickNever kicks on every send.
+	TxKickDelay time.Duration
 	// ProgressMax bounds the frames one drain takes
 	// (VMAXDP_PROGRESS_ENGINE_WCE_MAX; 0: 2048).
 	ProgressMax int
@@ -94,15 +103,19 @@ type Options struct {
 // ErrNotWanted is returned by Open when Options.Wanted said no.
 var ErrNotWanted = errors.New("no socket wants the stack any more")
 
-// Sentinels of Options.RxPoll, Options.RxPollOSRatio and
-// Options.ProgressInterval: their zero value means "default", so VMA's 0
-// ("never") has a name of its own.
+// Sentinels of Options.RxPoll, Options.RxPollOSRatio,
+// Options.ProgressInterval and Options.TxKickDelay: their zero value
+// means "default", so VMA's 0 ("never") has a name of its own.
 const (
 	RxPollForever     = -1
 	RxPollNever       = -2
 	OSPollBeforeSleep = -1
 	ProgressNever     = -1
+	TxKickNever       = -1
 )
+
+// DefaultTxKickDelay is Options.TxKickDelay's default.
+const DefaultTxKickDelay = 20 * time.Microsecond
 
 // Counters are the stack's counters of frames that reached no socket.
 type Counters struct {
@@ -147,8 +160,15 @@ type queue struct {
 	// so that neither this stack nor a kernel receiver on this host sums
 	// the payload.
 	txCsum bool
-	rx     [rxBatch]backend.Buf // guarded by Stack.rxMu
-	rel    []backend.Buf        // frames to release, guarded by Stack.rxMu
+	// unkicked: a send left frames on the TX ring (Options.TxKickDelay),
+	// since unkickedAt (unix nanoseconds). Both guarded by txMu; unkicked
+	// is read without it to skip queues with nothing to flush.
+	unkicked   atomic.Bool
+	unkickedAt int64
+	sendGen    uint32               // Stack.waitGen at the last send, guarded by txMu
+	closed     bool                 // the backend is closed (Stack.Close), guarded by txMu
+	rx         [rxBatch]backend.Buf // guarded by Stack.rxMu
+	rel        []backend.Buf        // frames to release, guarded by Stack.rxMu
 
 	txMu   sync.Mutex
 	txBufs [rxBatch]backend.Buf // guarded by txMu
@@ -252,6 +272,12 @@ type Stack struct {
 	copiesMade int
 	copyQ      *queue
 
+	// kickTimer flushes the TX rings a send left unkicked when no
+	// receive or wait does first (Options.TxKickDelay).
+	kickTimer *time.Timer
+	kickArmed atomic.Bool
+	waitGen   atomic.Uint32 // counts receives and waits (waitPoint)
+
 	// tcp is netstack, once a TCP socket made it (tcpStack, under tcpMu).
 	tcp   atomic.Pointer[tcpState]
 	tcpMu sync.Mutex
@@ -302,6 +328,12 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if o.ProgressMax <= 0 {
 		o.ProgressMax = 2048
 	}
+	switch {
+	case o.TxKickDelay == 0:
+		o.TxKickDelay = DefaultTxKickDelay
+	case o.TxKickDelay < 0:
+		o.TxKickDelay = 0
+	}
 	if o.NewBackend == nil {
 		xo := o.XSK
 		o.NewBackend = func(ifname string, q int, rxOnly bool) (backend.Backend, error) {
@@ -315,6 +347,8 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
 		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]int{}, copyQ: &queue{idx: -1}}
+	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
+	st.kickTimer.Stop()
 	defer func() {
 		if err != nil {
 			st.Close()
@@ -454,7 +488,7 @@ func (st *Stack) openQueues(qs []int, ch xsk.Channels) error {
 			st.unserved = append(st.unserved, QueueError{qi, err})
 			continue
 		}
-		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, txCsum: be.TxChecksum(), rel: make([]backend.Buf, 0, 2*rxBatch)})
+		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, txCsum: be.TxChecksum(), sendGen: math.MaxUint32, rel: make([]backend.Buf, 0, 2*rxBatch)})
 	}
 	if len(next) == 0 {
 		errs := make([]error, len(st.unserved))
@@ -688,6 +722,7 @@ func (st *Stack) wakeMux() {
 // how many frames it saw. Caller holds rxMu.
 func (st *Stack) pollLocked() int {
 	st.polls++
+	st.waitPoint()
 	if st.gone.Load() {
 		return 0
 	}
@@ -961,6 +996,8 @@ func (st *Stack) Close() error {
 		c.Close()
 	}
 	st.closeTCP()
+	st.kickTimer.Stop()
+	st.flushTx(true)
 	if st.prog != nil {
 		for _, q := range st.queueList() {
 			st.prog.UnregisterQueue(q.idx)
@@ -973,7 +1010,11 @@ func (st *Stack) Close() error {
 	// no reference count), so the rings are closed under rxMu too.
 	st.rxMu.Lock()
 	for _, q := range st.queueList() {
+		// Under txMu too: kickTimer's flush may be running.
+		q.txMu.Lock()
+		q.closed = true
 		errs = append(errs, q.be.Close())
+		q.txMu.Unlock()
 	}
 	st.queues.Store(nil)
 	st.rxMu.Unlock()

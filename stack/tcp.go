@@ -200,12 +200,33 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	if got == 0 {
 		return &tcpip.ErrNoBufferSpace{}
 	}
-	m, err := q.be.Transmit(q.txBufs[:got])
+	// netstack acks every segment at once, before the application can
+	// answer: a batch of bare acks waits for the next kick (the answer's,
+	// most often), as the kernel's delayed ack rides on a reply.
+	var m int
+	var err error
+	if allBareAcks(pkts) {
+		m, err = st.transmitLater(q, q.txBufs[:got])
+	} else {
+		m, err = st.transmitNow(q, q.txBufs[:got])
+	}
 	st.TCPCounters.TxSegments.Add(uint64(m))
 	if err != nil {
 		return &tcpip.ErrClosedForSend{}
 	}
 	return nil
+}
+
+// allBareAcks says whether every packet is a TCP segment with the ACK
+// flag alone and no payload.
+func allBareAcks(pkts []*nstack.PacketBuffer) bool {
+	for _, p := range pkts {
+		tcp := p.TransportHeader().Slice()
+		if len(tcp) < header.TCPMinLen || tcp[13] != 0x10 || p.Data().Size() != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // partialTCPChecksum sets the TCP checksum of b's IPv4 packet to the

@@ -895,6 +895,8 @@ func (c *UDPConn) deadlineOf(fixed int64) int64 {
 // recvZC receives into b or lends the frame to zc, by deadline (see
 // deadlineOf).
 func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64, sig *Signals, meta *RecvMeta) (int, int, netip.AddrPort, error) {
+	// What this thread sent last goes before it waits for an answer.
+	c.st.waitPoint()
 	ratio := c.st.opts.RxPollOSRatio
 	slept := false
 	var sw SignalWait
@@ -1221,7 +1223,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 			}
 			bytes += len(b)
 		}
-		k, err := q.be.Transmit(q.txBufs[:got])
+		k, err := st.transmit(q, q.txBufs[:got])
 		c.Counters.TxOffloadPackets.Add(uint64(k))
 		c.Counters.TxOffloadBytes.Add(uint64(bytes))
 		sent += k

@@ -163,6 +163,7 @@ type QueueCounters struct {
 	TxWakeups   uint64 `json:"tx_wakeups"`
 	TxKickErrs  uint64 `json:"tx_kick_errs"`
 	TxBacklog   uint64 `json:"tx_backlog"`
+	TxDeferred  uint64 `json:"tx_deferred"`
 	MaxRxBatch  uint64 `json:"max_rx_batch" stats:"gauge"`
 	TxNoBufs    uint64 `json:"tx_no_bufs"`
 	FillNoSpace uint64 `json:"fill_no_space"`

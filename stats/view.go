@@ -292,6 +292,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		line(w, "Wakeups"+per, "%d / %d [rx/tx]", q.Counters.RxWakeups, q.Counters.TxWakeups)
 		line(w, "Tx kick errors"+per, "%d", q.Counters.TxKickErrs)
 		line(w, "Tx backlog"+per, "%d (transmits that left frames on the ring: the device stayed busy)", q.Counters.TxBacklog)
+		line(w, "Tx deferred"+per, "%d (frames sent with a later send's kick: VMAXDP_TX_KICK_DELAY)", q.Counters.TxDeferred)
 		line(w, "Rings", "%d / %d / %d / %d of %d [rx/tx/fill/completion]", q.RxRing, q.TxRing, q.FillRing, q.CompletionRing, q.RingSize)
 		if q.StatisticsError != "" {
 			line(w, "XDP_STATISTICS", "%s", q.StatisticsError)

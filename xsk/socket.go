@@ -100,6 +100,7 @@ type Counters struct {
 	TxWakeups   atomic.Uint64 // sendto kicks for the TX ring
 	TxKickErrs  atomic.Uint64 // kicks answered with an error other than EAGAIN/EBUSY/ENOBUFS
 	TxBacklog   atomic.Uint64 // transmits that left frames on the TX ring: the device stayed busy (see drainTx)
+	TxDeferred  atomic.Uint64 // frames TransmitLater left on the TX ring for a later kick
 	MaxRxBatch  atomic.Uint64 // largest batch drained from the RX ring
 	TxNoBufs    atomic.Uint64 // Alloc calls that found the transmit pool empty
 	FillNoSpace atomic.Uint64 // frames Release held back: the fill ring looked full
@@ -145,6 +146,7 @@ type Socket struct {
 	txFreeN              atomic.Uint32 // len(txFree), for Pools from other goroutines
 	txSize               uint32        // the transmit half of the UMEM, in frames
 	fillHeld             []uint64      // RX frames waiting for room on the fill ring
+	unkicked             bool          // TransmitLater left frames on the TX ring
 	Counters             Counters
 }
 
@@ -440,6 +442,55 @@ func (s *Socket) Alloc(bufs []backend.Buf) int {
 
 // Transmit implements backend.Backend.
 func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
+	n, err := s.enqueue(bufs)
+	if err != nil {
+		return 0, err
+	}
+	s.unkicked = false
+	if err := s.drainTx(); err != nil {
+		return n, fmt.Errorf("xsk %s: transmit: %w", s, err)
+	}
+	return n, nil
+}
+
+// txKickBatch is the most frames copy mode sends in one kick
+// (TX_BATCH_SIZE in net/xdp/xsk.c): TransmitLater kicks once the ring
+// holds that many, since waiting longer saves no system call.
+const txKickBatch = 32
+
+// TransmitLater implements backend.Backend: the frames go on the TX
+// ring, and the kick waits for a full batch, a Transmit or a Flush.
+func (s *Socket) TransmitLater(bufs []backend.Buf) (int, bool, error) {
+	n, err := s.enqueue(bufs)
+	if err != nil {
+		return 0, false, err
+	}
+	if s.tx.occupancy() >= txKickBatch {
+		s.unkicked = false
+		if err := s.drainTx(); err != nil {
+			return n, false, fmt.Errorf("xsk %s: transmit: %w", s, err)
+		}
+		return n, false, nil
+	}
+	s.unkicked = true
+	s.Counters.TxDeferred.Add(uint64(n))
+	return n, true, nil
+}
+
+// Flush implements backend.Backend.
+func (s *Socket) Flush() error {
+	if !s.unkicked {
+		return nil
+	}
+	s.unkicked = false
+	if err := s.drainTx(); err != nil {
+		return fmt.Errorf("xsk %s: transmit: %w", s, err)
+	}
+	return nil
+}
+
+// enqueue puts the frames on the TX ring.
+func (s *Socket) enqueue(bufs []backend.Buf) (int, error) {
 	if s.txDescs == nil {
 		return 0, fmt.Errorf("xsk %s: transmit: %w: receive-only queue", s, unix.EOPNOTSUPP)
 	}
@@ -457,9 +508,6 @@ func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
 	s.tx.submit(n)
 	s.txOutstanding += n
 	s.Counters.TxPackets.Add(uint64(n))
-	if err := s.drainTx(); err != nil {
-		return int(n), fmt.Errorf("xsk %s: transmit: %w", s, err)
-	}
 	return int(n), nil
 }
 

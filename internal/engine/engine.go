@@ -793,9 +793,13 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 		MTU:              p.MTU,
 		ProgressInterval: time.Duration(p.ProgressInterval) * time.Millisecond,
 		ProgressMax:      p.ProgressMax,
+		TxKickDelay:      time.Duration(p.TxKickDelay) * time.Microsecond,
 	}
 	if p.ProgressInterval == 0 {
 		o.ProgressInterval = stack.ProgressNever
+	}
+	if p.TxKickDelay == 0 {
+		o.TxKickDelay = stack.TxKickNever
 	}
 	switch p.RxPoll {
 	case params.PollAuto:

@@ -37,6 +37,7 @@ type Params struct {
 	RxBufs            int
 	ProgressInterval  int // milliseconds
 	ProgressMax       int
+	TxKickDelay       int // microseconds
 	MTU               int
 	Interface         string
 	XDPMode           string
@@ -140,6 +141,7 @@ var All = []Param{
 	intParam("RX_BUFS", "Rx Mem Bufs", "4096", "UMEM frames per AF_XDP queue, a power of two: half wait in the fill ring, the rest serve transmit and datagrams not yet read.", 64, 1<<20, func(p *Params) *int { return &p.RxBufs }),
 	intParam("PROGRESS_ENGINE_INTERVAL", "Progress Engine Interval (msec)", "10", "When no receive has polled the AF_XDP queues for this many milliseconds, an engine thread drains them into the sockets' queues, so that an unread socket's datagrams wait there instead of starving the fill ring (0: never).", 0, 100000, func(p *Params) *int { return &p.ProgressInterval }),
 	intParam("PROGRESS_ENGINE_WCE_MAX", "Progress Engine WCE Max", "2048", "Most frames one drain of the progress engine takes.", 1, 1<<20, func(p *Params) *int { return &p.ProgressMax }),
+	intParam("TX_KICK_DELAY", "Tx Kick Delay (usec)", "20", "Microseconds a send may leave its datagram on the AF_XDP TX ring without the system call that sends it, so that consecutive sends share one: the call comes when a batch of 32 is full, when the application next receives or waits (recv, poll, select, epoll_wait), or when this delay is over (0: a system call per send).", 0, 1000000, func(p *Params) *int { return &p.TxKickDelay }),
 	intParam("MTU", "MTU", "0", "Largest IP datagram the engine sends itself (0: the interface's MTU); larger ones go through the kernel, which fragments them.", 0, 9000, func(p *Params) *int { return &p.MTU }),
 	stringParam("INTERFACE", "Interface", "", "Interface serving sockets bound to 0.0.0.0 (default: the only up interface with an IPv4 address other than lo).", nil, func(p *Params) *string { return &p.Interface }),
 	stringParam("XDP_MODE", "XDP Mode", "auto", "auto (native, else generic), native or generic.", checkXDPMode, func(p *Params) *string { return &p.XDPMode }),

@@ -1,0 +1,120 @@
+package stack
+
+import (
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+)
+
+// Coalesced transmit kicks (Options.TxKickDelay). In AF_XDP copy mode a
+// frame leaves only inside a kick, a sendto(2) that runs the device's
+// transmit inline: one per send caps a sender at one system call per
+// datagram. A send that follows another with no receive or wait of the
+// stack between them (waitPoint) leaves its frames on the TX ring; the
+// kick that sends them comes with the next full batch (the backend's),
+// the next receive or wait, a send that finds them older than the delay,
+// or kickTimer. The first send after a wait kicks at once: a ping-pong
+// is not delayed, and a lone datagram needs no timer, whose arming wakes
+// Go's netpoller thread (3.5 us a send on each side of a sockperf
+// ping-pong when every send armed it).
+
+// transmit sends bufs on q, at once or (Options.TxKickDelay, when the
+// send follows another) at the next flush. Caller holds q.txMu.
+func (st *Stack) transmit(q *queue, bufs []backend.Buf) (int, error) {
+	gen := st.waitGen.Load()
+	follows := gen == q.sendGen
+	q.sendGen = gen
+	if !follows && !q.unkicked.Load() {
+		return q.be.Transmit(bufs)
+	}
+	return st.transmitLater(q, bufs)
+}
+
+// transmitLater sends bufs on q at the next flush (Options.TxKickDelay).
+// Caller holds q.txMu.
+func (st *Stack) transmitLater(q *queue, bufs []backend.Buf) (int, error) {
+	if st.opts.TxKickDelay == 0 {
+		return q.be.Transmit(bufs)
+	}
+	n, unsent, err := q.be.TransmitLater(bufs)
+	switch now := time.Now().UnixNano(); {
+	case err != nil || !unsent:
+		q.unkicked.Store(false)
+	case !q.unkicked.Load():
+		q.unkickedAt = now
+		q.unkicked.Store(true)
+		st.armKick()
+	case now-q.unkickedAt >= int64(st.opts.TxKickDelay):
+		err = q.be.Flush()
+		q.unkicked.Store(false)
+	}
+	return n, err
+}
+
+// transmitNow sends bufs and whatever earlier sends left on q. Caller
+// holds q.txMu.
+func (st *Stack) transmitNow(q *queue, bufs []backend.Buf) (int, error) {
+	n, err := q.be.Transmit(bufs)
+	q.unkicked.Store(false)
+	return n, err
+}
+
+// waitPoint marks a receive or wait of the stack: the next send kicks at
+// once, and what sends left goes now.
+func (st *Stack) waitPoint() {
+	st.waitGen.Add(1)
+	st.flushTx(false)
+}
+
+// flushTx kicks what sends left on the TX rings. Without wait it passes
+// over a queue whose lock another thread holds: that thread is sending,
+// and kicks or arms the timer itself.
+func (st *Stack) flushTx(wait bool) {
+	if !st.kickArmed.Load() {
+		return
+	}
+	pending := false
+	for _, q := range st.queueList() {
+		if !q.unkicked.Load() {
+			continue
+		}
+		if wait {
+			q.txMu.Lock()
+		} else if !q.txMu.TryLock() {
+			pending = true
+			continue
+		}
+		if q.unkicked.Load() && !q.closed {
+			// A failed kick leaves the frames on the ring for the next
+			// one; the backend counts it (xsk: TxKickErrs).
+			q.be.Flush()
+			q.unkicked.Store(false)
+		}
+		q.txMu.Unlock()
+	}
+	if pending {
+		return
+	}
+	// Nothing left: stop the timer, which would wake a goroutine for
+	// nothing, and look again for a send that deferred meanwhile and
+	// found the timer still armed.
+	if st.kickArmed.Swap(false) {
+		st.kickTimer.Stop()
+	}
+	for _, q := range st.queueList() {
+		if q.unkicked.Load() {
+			st.armKick()
+			return
+		}
+	}
+}
+
+// armKick starts kickTimer unless it runs already.
+func (st *Stack) armKick() {
+	if !st.kickArmed.Swap(true) {
+		st.kickTimer.Reset(st.opts.TxKickDelay)
+	}
+}
+
+// kickFired is kickTimer's function.
+func (st *Stack) kickFired() { st.flushTx(true) }
