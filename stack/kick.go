@@ -21,6 +21,9 @@ import (
 // transmit sends bufs on q, at once or (Options.TxKickDelay, when the
 // send follows another) at the next flush. Caller holds q.txMu.
 func (st *Stack) transmit(q *queue, bufs []backend.Buf) (int, error) {
+	if !st.sent.Load() {
+		st.sent.Store(true)
+	}
 	gen := st.waitGen.Load()
 	follows := gen == q.sendGen
 	q.sendGen = gen
@@ -37,14 +40,14 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf) (int, error) {
 		return q.be.Transmit(bufs)
 	}
 	n, unsent, err := q.be.TransmitLater(bufs)
-	switch now := time.Now().UnixNano(); {
+	switch {
 	case err != nil || !unsent:
 		q.unkicked.Store(false)
 	case !q.unkicked.Load():
-		q.unkickedAt = now
+		q.unkickedAt = time.Now().UnixNano()
 		q.unkicked.Store(true)
 		st.armKick()
-	case now-q.unkickedAt >= int64(st.opts.TxKickDelay):
+	case time.Now().UnixNano()-q.unkickedAt >= int64(st.opts.TxKickDelay):
 		err = q.be.Flush()
 		q.unkicked.Store(false)
 	}
@@ -60,9 +63,14 @@ func (st *Stack) transmitNow(q *queue, bufs []backend.Buf) (int, error) {
 }
 
 // waitPoint marks a receive or wait of the stack: the next send kicks at
-// once, and what sends left goes now.
+// once, and what sends left goes now. It runs for every receive and poll,
+// so it writes the shared counter only after a send: a receive-only
+// path reads two flags.
 func (st *Stack) waitPoint() {
-	st.waitGen.Add(1)
+	if st.sent.Load() {
+		st.sent.Store(false)
+		st.waitGen.Add(1)
+	}
 	st.flushTx(false)
 }
 

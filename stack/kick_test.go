@@ -83,39 +83,41 @@ func TestTxKickDelay(t *testing.T) {
 // TestTxKickBeforeReceive: a send followed by a receive on the same
 // socket leaves at once, with a delay of a whole second.
 func TestTxKickBeforeReceive(t *testing.T) {
-	// Spinning: a sleep in poll(2) on an AF_XDP socket would send its TX
-	// ring itself (copy mode), and hide a receive that does not.
-	bed, st := bedStack(t, &stack.Options{TxKickDelay: time.Second, RxPoll: stack.RxPollForever})
-	a := kernelConn(t, bed, "198.18.0.1:9301")
-	c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9301"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	go func() {
-		buf := make([]byte, 2048)
-		for range 20 {
-			a.SetReadDeadline(time.Now().Add(5 * time.Second))
-			n, from, err := a.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			a.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
-	buf := make([]byte, 2048)
-	began := time.Now()
-	for i := range 20 {
-		if _, err := c.Write(payload(i, 32)); err != nil {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		// Spinning: a sleep in poll(2) on an AF_XDP socket would send its
+		// TX ring itself (copy mode), and hide a receive that does not.
+		_, st := stackOn(t, bed, &stack.Options{TxKickDelay: time.Second, RxPoll: stack.RxPollForever})
+		a := kernelConn(t, bed, "198.18.0.1:9301")
+		c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9301"))
+		if err != nil {
 			t.Fatal(err)
 		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, err := c.Read(buf)
-		if err != nil || string(buf[:n]) != string(payload(i, 32)) {
-			t.Fatalf("exchange %d: %v", i, err)
+		defer c.Close()
+		go func() {
+			buf := make([]byte, 2048)
+			for range 20 {
+				a.SetReadDeadline(time.Now().Add(5 * time.Second))
+				n, from, err := a.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return
+				}
+				a.WriteToUDPAddrPort(buf[:n], from)
+			}
+		}()
+		buf := make([]byte, 2048)
+		began := time.Now()
+		for i := range 20 {
+			if _, err := c.Write(payload(i, 32)); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil || string(buf[:n]) != string(payload(i, 32)) {
+				t.Fatalf("exchange %d: %v", i, err)
+			}
 		}
-	}
-	if d := time.Since(began); d > 500*time.Millisecond {
-		t.Errorf("20 exchanges took %v: requests waited for the 1 s kick delay", d)
-	}
+		if d := time.Since(began); d > 500*time.Millisecond {
+			t.Errorf("20 exchanges took %v: requests waited for the 1 s kick delay", d)
+		}
+	})
 }

@@ -156,10 +156,6 @@ type queue struct {
 	// canTx: the interface runs a TX queue of that number too, so the
 	// queue's socket has a TX ring.
 	canTx bool
-	// txCsum: the backend completes UDP checksums (backend.TxChecksum),
-	// so that neither this stack nor a kernel receiver on this host sums
-	// the payload.
-	txCsum bool
 	// unkicked: a send left frames on the TX ring (Options.TxKickDelay),
 	// since unkickedAt (unix nanoseconds). Both guarded by txMu; unkicked
 	// is read without it to skip queues with nothing to flush.
@@ -276,7 +272,8 @@ type Stack struct {
 	// receive or wait does first (Options.TxKickDelay).
 	kickTimer *time.Timer
 	kickArmed atomic.Bool
-	waitGen   atomic.Uint32 // counts receives and waits (waitPoint)
+	waitGen   atomic.Uint32 // counts receives and waits that followed a send (waitPoint)
+	sent      atomic.Bool   // a send since the last waitPoint
 
 	// tcp is netstack, once a TCP socket made it (tcpStack, under tcpMu).
 	tcp   atomic.Pointer[tcpState]
@@ -488,7 +485,7 @@ func (st *Stack) openQueues(qs []int, ch xsk.Channels) error {
 			st.unserved = append(st.unserved, QueueError{qi, err})
 			continue
 		}
-		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, txCsum: be.TxChecksum(), sendGen: math.MaxUint32, rel: make([]backend.Buf, 0, 2*rxBatch)})
+		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, sendGen: math.MaxUint32, rel: make([]backend.Buf, 0, 2*rxBatch)})
 	}
 	if len(next) == 0 {
 		errs := make([]error, len(st.unserved))
@@ -790,21 +787,11 @@ func (st *Stack) releaseLocked(q *queue, b backend.Buf) {
 func (st *Stack) demuxLocked(q *queue, socks map[sockKey][]*UDPConn, b backend.Buf) {
 	var p header.Packet
 	switch r := header.Parse(b.Data, &p); {
-	case r == header.PartialUDPChecksum && st.partialCsum:
-		// What the kernel on the other end of a veth left for the link to
-		// finish: the kernel here would deliver it (it trusts
-		// CHECKSUM_PARTIAL), so the stack does too, and counts it.
-		st.Counters.RxPartialChecksum.Add(1)
-	case r == header.PartialUDPChecksum:
-		st.Counters.RxDropped[header.BadUDPChecksum].Add(1)
-		st.releaseLocked(q, b)
-		return
 	case r == header.NotUDP && p.IP.Protocol() == header.ProtocolTCP:
 		st.deliverTCP(p.IP)
 		st.releaseLocked(q, b)
 		return
-	case r != header.Ok:
-		st.Counters.RxDropped[r].Add(1)
+	case !st.checked(r):
 		st.releaseLocked(q, b)
 		return
 	}
@@ -837,6 +824,27 @@ func (st *Stack) demuxLocked(q *queue, socks map[sockKey][]*UDPConn, b backend.B
 		// socket while the group stays the same).
 		cs[flowIndex(&p, len(cs))].enqueueLocked(q, b, &p)
 	}
+}
+
+// checked says whether a packet the parser found r of is delivered, and
+// counts why when it is not. A partial checksum is what the kernel on the
+// other end of a veth left for the link to finish: the kernel here would
+// deliver it (it trusts CHECKSUM_PARTIAL), so the stack does too, and
+// counts it; from a wire it is a bad checksum.
+func (st *Stack) checked(r header.Result) bool {
+	switch {
+	case r == header.Ok:
+		return true
+	case (r == header.PartialUDPChecksum || r == header.PartialTCPChecksum) && st.partialCsum:
+		st.Counters.RxPartialChecksum.Add(1)
+		return true
+	case r == header.PartialUDPChecksum:
+		r = header.BadUDPChecksum
+	case r == header.PartialTCPChecksum:
+		r = header.BadTCPChecksum
+	}
+	st.Counters.RxDropped[r].Add(1)
+	return false
 }
 
 // flowIndex picks one of n sockets for p's flow.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -55,7 +54,9 @@ func (st *Stack) ListenTCP(laddr netip.AddrPort) (*TCPListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
 	}
-	kl, err := kernelListen(laddr)
+	// The kernel's listener (net.Listen sets SO_REUSEADDR, as servers
+	// do), in the calling thread's namespace.
+	kl, err := net.Listen("tcp4", laddr.String())
 	if err != nil {
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
 	}
@@ -106,26 +107,6 @@ func (l *TCPListener) listen(t *tcpState) error {
 	}
 	l.ep, l.rule = ep, id
 	return nil
-}
-
-// kernelListen opens the kernel's listening socket on laddr.
-func kernelListen(laddr netip.AddrPort) (net.Listener, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("kernel socket: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "tcp "+laddr.String())
-	defer f.Close()
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-		return nil, fmt.Errorf("kernel socket: SO_REUSEADDR: %w", err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: laddr.Addr().As4(), Port: int(laddr.Port())}); err != nil {
-		return nil, fmt.Errorf("kernel socket: bind: %w", err)
-	}
-	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
-		return nil, fmt.Errorf("kernel socket: listen: %w", err)
-	}
-	return net.FileListener(f)
 }
 
 // offer hands an accepted connection (or the error that ends a loop) to

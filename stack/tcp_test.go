@@ -248,79 +248,81 @@ func TestTCPDialKernelServer(t *testing.T) {
 // (the client closing first) leaves no rule, goroutine or kernel socket
 // behind.
 func TestTCPConnsOutliveListener(t *testing.T) {
-	bed, st := bedStack(t, &stack.Options{})
-	laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7300)
-	l := listenTCP(t, bed, st, laddr)
-	rules := st.Program().RuleCount()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			accepted <- c
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7300)
+		l := listenTCP(t, bed, st, laddr)
+		rules := st.Program().RuleCount()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err == nil {
+				accepted <- c
+			}
+			close(accepted)
+		}()
+		var c net.Conn
+		if err := bed.Do(testbed.A, func() (err error) {
+			c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
 		}
-		close(accepted)
-	}()
-	var c net.Conn
-	if err := bed.Do(testbed.A, func() (err error) {
-		c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	s, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	if _, off := s.(*stack.TCPConn); !off {
-		t.Fatalf("accepted %T, want an offloaded *stack.TCPConn", s)
-	}
-	l.Close()
-	copied := make(chan struct{})
-	go func() {
-		io.Copy(s, s)
-		s.Close() // after the client's FIN: no TIME_WAIT on this side
-		close(copied)
-	}()
-	if err := exchange(c, 100000, 1000, 7); err != nil {
-		t.Fatalf("after the listener closed: %v", err)
-	}
-	c.Close()
-	<-copied
-	awaitRules(t, st, rules-1)
+		s, ok := <-accepted
+		if !ok {
+			t.Fatal("accept failed")
+		}
+		if _, off := s.(*stack.TCPConn); !off {
+			t.Fatalf("accepted %T, want an offloaded *stack.TCPConn", s)
+		}
+		l.Close()
+		copied := make(chan struct{})
+		go func() {
+			io.Copy(s, s)
+			s.Close() // after the client's FIN: no TIME_WAIT on this side
+			close(copied)
+		}()
+		if err := exchange(c, 100000, 1000, 7); err != nil {
+			t.Fatalf("after the listener closed: %v", err)
+		}
+		c.Close()
+		<-copied
+		awaitRules(t, st, rules-1)
 
-	// A stream of short connections.
-	l = listenTCP(t, bed, st, laddr)
-	defer l.Close()
-	served := echoTCP(l)
-	goroutines := runtime.NumGoroutine()
-	const cycles = 300
-	err := bed.Do(testbed.A, func() error {
-		for i := range cycles {
-			c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
-			if err != nil {
-				return fmt.Errorf("cycle %d: %w", i, err)
+		// A stream of short connections.
+		l = listenTCP(t, bed, st, laddr)
+		defer l.Close()
+		served := echoTCP(l)
+		goroutines := runtime.NumGoroutine()
+		const cycles = 300
+		err := bed.Do(testbed.A, func() error {
+			for i := range cycles {
+				c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
+				if err != nil {
+					return fmt.Errorf("cycle %d: %w", i, err)
+				}
+				err = exchange(c, 64, 64, i)
+				c.Close()
+				if err != nil {
+					return fmt.Errorf("cycle %d: %w", i, err)
+				}
 			}
-			err = exchange(c, 64, 64, i)
-			c.Close()
-			if err != nil {
-				return fmt.Errorf("cycle %d: %w", i, err)
-			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
+		awaitRules(t, st, rules)
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > goroutines+2 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if n := runtime.NumGoroutine(); n > goroutines+2 {
+			t.Errorf("%d goroutines after %d connections, %d before", n, cycles, goroutines)
+		}
+		l.Close()
+		served.Wait()
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	awaitRules(t, st, rules)
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > goroutines+2 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > goroutines+2 {
-		t.Errorf("%d goroutines after %d connections, %d before", n, cycles, goroutines)
-	}
-	l.Close()
-	served.Wait()
 }
 
 // TestTCPChannelsGrow: netstack's traffic keeps flowing when the stack

@@ -67,7 +67,6 @@ type tcpState struct {
 type tcpLink struct {
 	st   *Stack
 	q    *queue
-	mtu  uint32
 	disp atomic.Pointer[dispatcher]
 
 	mu      sync.Mutex
@@ -78,7 +77,7 @@ type tcpLink struct {
 // atomically.
 type dispatcher struct{ nstack.NetworkDispatcher }
 
-func (l *tcpLink) MTU() uint32                              { return l.mtu }
+func (l *tcpLink) MTU() uint32                              { return uint32(l.st.tcpMTU()) }
 func (l *tcpLink) SetMTU(uint32)                            {}
 func (l *tcpLink) MaxHeaderLength() uint16                  { return 0 }
 func (l *tcpLink) LinkAddress() tcpip.LinkAddress           { return "" }
@@ -96,7 +95,7 @@ func (l *tcpLink) IsAttached() bool                         { return l.disp.Load
 // leaves the TCP checksum to the link too: transmit writes the
 // pseudo-header sum and the kernel finishes it, as for the stack's UDP.
 func (l *tcpLink) Capabilities() nstack.LinkEndpointCapabilities {
-	if l.q.txCsum {
+	if l.q.be.TxChecksum() {
 		return nstack.CapabilityRXChecksumOffload | nstack.CapabilityTXChecksumOffload
 	}
 	return nstack.CapabilityRXChecksumOffload
@@ -186,7 +185,7 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 			off += copy(b.Data[off:], v)
 		}
 		b.Data = b.Data[:off]
-		if q.txCsum {
+		if q.be.TxChecksum() {
 			partialTCPChecksum(b)
 		}
 	}
@@ -233,9 +232,8 @@ func partialTCPChecksum(b *backend.Buf) {
 	if ip.Protocol() != header.ProtocolTCP || len(seg) < header.TCPMinLen {
 		return
 	}
-	c := header.Fold(header.PseudoSum(ip.Src(), ip.Dst(), header.ProtocolTCP, len(seg)))
-	seg[16], seg[17] = byte(c>>8), byte(c)
-	b.CsumStart, b.CsumOffset = uint16(header.EthernetLen+hl), 16
+	header.SetPartialChecksum(seg, header.TCPChecksumOffset, ip.Src(), ip.Dst(), header.ProtocolTCP)
+	b.CsumStart, b.CsumOffset = uint16(header.EthernetLen+hl), header.TCPChecksumOffset
 }
 
 // deliverTCP hands a TCP packet to netstack (a copy: the frame goes back
@@ -251,20 +249,19 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 		st.Counters.RxNoSocket.Add(1)
 		return
 	}
-	switch r := header.CheckTCP(ip); {
-	case r == header.PartialTCPChecksum && st.partialCsum:
-		st.Counters.RxPartialChecksum.Add(1)
-	case r == header.PartialTCPChecksum:
-		st.Counters.RxDropped[header.BadTCPChecksum].Add(1)
-		return
-	case r != header.Ok:
-		st.Counters.RxDropped[r].Add(1)
+	if !st.checked(header.CheckTCP(ip)) {
 		return
 	}
 	pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(ip)})
 	st.TCPCounters.RxSegments.Add(1)
 	d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
 	pkt.DecRef()
+}
+
+// tcpMTU is the largest IP packet netstack may send, and (through the
+// MSS it advertises) receive: the interface's MTU now, within a frame.
+func (st *Stack) tcpMTU() int {
+	return min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen, st.rxFrameLen-header.EthernetLen)
 }
 
 // tcpStack returns netstack, made on first use with the interface's
@@ -280,8 +277,7 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 	if q == nil {
 		return nil, fmt.Errorf("tcp: no queue can transmit")
 	}
-	mtu := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen, st.rxFrameLen-header.EthernetLen)
-	link := &tcpLink{st: st, q: q, mtu: uint32(mtu)}
+	link := &tcpLink{st: st, q: q}
 	ns := nstack.New(nstack.Options{
 		NetworkProtocols:   []nstack.NetworkProtocolFactory{ipv4.NewProtocol},
 		TransportProtocols: []nstack.TransportProtocolFactory{tcp.NewProtocol},

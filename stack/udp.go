@@ -1212,13 +1212,15 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 			return sent, c.sendErr(to, unix.ENOBUFS)
 		}
 		bytes := 0
-		f.PartialChecksum = q.txCsum
+		// Neither this stack nor a kernel receiver on this host sums the
+		// payload when the backend has the checksum finished.
+		f.PartialChecksum = q.be.TxChecksum()
 		for i, b := range msgs[sent : sent+got] {
 			tb := &q.txBufs[i]
 			copy(tb.Data[header.UDPHeadersLen:], b)
 			f.ID = uint16(st.ipID.Add(1))
 			tb.Data = tb.Data[:header.BuildUDP(tb.Data, &f, len(b))]
-			if q.txCsum {
+			if f.PartialChecksum {
 				tb.CsumStart, tb.CsumOffset = header.UDPChecksumStart, header.UDPChecksumOffset
 			}
 			bytes += len(b)

@@ -131,7 +131,6 @@ type Socket struct {
 	queue    int
 	zeroCopy bool
 	huge     bool
-	txMeta   bool // the UMEM was registered with room for TX metadata
 	txCsum   bool // Transmit asks the kernel to complete checksums
 
 	umem      []byte
@@ -146,7 +145,6 @@ type Socket struct {
 	txFreeN              atomic.Uint32 // len(txFree), for Pools from other goroutines
 	txSize               uint32        // the transmit half of the UMEM, in frames
 	fillHeld             []uint64      // RX frames waiting for room on the fill ring
-	unkicked             bool          // TransmitLater left frames on the TX ring
 	Counters             Counters
 }
 
@@ -213,7 +211,7 @@ func (s *Socket) setup(o Options) error {
 	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&s.umem[0]))), Len: uint64(size), Size: o.FrameSize,
 		Flags: unix.XDP_UMEM_TX_METADATA_LEN, Tx_metadata_len: txMetaLen}
 	err = setsockoptRaw(s.fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg))
-	s.txMeta = err == nil
+	txMeta := err == nil
 	if errors.Is(err, unix.EINVAL) {
 		txMetaOnce.Do(func() {
 			slog.Info("xsk: the kernel takes no AF_XDP TX metadata (Linux 6.11 and later): transmit checksums are computed in user space", "err", err)
@@ -312,7 +310,7 @@ func (s *Socket) setup(o Options) error {
 	// skb path completes the checksum whatever the device offers. In
 	// zero-copy mode the driver would have to (xsk_tx_metadata_ops), and
 	// one that does not would send the partial sum: compute it here.
-	s.txCsum = s.txMeta && !s.zeroCopy && !o.RxOnly
+	s.txCsum = txMeta && !s.zeroCopy && !o.RxOnly
 	return nil
 }
 
@@ -446,7 +444,6 @@ func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.unkicked = false
 	if err := s.drainTx(); err != nil {
 		return n, fmt.Errorf("xsk %s: transmit: %w", s, err)
 	}
@@ -466,23 +463,22 @@ func (s *Socket) TransmitLater(bufs []backend.Buf) (int, bool, error) {
 		return 0, false, err
 	}
 	if s.tx.occupancy() >= txKickBatch {
-		s.unkicked = false
 		if err := s.drainTx(); err != nil {
 			return n, false, fmt.Errorf("xsk %s: transmit: %w", s, err)
 		}
 		return n, false, nil
 	}
-	s.unkicked = true
 	s.Counters.TxDeferred.Add(uint64(n))
 	return n, true, nil
 }
 
-// Flush implements backend.Backend.
+// Flush implements backend.Backend. An empty ring needs no kick: the
+// kernel took the frames already (in copy mode a poll(2) on the socket
+// sends its TX ring too).
 func (s *Socket) Flush() error {
-	if !s.unkicked {
+	if s.tx.occupancy() == 0 {
 		return nil
 	}
-	s.unkicked = false
 	if err := s.drainTx(); err != nil {
 		return fmt.Errorf("xsk %s: transmit: %w", s, err)
 	}

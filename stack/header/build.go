@@ -1,6 +1,9 @@
 package header
 
-import "net/netip"
+import (
+	"encoding/binary"
+	"net/netip"
+)
 
 // UDPHeadersLen is the length of the Ethernet, IPv4 and UDP headers that
 // BuildUDP writes: the payload starts at this offset of the frame.
@@ -21,11 +24,19 @@ type UDPFields struct {
 
 // UDPChecksumStart and UDPChecksumOffset locate the UDP checksum of a
 // frame BuildUDP writes: where the checksummed bytes start, and where the
-// field is in them.
+// field is in them. TCPChecksumOffset is the TCP header's.
 const (
 	UDPChecksumStart  = EthernetLen + IPv4MinLen
 	UDPChecksumOffset = 6
+	TCPChecksumOffset = 16
 )
+
+// SetPartialChecksum writes the folded pseudo-header sum into the
+// checksum field at off of seg, a segment of protocol proto from src to
+// dst: what the device finishes for CHECKSUM_PARTIAL.
+func SetPartialChecksum(seg []byte, off int, src, dst netip.Addr, proto uint8) {
+	binary.BigEndian.PutUint16(seg[off:], Fold(PseudoSum(src, dst, proto, len(seg))))
+}
 
 // BuildUDP writes the headers of a datagram whose payloadLen bytes are
 // already at frame[UDPHeadersLen:], computes both checksums (the UDP one
@@ -47,7 +58,7 @@ func BuildUDP(frame []byte, f *UDPFields, payloadLen int) int {
 	u.SetDstPort(f.Dst.Port())
 	u.SetLength(uint16(ulen))
 	if f.PartialChecksum {
-		u.SetChecksum(Fold(PseudoSum(f.Src.Addr(), f.Dst.Addr(), ProtocolUDP, ulen)))
+		SetPartialChecksum(seg, UDPChecksumOffset, f.Src.Addr(), f.Dst.Addr(), ProtocolUDP)
 	} else {
 		u.SetChecksum(0)
 		u.SetChecksum(UDPChecksum(seg, f.Src.Addr(), f.Dst.Addr()))

@@ -1,5 +1,7 @@
 package header
 
+import "encoding/binary"
+
 // Result says what Parse found wrong with a frame, or Ok.
 type Result uint8
 
@@ -105,33 +107,51 @@ func Parse(frame []byte, p *Packet) Result {
 	seg = seg[:ul]
 	p.UDP = UDP(seg[:UDPLen])
 	p.Payload = seg[UDPLen:]
-	if c := p.UDP.Checksum(); c != udpChecksumNone {
-		pseudo := PseudoSum(p.IP.Src(), p.IP.Dst(), ProtocolUDP, ul)
-		if Fold(Sum(seg, pseudo)) != 0xffff {
-			if c == Fold(pseudo) {
-				return PartialUDPChecksum
-			}
+	if p.UDP.Checksum() != udpChecksumNone {
+		switch checkSum(p.IP, seg, ProtocolUDP, UDPChecksumOffset) {
+		case sumPartial:
+			return PartialUDPChecksum
+		case sumBad:
 			return BadUDPChecksum
 		}
 	}
 	return Ok
 }
 
+// What checkSum finds of a transport checksum.
+const (
+	sumOk = iota
+	sumPartial
+	sumBad
+)
+
+// checkSum checks the transport checksum of seg, ip's segment of protocol
+// proto whose checksum field is at off: right, partial (the folded
+// pseudo-header sum, see PartialUDPChecksum), or bad.
+func checkSum(ip IPv4, seg []byte, proto uint8, off int) int {
+	pseudo := PseudoSum(ip.Src(), ip.Dst(), proto, len(seg))
+	switch {
+	case Fold(Sum(seg, pseudo)) == 0xffff:
+		return sumOk
+	case binary.BigEndian.Uint16(seg[off:]) == Fold(pseudo):
+		return sumPartial
+	}
+	return sumBad
+}
+
 // CheckTCP checks the TCP segment of ip, a packet Parse found NotUDP and
 // whose protocol is TCP: Ok, BadLength when it cannot hold a TCP header,
 // BadTCPChecksum, or PartialTCPChecksum (see PartialUDPChecksum).
 func CheckTCP(ip IPv4) Result {
-	hl := ip.HeaderLen()
-	seg := ip[hl:]
+	seg := ip[ip.HeaderLen():]
 	if len(seg) < TCPMinLen {
 		return BadLength
 	}
-	pseudo := PseudoSum(ip.Src(), ip.Dst(), ProtocolTCP, len(seg))
-	if Fold(Sum(seg, pseudo)) == 0xffff {
-		return Ok
-	}
-	if uint16(seg[16])<<8|uint16(seg[17]) == Fold(pseudo) {
+	switch checkSum(ip, seg, ProtocolTCP, TCPChecksumOffset) {
+	case sumPartial:
 		return PartialTCPChecksum
+	case sumBad:
+		return BadTCPChecksum
 	}
-	return BadTCPChecksum
+	return Ok
 }
