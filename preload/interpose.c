@@ -92,6 +92,43 @@ static inline int engine(int fd)
 	return s == VMX_OFFLOADED || s == VMX_CANDIDATE;
 }
 
+/* tcp: fd is a TCP connection netstack serves (data calls to the engine,
+ * multiplexing to the kernel, which mirrors its readiness). */
+static inline int tcp(int fd) { return state(fd) == VMX_TCP; }
+
+/* orphan: in a forked child, fd names a TCP connection the parent's
+ * engine serves; the child holds only the parent's mirror of it, which
+ * carries no data. Its calls fail with ENOTCONN, said once per fd on
+ * stderr, instead of reading the mirror's bytes. */
+static int orphan(int fd)
+{
+	if (!vmx_forked || (unsigned)fd >= VMX_MAXFD)
+		return 0;
+	int s = __atomic_load_n(&vmx_state[fd], __ATOMIC_ACQUIRE);
+	if (s != VMX_TCP && s != VMX_TCP_ORPHAN)
+		return 0;
+	if (s == VMX_TCP) {
+		char msg[256];
+		int n = snprintf(msg, sizeof msg,
+				 "vmaxdp: fd %d: this TCP connection is served by the engine of process %d, "
+				 "which forked this one; a child cannot use it (ENOTCONN): accept or connect "
+				 "in the child, or exec, to use TCP there\n", fd, (int)getppid());
+		if (n > 0)
+			syscall(SYS_write, 2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+		vmx_state[fd] = VMX_TCP_ORPHAN;
+	}
+	errno = ENOTCONN;
+	return 1;
+}
+
+/* forget_in_child: a child's close or dup2 over fd ends what the parent's
+ * table said of it. */
+static inline void forget_in_child(int fd)
+{
+	if (vmx_forked && (unsigned)fd < VMX_MAXFD)
+		vmx_state[fd] = VMX_OS;
+}
+
 /* ret turns the Go side's -errno convention into libc's. */
 static inline long ret(long r)
 {
@@ -122,6 +159,14 @@ DECLARE(int, socket, int, int, int);
 DECLARE(int, bind, int, const struct sockaddr *, socklen_t);
 DECLARE(int, connect, int, const struct sockaddr *, socklen_t);
 DECLARE(int, close, int);
+DECLARE(int, listen, int, int);
+DECLARE(int, accept, int, struct sockaddr *, socklen_t *);
+DECLARE(int, accept4, int, struct sockaddr *, socklen_t *, int);
+DECLARE(int, shutdown, int, int);
+DECLARE(int, getsockname, int, struct sockaddr *, socklen_t *);
+DECLARE(int, getpeername, int, struct sockaddr *, socklen_t *);
+DECLARE(int, getsockopt, int, int, int, void *, socklen_t *);
+DECLARE(ssize_t, sendfile, int, int, off_t *, size_t);
 DECLARE(int, dup, int);
 DECLARE(int, dup2, int, int);
 DECLARE(int, dup3, int, int, int);
@@ -388,11 +433,103 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len)
 
 int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
-	int r = REAL(connect)(fd, addr, len);
 	int s = state(fd);
+	/* A stream socket (the kernel's, or a connection of the engine's)
+	 * may connect through netstack (VMAXDP_TCP=1). */
+	if ((s == VMX_OS || s == VMX_TCP) && !vmx_forked && addr && len >= sizeof(struct sockaddr_in) &&
+	    addr->sa_family == AF_INET) {
+		long t = vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, &vmx_sig);
+		if (t != -VMX_PASS)
+			return (int)ret(t);
+	}
+	int r = REAL(connect)(fd, addr, len);
+	s = state(fd);
 	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED))
 		vmx_set_state(fd, vmxgo_connect(fd));
 	return r;
+}
+
+/* listen: an AF_INET stream socket may be offloaded as it starts
+ * listening (VMAXDP_TCP=1); it stays the kernel's listener as well.
+ * netstack listens first: a SYN that came between the two would make a
+ * kernel connection whose later segments the listener's steering takes. */
+int listen(int fd, int backlog)
+{
+	int pre = VMX_OS;
+	if (!vmx_forked && state(fd) == VMX_OS)
+		pre = vmxgo_listen(fd, backlog);
+	int r = REAL(listen)(fd, backlog);
+	if (pre != VMX_OS) {
+		if (r == 0) {
+			vmx_set_state(fd, pre);
+		} else {
+			int e = errno;
+			vmxgo_close(fd);
+			errno = e;
+		}
+	}
+	return r;
+}
+
+int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
+{
+	if (state(fd) == VMX_OFFLOADED) {
+		long r = vmxgo_accept(fd, addr, alen, flags, &vmx_sig);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	return REAL(accept4)(fd, addr, alen, flags);
+}
+
+int accept(int fd, struct sockaddr *addr, socklen_t *alen)
+{
+	if (state(fd) == VMX_OFFLOADED)
+		return accept4(fd, addr, alen, 0);
+	return REAL(accept)(fd, addr, alen);
+}
+
+int shutdown(int fd, int how)
+{
+	if (orphan(fd))
+		return -1;
+	if (tcp(fd)) {
+		long r = vmxgo_tcp_shutdown(fd, how);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	return REAL(shutdown)(fd, how);
+}
+
+int getsockname(int fd, struct sockaddr *addr, socklen_t *alen)
+{
+	if (tcp(fd)) {
+		long r = vmxgo_tcp_name(fd, 0, addr, alen);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	return REAL(getsockname)(fd, addr, alen);
+}
+
+int getpeername(int fd, struct sockaddr *addr, socklen_t *alen)
+{
+	if (orphan(fd))
+		return -1;
+	if (tcp(fd)) {
+		long r = vmxgo_tcp_name(fd, 1, addr, alen);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	return REAL(getpeername)(fd, addr, alen);
+}
+
+int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	if (tcp(fd)) {
+		long r = vmxgo_tcp_getsockopt(fd, level, name, val, len);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	return REAL(getsockopt)(fd, level, name, val, len);
 }
 
 int close(int fd)
@@ -401,6 +538,7 @@ int close(int fd)
 		errno = EBADF;
 		return -1;
 	}
+	forget_in_child(fd);
 	if (state(fd) != VMX_OS) {
 		vmx_set_state(fd, VMX_OS);
 		vmxgo_close(fd);
@@ -431,6 +569,7 @@ int dup2(int oldfd, int newfd)
 {
 	if (oldfd == newfd)
 		return REAL(dup2)(oldfd, newfd);
+	forget_in_child(newfd);
 	if (internal(newfd))
 		return refused(newfd, "dup2");
 	return after_dup(oldfd, REAL(dup2)(oldfd, newfd));
@@ -440,6 +579,7 @@ int dup3(int oldfd, int newfd, int flags)
 {
 	if (oldfd != newfd && internal(newfd))
 		return refused(newfd, "dup3");
+	forget_in_child(newfd);
 	return after_dup(oldfd, REAL(dup3)(oldfd, newfd, flags));
 }
 
@@ -524,6 +664,15 @@ int ioctl(int fd, unsigned long req, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	int s = state(fd);
+	if (s == VMX_TCP && (req == FIONREAD || req == TIOCOUTQ) && arg) {
+		long r = vmxgo_tcp_queued(fd, req == TIOCOUTQ);
+		if (r != -VMX_PASS) {
+			if (r < 0)
+				return (int)ret(r);
+			*(int *)arg = (int)r;
+			return 0;
+		}
+	}
 	if (s == VMX_OFFLOADED && req == FIONREAD && arg) {
 		long r = vmxgo_fionread(fd);
 		if (r != -VMX_PASS) {
@@ -542,6 +691,12 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 	int s = state(fd);
 	if (s == VMX_OS)
 		return REAL(setsockopt)(fd, level, name, val, len);
+	if (s == VMX_TCP) {
+		long r = vmxgo_tcp_setsockopt(fd, level, name, (void *)val, len);
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+		return REAL(setsockopt)(fd, level, name, val, len);
+	}
 	if (level == IPPROTO_IP && (name == IP_ADD_MEMBERSHIP || name == IP_DROP_MEMBERSHIP) &&
 	    val && len >= sizeof(struct ip_mreq)) {
 		const struct ip_mreqn *m = val;
@@ -557,8 +712,35 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 	return r;
 }
 
+/* TCP data calls: through iovecs, to the engine. A send that finds the
+ * connection closed raises SIGPIPE, as the kernel's does, unless
+ * MSG_NOSIGNAL. */
+static long tcp_recv(int fd, const struct iovec *iov, int n, int flags)
+{
+	return vmxgo_tcp_recv(fd, (struct iovec *)iov, n, flags, &vmx_sig);
+}
+
+static long tcp_send(int fd, const struct iovec *iov, int n, int flags)
+{
+	long r = vmxgo_tcp_send(fd, (struct iovec *)iov, n, flags, &vmx_sig);
+	if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
+		raise(SIGPIPE);
+	return r;
+}
+
 ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src, socklen_t *alen)
 {
+	if (orphan(fd))
+		return -1;
+	if (tcp(fd)) {
+		struct iovec v = {.iov_base = buf, .iov_len = len};
+		long r = tcp_recv(fd, &v, 1, flags);
+		if (r != -VMX_PASS) {
+			if (r >= 0 && src && alen)
+				*alen = 0; /* a connected stream names no sender */
+			return ret(r);
+		}
+	}
 	if (engine(fd)) {
 		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen, &vmx_sig);
 		if (r != -VMX_PASS)
@@ -569,20 +751,33 @@ ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src,
 
 ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
-	if (engine(fd))
+	if (engine(fd) || tcp(fd) || orphan(fd))
 		return recvfrom(fd, buf, len, flags, NULL, NULL);
 	return REAL(recv)(fd, buf, len, flags);
 }
 
 ssize_t read(int fd, void *buf, size_t len)
 {
-	if (engine(fd))
+	if (engine(fd) || tcp(fd) || orphan(fd))
 		return recvfrom(fd, buf, len, 0, NULL, NULL);
 	return REAL(read)(fd, buf, len);
 }
 
 ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
+	if (orphan(fd))
+		return -1;
+	if (tcp(fd)) {
+		long r = tcp_recv(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
+		if (r != -VMX_PASS) {
+			if (r >= 0) {
+				msg->msg_namelen = 0;
+				msg->msg_controllen = 0;
+				msg->msg_flags = 0;
+			}
+			return ret(r);
+		}
+	}
 	if (engine(fd)) {
 		long r = vmxgo_recvmsg(fd, msg, flags, &vmx_sig);
 		if (r != -VMX_PASS)
@@ -593,7 +788,7 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 
 ssize_t readv(int fd, const struct iovec *iov, int n)
 {
-	if (engine(fd)) {
+	if (engine(fd) || tcp(fd) || orphan(fd)) {
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n};
 		return recvmsg(fd, &m, 0);
 	}
@@ -602,6 +797,14 @@ ssize_t readv(int fd, const struct iovec *iov, int n)
 
 int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout)
 {
+	if ((tcp(fd) || orphan(fd)) && n > 0) {
+		/* A stream's messages are its reads: one, as much as it has. */
+		ssize_t r = recvmsg(fd, &v[0].msg_hdr, flags & ~MSG_WAITFORONE);
+		if (r < 0)
+			return -1;
+		v[0].msg_len = (unsigned int)r;
+		return 1;
+	}
 	if (engine(fd)) {
 		long r = vmxgo_recvmmsg(fd, v, n, flags, timeout, &vmx_sig);
 		if (r != -VMX_PASS)
@@ -634,7 +837,16 @@ ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
 
 ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t alen)
 {
+	if (orphan(fd))
+		return -1;
 	int s = state(fd);
+	if (s == VMX_TCP) {
+		/* A connected stream ignores the address, as the kernel's does. */
+		struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+		long r = tcp_send(fd, &v, 1, flags);
+		if (r != -VMX_PASS)
+			return ret(r);
+	}
 	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
 		long r = vmxgo_sendto(fd, (void *)buf, len, flags, (struct sockaddr *)to, alen);
 		if (r != -VMX_PASS)
@@ -648,7 +860,7 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
 	int s = state(fd);
-	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE)
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE || s == VMX_TCP || orphan(fd))
 		return sendto(fd, buf, len, flags, NULL, 0);
 	return REAL(send)(fd, buf, len, flags);
 }
@@ -656,14 +868,21 @@ ssize_t send(int fd, const void *buf, size_t len, int flags)
 ssize_t write(int fd, const void *buf, size_t len)
 {
 	int s = state(fd);
-	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE)
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE || s == VMX_TCP || orphan(fd))
 		return sendto(fd, buf, len, 0, NULL, 0);
 	return REAL(write)(fd, buf, len);
 }
 
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+	if (orphan(fd))
+		return -1;
 	int s = state(fd);
+	if (s == VMX_TCP) {
+		long r = tcp_send(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
+		if (r != -VMX_PASS)
+			return ret(r);
+	}
 	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
 		long r = vmxgo_sendmsg(fd, (struct msghdr *)msg, flags);
 		if (r != -VMX_PASS)
@@ -675,7 +894,7 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 ssize_t writev(int fd, const struct iovec *iov, int n)
 {
 	int s = state(fd);
-	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
+	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE || s == VMX_TCP || orphan(fd)) {
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n};
 		return sendmsg(fd, &m, 0);
 	}
@@ -685,6 +904,16 @@ ssize_t writev(int fd, const struct iovec *iov, int n)
 int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
 	int s = state(fd);
+	if (s == VMX_TCP || orphan(fd)) {
+		unsigned int i;
+		for (i = 0; i < n; i++) {
+			ssize_t r = sendmsg(fd, &v[i].msg_hdr, flags);
+			if (r < 0)
+				return i ? (int)i : -1;
+			v[i].msg_len = (unsigned int)r;
+		}
+		return (int)i;
+	}
 	if (s != VMX_OFFLOADED && s != VMX_CANDIDATE)
 		return REAL(sendmmsg)(fd, v, n, flags);
 	unsigned int i;
@@ -698,6 +927,42 @@ int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 	}
 	return (int)i;
 }
+
+/* sendfile onto an offloaded TCP connection: read from in_fd, write
+ * through the engine (the kernel's sendfile would write to the mirror). */
+static ssize_t tcp_sendfile(int out, int in, off_t *off, size_t count)
+{
+	char buf[16384];
+	size_t done = 0;
+	while (done < count) {
+		size_t want = count - done < sizeof buf ? count - done : sizeof buf;
+		ssize_t n = off ? pread(in, buf, want, *off) : REAL(read)(in, buf, want);
+		if (n < 0)
+			return done ? (ssize_t)done : -1;
+		if (n == 0)
+			break;
+		ssize_t w = write(out, buf, (size_t)n);
+		if (w < 0)
+			return done ? (ssize_t)done : -1;
+		if (off)
+			*off += w;
+		else if (w < n)
+			lseek(in, w - n, SEEK_CUR); /* put back what was not sent */
+		done += (size_t)w;
+		if (w < n)
+			break;
+	}
+	return (ssize_t)done;
+}
+
+ssize_t sendfile(int out, int in, off_t *off, size_t count)
+{
+	if (tcp(out) || orphan(out))
+		return orphan(out) ? -1 : tcp_sendfile(out, in, off, count);
+	return REAL(sendfile)(out, in, off, count);
+}
+
+ssize_t sendfile64(int out, int in, off_t *off, size_t count) { return sendfile(out, in, off, count); }
 
 /* Multiplexers: the engine serves them only when an fd in the set is one
  * of its sockets. timeout_ns < 0 waits for ever. */

@@ -3,7 +3,10 @@
 #define VMAXDP_INTERPOSE_H
 
 /* What the interposer knows about an fd; the values of engine.State. */
-enum { VMX_OS = 0, VMX_CANDIDATE = 1, VMX_OFFLOADED = 2, VMX_EPOLL = 3, VMX_KERNEL = 4 };
+enum { VMX_OS = 0, VMX_CANDIDATE = 1, VMX_OFFLOADED = 2, VMX_EPOLL = 3, VMX_KERNEL = 4, VMX_TCP = 5 };
+
+/* In a forked child: a VMX_TCP fd of the parent whose use was logged. */
+#define VMX_TCP_ORPHAN 6
 
 /* Multiplexers, for their counters: the values of engine.Mux. */
 enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };

@@ -503,3 +503,164 @@ func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.long
 	}
 	return C.long(got)
 }
+
+//export vmxgo_listen
+func vmxgo_listen(fd, backlog C.int) C.int { return C.int(eng.Listen(int(fd), int(backlog))) }
+
+//export vmxgo_accept
+func vmxgo_accept(fd C.int, sa *C.struct_sockaddr, alen *C.socklen_t, flags C.int, sig *C.struct_vmx_signals) C.long {
+	nfd, peer, errno := eng.Accept(int(fd), int(flags), signals(sig))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	putAddr(sa, alen, peer)
+	return C.long(nfd)
+}
+
+// maxIovecs is how many iovecs a TCP call takes without allocating.
+const maxIovecs = 8
+
+// buffers views n iovecs as byte slices, in arr when they fit.
+func buffers(iov *C.struct_iovec, n C.int, arr *[maxIovecs][]byte) [][]byte {
+	if iov == nil || n <= 0 {
+		return nil
+	}
+	v := unsafe.Slice((*unix.Iovec)(unsafe.Pointer(iov)), int(n))
+	bufs := arr[:0]
+	if len(v) > maxIovecs {
+		bufs = make([][]byte, 0, len(v))
+	}
+	for _, x := range v {
+		bufs = append(bufs, bytesOf(unsafe.Pointer(x.Base), C.size_t(x.Len)))
+	}
+	return bufs
+}
+
+//export vmxgo_tcp_recv
+func vmxgo_tcp_recv(fd C.int, iov *C.struct_iovec, n, flags C.int, sig *C.struct_vmx_signals) C.long {
+	var arr [maxIovecs][]byte
+	got, errno := eng.TCPRecv(int(fd), buffers(iov, n, &arr), int(flags), signals(sig))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(got)
+}
+
+//export vmxgo_tcp_send
+func vmxgo_tcp_send(fd C.int, iov *C.struct_iovec, n, flags C.int, sig *C.struct_vmx_signals) C.long {
+	var arr [maxIovecs][]byte
+	sent, errno := eng.TCPSend(int(fd), buffers(iov, n, &arr), int(flags), signals(sig))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(sent)
+}
+
+//export vmxgo_tcp_shutdown
+func vmxgo_tcp_shutdown(fd, how C.int) C.long { return -C.long(eng.TCPShutdown(int(fd), int(how))) }
+
+//export vmxgo_tcp_name
+func vmxgo_tcp_name(fd, peer C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.long {
+	local, remote, errno := eng.TCPAddrs(int(fd))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	if sa == nil || alen == nil {
+		return -C.long(unix.EFAULT)
+	}
+	if peer != 0 {
+		putAddr(sa, alen, remote)
+	} else {
+		putAddr(sa, alen, local)
+	}
+	return 0
+}
+
+//export vmxgo_tcp_queued
+func vmxgo_tcp_queued(fd, out C.int) C.long {
+	if out != 0 {
+		if eng.TCPConnOf(int(fd)) == nil {
+			return -C.long(engine.ErrPassOS)
+		}
+		return -C.long(unix.EOPNOTSUPP) // netstack does not tell the unacknowledged bytes
+	}
+	n, errno := eng.TCPUnread(int(fd))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(n)
+}
+
+//export vmxgo_tcp_setsockopt
+func vmxgo_tcp_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) C.long {
+	f := int(fd)
+	switch {
+	case val == nil:
+		return -C.long(unix.EFAULT)
+	case level == unix.SOL_SOCKET && (name == unix.SO_RCVTIMEO || name == unix.SO_SNDTIMEO):
+		if n >= C.socklen_t(unsafe.Sizeof(unix.Timeval{})) {
+			eng.TCPSetTimeout(f, name == unix.SO_RCVTIMEO, time.Duration((*unix.Timeval)(val).Nano()))
+		}
+		return -C.long(engine.ErrPassOS) // the mirror keeps it too, for getsockopt
+	case level == unix.SOL_SOCKET && name == unix.SO_LINGER:
+		if n < C.socklen_t(unsafe.Sizeof(unix.Linger{})) {
+			return -C.long(unix.EINVAL)
+		}
+		l := (*unix.Linger)(val)
+		if c := eng.TCPConnOf(f); c != nil {
+			c.SetLinger(l.Onoff != 0, int(l.Linger))
+			return 0
+		}
+		return -C.long(engine.ErrPassOS)
+	case n < 1:
+		return -C.long(unix.EINVAL)
+	}
+	return -C.long(eng.TCPSetOption(f, int(level), int(name), optInt(val, n)))
+}
+
+//export vmxgo_tcp_getsockopt
+func vmxgo_tcp_getsockopt(fd, level, name C.int, val unsafe.Pointer, n *C.socklen_t) C.long {
+	f := int(fd)
+	if val == nil || n == nil {
+		return -C.long(unix.EFAULT)
+	}
+	c := eng.TCPConnOf(f)
+	if c == nil {
+		return -C.long(engine.ErrPassOS)
+	}
+	put := func(p unsafe.Pointer, size uintptr) C.long {
+		k := min(uintptr(*n), size)
+		copy(unsafe.Slice((*byte)(val), k), unsafe.Slice((*byte)(p), k))
+		*n = C.socklen_t(k)
+		return 0
+	}
+	switch {
+	case level == unix.IPPROTO_TCP && name == unix.TCP_INFO:
+		ti := c.Info()
+		return put(unsafe.Pointer(&ti), unsafe.Sizeof(ti))
+	case level == unix.SOL_SOCKET && name == unix.SO_LINGER:
+		on, secs := c.Linger()
+		l := unix.Linger{Linger: int32(secs)}
+		if on {
+			l.Onoff = 1
+		}
+		return put(unsafe.Pointer(&l), unsafe.Sizeof(l))
+	case level == unix.SOL_SOCKET && (name == unix.SO_RCVTIMEO || name == unix.SO_SNDTIMEO):
+		return -C.long(engine.ErrPassOS)
+	}
+	v, errno := eng.TCPOption(f, int(level), int(name))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	v32 := int32(v)
+	return put(unsafe.Pointer(&v32), unsafe.Sizeof(v32))
+}
+
+//export vmxgo_tcp_connect
+func vmxgo_tcp_connect(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t, sig *C.struct_vmx_signals) C.long {
+	to, ok := getAddr(sa, alen)
+	if !ok || !to.IsValid() {
+		return -C.long(engine.ErrPassOS)
+	}
+	return -C.long(eng.TCPConnect(int(fd), to, signals(sig)))
+}

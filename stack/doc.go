@@ -14,12 +14,13 @@
 // datagrams larger than the MTU): the socket reads and writes it too, so no
 // datagram is lost by taking the fast path.
 //
-// TCP is gVisor's netstack (tcplink.go, tcp.go): the stack is its link,
-// handing it the TCP packets its rules bring (a listener's address:port,
-// each connection's 5-tuple) and sending its packets with the next hop's
-// Ethernet header. A listener listens in the kernel too, for connections
-// that come another way; a connection the stack opens holds its port in
-// a kernel socket. A closed connection keeps its rule until netstack is
+// TCP is gVisor's netstack (tcplink.go; listeners and dialing in tcp.go;
+// connections in tcpconn.go, as net.Conn and with the kernel's calls for
+// the engine): the stack is its link, handing it the TCP packets its
+// rules bring (a listener's address:port, each connection's 5-tuple) and
+// sending its packets with the next hop's Ethernet header. A listener
+// listens in the kernel too, for connections that come another way; a
+// connection the stack opens holds its port in a kernel socket. A closed connection keeps its rule until netstack is
 // done with it, so that the peer's last segments never meet the kernel.
 // While TCP sockets exist, goroutines parked in Go's netpoller drain the
 // queues for them.

@@ -278,6 +278,9 @@ type Stack struct {
 	// tcp is netstack, once a TCP socket made it (tcpStack, under tcpMu).
 	tcp   atomic.Pointer[tcpState]
 	tcpMu sync.Mutex
+	// tcpConns are the TCP connections by 5-tuple (tcpKey), for what the
+	// link sees before netstack does (finArriving).
+	tcpConns sync.Map
 
 	Counters    Counters
 	TCPCounters TCPCounters

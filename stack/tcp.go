@@ -20,18 +20,136 @@ import (
 
 // TCP sockets on netstack (tcplink.go has the link under them).
 
+// NetstackListener is netstack's half of a listening socket whose
+// kernel half the caller keeps (it holds the port, and takes the
+// connections that come another way): a netstack endpoint listening on
+// the same address, and the steering rule that brings it the interface's
+// TCP to that address. Accept never blocks; Notify says when to try.
+type NetstackListener struct {
+	st    *Stack
+	local netip.AddrPort
+	ep    tcpip.Endpoint
+	wq    waiter.Queue
+	rule  steer.RuleID
+	once  sync.Once
+}
+
+// ListenNetstack listens in netstack on laddr, whose port a kernel socket
+// of the caller's listens on already (address unspecified: every address
+// of the interface), with up to backlog connections waiting.
+func (st *Stack) ListenNetstack(laddr netip.AddrPort, backlog int) (*NetstackListener, error) {
+	if !laddr.Addr().Is4() {
+		return nil, fmt.Errorf("tcp listen %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
+	}
+	if laddr.Port() == 0 {
+		return nil, fmt.Errorf("tcp listen %s: %w: no port", laddr, unix.EINVAL)
+	}
+	t, err := st.tcpStack()
+	if err != nil {
+		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+	}
+	l := &NetstackListener{st: st, local: laddr}
+	if err := l.listen(t, backlog); err != nil {
+		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+	}
+	return l, nil
+}
+
+// listen opens netstack's listening endpoint and the steering rule.
+func (l *NetstackListener) listen(t *tcpState, backlog int) error {
+	st := l.st
+	fa := tcpip.FullAddress{NIC: tcpNIC, Port: l.local.Port()}
+	if !l.local.Addr().IsUnspecified() {
+		fa.Addr = tcpip.AddrFrom4(l.local.Addr().As4())
+		if err := st.tcpAddAddr(t.ns, l.local.Addr()); err != nil {
+			return err
+		}
+	}
+	ep, terr := t.ns.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, &l.wq)
+	if terr != nil {
+		return fmt.Errorf("netstack endpoint: %s", terr)
+	}
+	if terr := ep.Bind(fa); terr != nil {
+		ep.Close()
+		return fmt.Errorf("netstack bind: %s", terr)
+	}
+	if backlog <= 0 || backlog > unix.SOMAXCONN {
+		backlog = unix.SOMAXCONN // as the kernel caps it (net.core.somaxconn)
+	}
+	if terr := ep.Listen(backlog); terr != nil {
+		ep.Close()
+		return fmt.Errorf("netstack listen: %s", terr)
+	}
+	r := steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_TCP, Local: l.local}
+	if l.local.Addr().IsUnspecified() {
+		r.Kind = steer.RulePort
+	}
+	id, err := st.addRule(r)
+	if err != nil {
+		ep.Close()
+		return err
+	}
+	l.ep, l.rule = ep, id
+	return nil
+}
+
+// Accept takes a connection netstack has established, or returns
+// unix.EAGAIN when none waits.
+func (l *NetstackListener) Accept() (*TCPConn, error) {
+	ep, wq, terr := l.ep.Accept(nil)
+	if _, ok := terr.(*tcpip.ErrWouldBlock); ok {
+		return nil, unix.EAGAIN
+	}
+	if terr != nil {
+		return nil, fmt.Errorf("tcp accept %s: %w", l.local, tcpipErrno(terr))
+	}
+	c, err := l.st.adoptTCP(ep, wq, -1)
+	if err != nil {
+		ep.Abort()
+		return nil, fmt.Errorf("tcp accept %s: %w", l.local, err)
+	}
+	return c, nil
+}
+
+// Pending says whether a connection waits to be accepted.
+func (l *NetstackListener) Pending() bool {
+	return l.ep.Readiness(waiter.ReadableEvents) != 0
+}
+
+// Notify calls fn (on netstack's goroutine: it must not call into
+// netstack) when a connection may wait; cancel stops it.
+func (l *NetstackListener) Notify(fn func()) (cancel func()) {
+	e := waiter.NewFunctionEntry(waiter.ReadableEvents, func(waiter.EventMask) { fn() })
+	l.wq.EventRegister(&e)
+	return func() { l.wq.EventUnregister(&e) }
+}
+
+// Addr is the listening address.
+func (l *NetstackListener) Addr() netip.AddrPort { return l.local }
+
+// Rule is the listener's steering rule.
+func (l *NetstackListener) Rule() steer.RuleID { return l.rule }
+
+// Close stops listening in netstack (connections not yet accepted are
+// reset, as the kernel resets those of a closed listener) and removes the
+// steering rule; accepted connections keep their own.
+func (l *NetstackListener) Close() error {
+	var err error
+	l.once.Do(func() {
+		l.ep.Close()
+		err = l.st.removeRule(l.rule)
+	})
+	return err
+}
+
 // TCPListener is a listening TCP socket whose connections netstack serves
 // for what arrives on the stack's interface. A kernel socket listens on
 // the same address first, which keeps the port this process's, and takes
 // the connections that come another way (loopback, other interfaces):
 // Accept returns both kinds.
 type TCPListener struct {
-	st    *Stack
-	local netip.AddrPort
-	ep    tcpip.Endpoint
-	wq    waiter.Queue
+	nl    *NetstackListener
 	kl    net.Listener
-	rule  steer.RuleID
 	conns chan acceptResult
 	done  chan struct{}
 	once  sync.Once
@@ -50,63 +168,23 @@ func (st *Stack) ListenTCP(laddr netip.AddrPort) (*TCPListener, error) {
 	if !laddr.Addr().Is4() {
 		return nil, fmt.Errorf("tcp listen %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
 	}
-	t, err := st.tcpStack()
-	if err != nil {
-		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
-	}
 	// The kernel's listener (net.Listen sets SO_REUSEADDR, as servers
 	// do), in the calling thread's namespace.
 	kl, err := net.Listen("tcp4", laddr.String())
 	if err != nil {
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
 	}
-	l := &TCPListener{st: st, local: laddr, kl: kl, conns: make(chan acceptResult), done: make(chan struct{})}
-	if err := l.listen(t); err != nil {
+	local := netip.AddrPortFrom(laddr.Addr(), kl.Addr().(*net.TCPAddr).AddrPort().Port())
+	nl, err := st.ListenNetstack(local, unix.SOMAXCONN)
+	if err != nil {
 		kl.Close()
-		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+		return nil, err
 	}
+	l := &TCPListener{nl: nl, kl: kl, conns: make(chan acceptResult), done: make(chan struct{})}
 	l.wg.Add(2)
 	go l.acceptNetstack()
 	go l.acceptKernel()
 	return l, nil
-}
-
-// listen opens netstack's listening endpoint and the steering rule.
-func (l *TCPListener) listen(t *tcpState) error {
-	st := l.st
-	if l.local.Port() == 0 {
-		l.local = netip.AddrPortFrom(l.local.Addr(), l.kl.Addr().(*net.TCPAddr).AddrPort().Port())
-	}
-	fa := tcpip.FullAddress{NIC: tcpNIC, Port: l.local.Port()}
-	if !l.local.Addr().IsUnspecified() {
-		fa.Addr = tcpip.AddrFrom4(l.local.Addr().As4())
-		if err := st.tcpAddAddr(t.ns, l.local.Addr()); err != nil {
-			return err
-		}
-	}
-	ep, terr := t.ns.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, &l.wq)
-	if terr != nil {
-		return fmt.Errorf("netstack endpoint: %s", terr)
-	}
-	if terr := ep.Bind(fa); terr != nil {
-		ep.Close()
-		return fmt.Errorf("netstack bind: %s", terr)
-	}
-	if terr := ep.Listen(unix.SOMAXCONN); terr != nil {
-		ep.Close()
-		return fmt.Errorf("netstack listen: %s", terr)
-	}
-	r := steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_TCP, Local: l.local}
-	if l.local.Addr().IsUnspecified() {
-		r.Kind = steer.RulePort
-	}
-	id, err := st.addRule(r)
-	if err != nil {
-		ep.Close()
-		return err
-	}
-	l.ep, l.rule = ep, id
-	return nil
 }
 
 // offer hands an accepted connection (or the error that ends a loop) to
@@ -135,12 +213,16 @@ func (l *TCPListener) acceptKernel() {
 
 func (l *TCPListener) acceptNetstack() {
 	defer l.wg.Done()
-	entry, ready := waiter.NewChannelEntry(waiter.ReadableEvents)
-	l.wq.EventRegister(&entry)
-	defer l.wq.EventUnregister(&entry)
+	ready := make(chan struct{}, 1)
+	defer l.nl.Notify(func() {
+		select {
+		case ready <- struct{}{}:
+		default:
+		}
+	})()
 	for {
-		ep, wq, terr := l.ep.Accept(nil)
-		if _, ok := terr.(*tcpip.ErrWouldBlock); ok {
+		c, err := l.nl.Accept()
+		if errors.Is(err, unix.EAGAIN) {
 			select {
 			case <-ready:
 				continue
@@ -148,15 +230,11 @@ func (l *TCPListener) acceptNetstack() {
 				return
 			}
 		}
-		if terr != nil {
-			l.offer(nil, errors.New(terr.String()))
+		if err != nil {
+			l.offer(nil, err)
 			return
 		}
-		c, err := l.st.adoptTCP(ep, wq, -1)
-		if err != nil {
-			ep.Abort()
-		}
-		if !l.offer(c, err) {
+		if !l.offer(c, nil) {
 			return
 		}
 	}
@@ -168,16 +246,16 @@ func (l *TCPListener) Accept() (net.Conn, error) {
 	select {
 	case r := <-l.conns:
 		if r.err != nil {
-			return nil, fmt.Errorf("tcp accept %s: %w", l.local, r.err)
+			return nil, fmt.Errorf("tcp accept %s: %w", l.nl.local, r.err)
 		}
 		return r.c, nil
 	case <-l.done:
-		return nil, fmt.Errorf("tcp accept %s: %w", l.local, net.ErrClosed)
+		return nil, fmt.Errorf("tcp accept %s: %w", l.nl.local, net.ErrClosed)
 	}
 }
 
 // Addr is the listening address.
-func (l *TCPListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.local) }
+func (l *TCPListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.nl.local) }
 
 // Close stops listening, in netstack and the kernel, and removes the
 // listener's steering rule; accepted connections keep their own.
@@ -185,23 +263,10 @@ func (l *TCPListener) Close() error {
 	var err error
 	l.once.Do(func() {
 		close(l.done)
-		l.ep.Close()
-		err = errors.Join(l.st.removeRule(l.rule), l.kl.Close())
+		err = errors.Join(l.nl.Close(), l.kl.Close())
 		l.wg.Wait()
 	})
 	return err
-}
-
-// TCPConn is a TCP connection netstack serves. Its 5-tuple has a steering
-// rule of its own, so that it outlives its listener; a connection this
-// stack opened also holds its local port in a kernel socket.
-type TCPConn struct {
-	*gonet.TCPConn
-	st   *Stack
-	ep   tcpip.Endpoint
-	rule steer.RuleID
-	kfd  int // the kernel socket that holds the local port, or -1
-	once sync.Once
 }
 
 // adoptTCP wraps a connected netstack endpoint, with a 5-tuple rule.
@@ -221,78 +286,114 @@ func (st *Stack) adoptTCP(ep tcpip.Endpoint, wq *waiter.Queue, kfd int) (*TCPCon
 	if err != nil {
 		return nil, err
 	}
-	return &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), st: st, ep: ep, rule: id, kfd: kfd}, nil
+	c := &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), st: st, ep: ep, wq: wq, rule: id, kfd: kfd}
+	c.track()
+	return c, nil
 }
 
 // DialTCP connects to raddr through netstack, from the interface address
 // the kernel's route to raddr names and a port a kernel socket holds.
 // Call it in the stack's network namespace.
 func (st *Stack) DialTCP(ctx context.Context, raddr netip.AddrPort) (*TCPConn, error) {
-	if !raddr.Addr().Is4() {
-		return nil, fmt.Errorf("tcp dial %s: %w: IPv4 only", raddr, unix.EAFNOSUPPORT)
-	}
-	t, err := st.tcpStack()
+	kfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
+		return nil, fmt.Errorf("tcp dial %s: kernel socket: %w", raddr, err)
 	}
-	hop, err := st.nextHop(raddr.Addr())
-	if err != nil {
-		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
-	}
-	if hop.viaKernel {
-		return nil, fmt.Errorf("tcp dial %s: %w: not reached through %s", raddr, unix.ENETUNREACH, st.ifname)
-	}
-	kfd, local, err := kernelBindAny(hop.src)
-	if err != nil {
-		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
-	}
-	c, err := st.dial(ctx, t, kfd, local, raddr)
+	c, err := st.ConnectTCP(kfd, raddr)
 	if err != nil {
 		unix.Close(kfd)
-		return nil, fmt.Errorf("tcp dial %s: %w", raddr, err)
+		return nil, err
+	}
+	done := make(chan struct{}, 1)
+	cancel := c.Notify(func(ev TCPEvents) {
+		if ev&(TCPWritable|TCPHangup|TCPError) != 0 {
+			select {
+			case done <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer cancel()
+	for c.State() == tcp.StateSynSent {
+		select {
+		case <-ctx.Done():
+			c.Abort()
+			c.Close()
+			return nil, fmt.Errorf("tcp dial %s: %w", raddr, ctx.Err())
+		case <-done:
+		}
+	}
+	if errno := c.SoError(); errno != 0 || c.State() != tcp.StateEstablished {
+		c.Close()
+		if errno == 0 {
+			errno = unix.ECONNABORTED
+		}
+		return nil, fmt.Errorf("tcp dial %s: %w", raddr, errno)
 	}
 	return c, nil
 }
 
-func (st *Stack) dial(ctx context.Context, t *tcpState, kfd int, local, raddr netip.AddrPort) (*TCPConn, error) {
+// ConnectTCP starts connecting to raddr through netstack from kfd, a
+// kernel TCP socket of the caller's that holds the local port: bound
+// here, to the source address of the kernel's route to raddr, unless it
+// is bound already. It returns once the SYN is sent; the connection's
+// events say when it is established (TCPWritable) or failed (TCPHangup,
+// with SoError). The connection owns kfd from then on and closes it when
+// netstack is done with the port. Call it in the stack's network
+// namespace.
+func (st *Stack) ConnectTCP(kfd int, raddr netip.AddrPort) (*TCPConn, error) {
+	if !raddr.Addr().Is4() {
+		return nil, fmt.Errorf("tcp connect %s: %w: IPv4 only", raddr, unix.EAFNOSUPPORT)
+	}
+	t, err := st.tcpStack()
+	if err != nil {
+		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
+	}
+	hop, err := st.nextHop(raddr.Addr())
+	if err != nil {
+		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
+	}
+	if hop.viaKernel {
+		return nil, fmt.Errorf("tcp connect %s: %w: not reached through %s", raddr, unix.ENETUNREACH, st.ifname)
+	}
+	local, _, err := SockAddrs(kfd)
+	if err != nil {
+		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
+	}
+	if local.Port() == 0 {
+		if local, err = kernelBind(kfd, hop.src); err != nil {
+			return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
+		}
+	}
+	if local.Addr().IsUnspecified() {
+		local = netip.AddrPortFrom(hop.src, local.Port())
+	}
 	var wq waiter.Queue
 	ep, terr := t.ns.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, &wq)
 	if terr != nil {
-		return nil, fmt.Errorf("netstack endpoint: %s", terr)
+		return nil, fmt.Errorf("tcp connect %s: netstack endpoint: %s", raddr, terr)
 	}
 	if terr := ep.Bind(tcpip.FullAddress{NIC: tcpNIC, Addr: tcpip.AddrFrom4(local.Addr().As4()), Port: local.Port()}); terr != nil {
 		ep.Close()
-		return nil, fmt.Errorf("netstack bind %s: %s", local, terr)
+		return nil, fmt.Errorf("tcp connect %s: netstack bind %s: %s", raddr, local, terr)
 	}
 	// The rule goes in before the SYN goes out: the SYN-ACK must find it.
 	r := steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: raddr}
 	id, err := st.addRule(r)
 	if err != nil {
 		ep.Close()
-		return nil, err
+		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
 	}
-	entry, ready := waiter.NewChannelEntry(waiter.WritableEvents)
-	wq.EventRegister(&entry)
-	defer wq.EventUnregister(&entry)
 	terr = ep.Connect(tcpip.FullAddress{NIC: tcpNIC, Addr: tcpip.AddrFrom4(raddr.Addr().As4()), Port: raddr.Port()})
-	if _, ok := terr.(*tcpip.ErrConnectStarted); ok {
-		select {
-		case <-ctx.Done():
-			terr = nil
-			err = ctx.Err()
-		case <-ready:
-			terr = ep.LastError()
-		}
-	}
-	if terr != nil {
-		err = tcpipErrno(terr)
-	}
-	if err != nil {
+	if _, started := terr.(*tcpip.ErrConnectStarted); terr != nil && !started {
 		ep.Abort()
 		st.removeRule(id)
-		return nil, err
+		return nil, fmt.Errorf("tcp connect %s: %w", raddr, tcpipErrno(terr))
 	}
-	return &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), st: st, ep: ep, rule: id, kfd: kfd}, nil
+	c := &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), st: st, ep: ep, wq: &wq, rule: id, kfd: kfd}
+	c.key = tcpKey{local, raddr}
+	st.tcpConns.Store(c.key, c)
+	return c, nil
 }
 
 // tcpipErrno gives netstack's errors the kernel's names, for errors.Is.
@@ -306,57 +407,40 @@ func tcpipErrno(e tcpip.Error) error {
 		return unix.ECONNRESET
 	case *tcpip.ErrNetworkUnreachable, *tcpip.ErrHostUnreachable:
 		return unix.EHOSTUNREACH
+	case *tcpip.ErrWouldBlock:
+		return unix.EAGAIN
+	case *tcpip.ErrNotConnected:
+		return unix.ENOTCONN
+	case *tcpip.ErrClosedForSend:
+		return unix.EPIPE
+	case *tcpip.ErrConnectionAborted:
+		return unix.ECONNABORTED
+	case *tcpip.ErrInvalidEndpointState, *tcpip.ErrInvalidOptionValue:
+		return unix.EINVAL
+	case *tcpip.ErrUnknownProtocolOption, *tcpip.ErrNotSupported:
+		return unix.ENOPROTOOPT
+	case *tcpip.ErrAlreadyConnected:
+		return unix.EISCONN
+	case *tcpip.ErrAlreadyConnecting:
+		return unix.EALREADY
+	case *tcpip.ErrConnectStarted:
+		return unix.EINPROGRESS
 	}
 	return errors.New(e.String())
 }
 
-// kernelBindAny binds a kernel TCP socket to src and a port the kernel
+// kernelBind binds the kernel socket fd to src and a port the kernel
 // picks, which keeps that port from its other sockets.
-func kernelBindAny(src netip.Addr) (int, netip.AddrPort, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return -1, netip.AddrPort{}, fmt.Errorf("kernel socket: %w", err)
-	}
+func kernelBind(fd int, src netip.Addr) (netip.AddrPort, error) {
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: src.As4()}); err != nil {
-		unix.Close(fd)
-		return -1, netip.AddrPort{}, fmt.Errorf("kernel socket: bind %s: %w", src, err)
+		return netip.AddrPort{}, fmt.Errorf("kernel socket: bind %s: %w", src, err)
 	}
-	sa, err := unix.Getsockname(fd)
+	local, _, err := SockAddrs(fd)
 	if err != nil {
-		unix.Close(fd)
-		return -1, netip.AddrPort{}, fmt.Errorf("kernel socket: getsockname: %w", err)
+		return netip.AddrPort{}, fmt.Errorf("kernel socket: %w", err)
 	}
-	return fd, netip.AddrPortFrom(src, uint16(sa.(*unix.SockaddrInet4).Port)), nil
+	return local, nil
 }
-
-// Close closes the connection as netstack does (FIN, or RST with unread
-// data); its rule and port stay until netstack has finished with it.
-func (c *TCPConn) Close() error {
-	err := c.TCPConn.Close()
-	c.once.Do(func() {
-		t := c.st.tcp.Load()
-		if t == nil {
-			c.release()
-			return
-		}
-		t.mu.Lock()
-		t.closing = append(t.closing, c)
-		t.mu.Unlock()
-	})
-	return err
-}
-
-// release removes the connection's rule and kernel socket.
-func (c *TCPConn) release() {
-	c.st.removeRule(c.rule)
-	if c.kfd >= 0 {
-		unix.Close(c.kfd)
-		c.kfd = -1
-	}
-}
-
-// State is netstack's TCP state of the connection.
-func (c *TCPConn) State() tcp.EndpointState { return tcp.EndpointState(c.ep.State()) }
 
 var (
 	_ net.Listener = (*TCPListener)(nil)

@@ -71,6 +71,8 @@ type tcpLink struct {
 
 	mu      sync.Mutex
 	onClose func()
+	// down: netstack is closing, and what it sends is dropped.
+	down atomic.Bool
 }
 
 // dispatcher boxes the interface so that the receive path loads it
@@ -130,6 +132,14 @@ func (l *tcpLink) Close() {
 func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) {
 	st, q := l.st, l.q
 	list := pkts.AsSlice()
+	if l.down.Load() {
+		// netstack is closing: the resets it sends as it aborts what is
+		// left (TIME-WAIT included) are not what the kernel sends for a
+		// process that ends, and would reach peers whose own steering
+		// may be gone. Counted as netstack's dropped packets.
+		st.TCPCounters.TxDropped.Add(uint64(len(list)))
+		return len(list), nil
+	}
 	var hops [rxBatch]nextHop
 	sent := 0
 	for sent < len(list) {
@@ -252,10 +262,71 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 	if !st.checked(header.CheckTCP(ip)) {
 		return
 	}
+	if seg := header.TCP(ip[ip.HeaderLen():]); seg.Flags()&header.TCPFlagFin != 0 {
+		st.finArriving(ip, seg)
+	}
 	pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(ip)})
 	st.TCPCounters.RxSegments.Add(1)
 	d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
 	pkt.DecRef()
+}
+
+// finArriving marks the connection a FIN is for, before netstack takes
+// it: netstack tells its waiters of a FIN as of data (readable) and only
+// then moves to CLOSE-WAIT, so that readiness alone would report the
+// peer's hangup (EPOLLRDHUP) after the waiter looked.
+func (st *Stack) finArriving(ip header.IPv4, seg header.TCP) {
+	k := tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}
+	if c, ok := st.tcpConns.Load(k); ok {
+		c.(*TCPConn).fin.Store(true)
+	}
+}
+
+// tcpKey names a connection by its 5-tuple (TCP implied).
+type tcpKey struct{ local, remote netip.AddrPort }
+
+// HasTCP says whether netstack runs on the stack (a TCP socket made it).
+func (st *Stack) HasTCP() bool { return st.tcp.Load() != nil }
+
+// NetstackCounters are netstack's own TCP counters (tcpip.Stats.TCP),
+// those a user needs to see where segments and connections went.
+type NetstackCounters struct {
+	ActiveOpens             uint64 // connects that sent a SYN
+	PassiveOpens            uint64 // connections a listener accepted
+	CurrentEstablished      uint64 // in ESTABLISHED or CLOSE-WAIT now
+	EstablishedResets       uint64 // established connections reset
+	EstablishedTimedout     uint64 // established connections timed out
+	FailedConnects          uint64 // connects that failed
+	ListenOverflowSynDrop   uint64 // SYNs dropped: a listener's backlog was full
+	ListenOverflowAckDrop   uint64 // handshakes dropped: a listener's accept queue was full
+	ValidSegmentsReceived   uint64
+	InvalidSegmentsReceived uint64 // malformed
+	ChecksumErrors          uint64
+	SegmentsSent            uint64
+	SegmentSendErrors       uint64
+	ResetsSent              uint64
+	ResetsReceived          uint64
+	Retransmits             uint64
+	Timeouts                uint64 // retransmission timeouts
+}
+
+// Netstack reads netstack's counters; false when no TCP socket made it.
+func (st *Stack) Netstack() (NetstackCounters, bool) {
+	t := st.tcp.Load()
+	if t == nil {
+		return NetstackCounters{}, false
+	}
+	s := t.ns.Stats().TCP
+	return NetstackCounters{
+		ActiveOpens: s.ActiveConnectionOpenings.Value(), PassiveOpens: s.PassiveConnectionOpenings.Value(),
+		CurrentEstablished: s.CurrentEstablished.Value(), EstablishedResets: s.EstablishedResets.Value(),
+		EstablishedTimedout: s.EstablishedTimedout.Value(), FailedConnects: s.FailedConnectionAttempts.Value(),
+		ListenOverflowSynDrop: s.ListenOverflowSynDrop.Value(), ListenOverflowAckDrop: s.ListenOverflowAckDrop.Value(),
+		ValidSegmentsReceived: s.ValidSegmentsReceived.Value(), InvalidSegmentsReceived: s.InvalidSegmentsReceived.Value(),
+		ChecksumErrors: s.ChecksumErrors.Value(), SegmentsSent: s.SegmentsSent.Value(), SegmentSendErrors: s.SegmentSendErrors.Value(),
+		ResetsSent: s.ResetsSent.Value(), ResetsReceived: s.ResetsReceived.Value(), Retransmits: s.Retransmits.Value(),
+		Timeouts: s.Timeouts.Value(),
+	}, true
 }
 
 // tcpMTU is the largest IP packet netstack may send, and (through the
@@ -422,6 +493,7 @@ func (st *Stack) closeTCP() {
 	close(t.stop)
 	<-t.done
 	st.reapTCP(t, true)
+	t.link.down.Store(true)
 	t.ns.Close()
 	t.ns.Wait()
 }

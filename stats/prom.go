@@ -91,6 +91,14 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 			f.add("vmaxdp_socket_rx_queue_bytes", "Payload bytes in the socket's receive queue.", gauge, float64(sk.RxQueueBytes), l...)
 			f.add("vmaxdp_socket_rx_bytes_limit", "Payload bytes the receive queue may hold.", gauge, float64(sk.RxBytesLimit), l...)
 			f.addStruct("socket", &sk.Counters, l...)
+			if sk.Proto == "tcp" {
+				f.add("vmaxdp_socket_tcp_info", "A TCP socket's state.", gauge, 1, append(l, "state", sk.TCP.State)...)
+				f.add("vmaxdp_socket_tcp_rtt_microseconds", "Smoothed round-trip time.", gauge, float64(sk.TCP.RTTMicros), l...)
+				f.add("vmaxdp_socket_tcp_retransmits_total", "Segments retransmitted.", dto.MetricType_COUNTER, float64(sk.TCP.Retransmits), l...)
+				f.add("vmaxdp_socket_tcp_recv_queue_bytes", "Bytes not yet read.", gauge, float64(sk.TCP.RecvQueue), l...)
+				f.add("vmaxdp_socket_tcp_backlog", "A listener's backlog.", gauge, float64(sk.TCP.Backlog), l...)
+				f.add("vmaxdp_socket_tcp_accepted_total", "Connections a listener handed to accept from netstack.", dto.MetricType_COUNTER, float64(sk.TCP.Accepted), l...)
+			}
 		}
 		for i := range s.Queues {
 			q := &s.Queues[i]
@@ -118,6 +126,9 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 			f.add("vmaxdp_program_rx_partial_checksum_total", "Datagrams delivered with a partial UDP checksum (from this host's kernel, TX checksum offload on).", dto.MetricType_COUNTER, float64(p.Stack.RxPartialChecksum), l...)
 			for _, d := range p.Stack.RxDropped {
 				f.add("vmaxdp_program_rx_dropped_total", "Frames the stack's parser dropped, by reason.", dto.MetricType_COUNTER, float64(d.Packets), append(l, "reason", d.Reason)...)
+			}
+			if p.HasTCP {
+				f.addStruct("tcp", &p.TCP, l...)
 			}
 		}
 		for i := range s.Rules {

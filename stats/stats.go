@@ -102,6 +102,8 @@ type Socket struct {
 	// kernel served it (before its offload, or for good).
 	KernelDrops uint64         `json:"kernel_drops"`
 	Counters    SocketCounters `json:"counters"`
+	// TCP is a TCP socket's state (Proto "tcp").
+	TCP TCPSocket `json:"tcp"`
 }
 
 // Offloaded says whether vmaxdp serves the socket.
@@ -190,6 +192,53 @@ type Program struct {
 	CountersError string             `json:"counters_error,omitempty"`
 	Counters      steer.ProgCounters `json:"counters"`
 	Stack         StackCounters      `json:"stack"`
+	// TCP are the TCP counters of the interface's netstack, zero while
+	// no TCP socket made it (HasTCP false).
+	HasTCP bool        `json:"has_tcp"`
+	TCP    TCPCounters `json:"tcp"`
+}
+
+// TCPCounters are stack.TCPCounters (the link's) then
+// stack.NetstackCounters (netstack's own), field for field.
+type TCPCounters struct {
+	RxSegments              uint64 `json:"rx_segments"`
+	TxSegments              uint64 `json:"tx_segments"`
+	TxDropped               uint64 `json:"tx_dropped"`
+	DrainErrors             uint64 `json:"drain_errors"`
+	ActiveOpens             uint64 `json:"active_opens"`
+	PassiveOpens            uint64 `json:"passive_opens"`
+	CurrentEstablished      uint64 `json:"current_established" stats:"gauge"`
+	EstablishedResets       uint64 `json:"established_resets"`
+	EstablishedTimedout     uint64 `json:"established_timedout"`
+	FailedConnects          uint64 `json:"failed_connects"`
+	ListenOverflowSynDrop   uint64 `json:"listen_overflow_syn_drop"`
+	ListenOverflowAckDrop   uint64 `json:"listen_overflow_ack_drop"`
+	ValidSegmentsReceived   uint64 `json:"valid_segments_received"`
+	InvalidSegmentsReceived uint64 `json:"invalid_segments_received"`
+	ChecksumErrors          uint64 `json:"checksum_errors"`
+	SegmentsSent            uint64 `json:"segments_sent"`
+	SegmentSendErrors       uint64 `json:"segment_send_errors"`
+	ResetsSent              uint64 `json:"resets_sent"`
+	ResetsReceived          uint64 `json:"resets_received"`
+	Retransmits             uint64 `json:"retransmits"`
+	Timeouts                uint64 `json:"timeouts"`
+}
+
+// TCPSocket is a TCP socket's protocol state.
+type TCPSocket struct {
+	// State is the TCP state (ESTABLISHED, LISTEN, ...).
+	State string `json:"state,omitempty"`
+	// RTTMicros is the smoothed round-trip time, in microseconds.
+	RTTMicros uint64 `json:"rtt_us" stats:"gauge"`
+	// Retransmits counts the connection's retransmitted segments.
+	Retransmits uint64 `json:"retransmits"`
+	// RecvQueue is the bytes received and not yet read. (netstack does
+	// not tell the bytes sent and not yet acknowledged.)
+	RecvQueue uint64 `json:"recv_queue" stats:"gauge"`
+	// Backlog is a listener's backlog (listen's argument), Accepted the
+	// connections it handed to accept.
+	Backlog  uint64 `json:"backlog" stats:"gauge"`
+	Accepted uint64 `json:"accepted"`
 }
 
 // StackCounters are stack.Counters: frames that reached no socket.

@@ -79,6 +79,7 @@ func Deltas(cur, prev *Snapshot, d time.Duration) *Snapshot {
 		pr := &out.Programs[i]
 		old := find(prev.Programs, func(p *Program) bool { return p.Interface == pr.Interface })
 		rate(pick(&pr.Counters), field(old, func(p *Program) any { return &p.Counters }))
+		rate(pick(&pr.TCP), field(old, func(p *Program) any { return &p.TCP }))
 	}
 	for i := range out.Rules {
 		r := &out.Rules[i]
@@ -255,9 +256,19 @@ func writeSocketBlock(w io.Writer, s *Socket, group []*Socket, deltas bool) {
 	fmt.Fprintf(w, "Rx OS info: %d / %d / %d [kilobytes/packets/errors]%s\n", kb(c.RxOSBytes), c.RxOSPackets, c.RxErrors, per)
 	fmt.Fprintf(w, "Tx Offload: %d / %d / %d / %d [kilobytes/packets/drops/errors]%s\n", kb(c.TxOffloadBytes), c.TxOffloadPackets, c.TxNoBufs, c.TxErrors, per)
 	fmt.Fprintf(w, "Tx OS info: %d / %d / %d [kilobytes/packets/errors]%s\n", kb(c.TxOSBytes), c.TxOSPackets, 0, per)
-	fmt.Fprintf(w, "Rx byte: cur %d / max %d / dropped%s %d / limit %d\n", s.RxQueueBytes, c.RxQueueBytesMax, per, c.RxQueueDropBytes, s.RxBytesLimit)
-	fmt.Fprintf(w, "Rx pkt : cur %d / max %d / dropped%s %d\n", s.RxQueuePackets, c.RxQueuePacketsMax, per, c.RxQueueDrops)
-	fmt.Fprintf(w, "Rx poll: %d / %d (%.2f%%) [miss/hit]\n", c.RxPollMiss, c.RxPollHit, pct(c.RxPollHit, c.RxPollHit+c.RxPollMiss))
+	if s.Proto == "tcp" {
+		tc := &s.TCP
+		if tc.State == "LISTEN" {
+			fmt.Fprintf(w, "Listen: backlog %d, accepted %d by netstack, %d by the kernel (loopback, other interfaces)\n", tc.Backlog, tc.Accepted, c.RxOSPackets)
+		} else {
+			fmt.Fprintf(w, "TCP: %s, rtt %d us, retransmits %d, receive queue %d bytes [packets are segments]\n",
+				tc.State, tc.RTTMicros, tc.Retransmits, tc.RecvQueue)
+		}
+	} else {
+		fmt.Fprintf(w, "Rx byte: cur %d / max %d / dropped%s %d / limit %d\n", s.RxQueueBytes, c.RxQueueBytesMax, per, c.RxQueueDropBytes, s.RxBytesLimit)
+		fmt.Fprintf(w, "Rx pkt : cur %d / max %d / dropped%s %d\n", s.RxQueuePackets, c.RxQueuePacketsMax, per, c.RxQueueDrops)
+		fmt.Fprintf(w, "Rx poll: %d / %d (%.2f%%) [miss/hit]\n", c.RxPollMiss, c.RxPollHit, pct(c.RxPollHit, c.RxPollHit+c.RxPollMiss))
+	}
 	if len(s.Rules) > 0 {
 		ids := make([]string, len(s.Rules))
 		for i, id := range s.Rules {
@@ -350,6 +361,18 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 			line(w, fmt.Sprintf("Rule %d", r.ID), "%s (%s): %d / %d / %d / %d [matched/redirected/redirect failures/too long]%s",
 				r.Rule, owner, r.Counters.MatchedPackets, r.Redirected(), r.Counters.RedirectFailures, r.Counters.TooLong, per)
 		}
+		if p.HasTCP {
+			// netstack's counters, by their JSON and Prometheus names.
+			fmt.Fprintln(w, block)
+			fmt.Fprintf(w, "\tTCP=[%s] (netstack)\n", p.Interface)
+			for f := range Fields(&p.TCP) {
+				suffix := per
+				if f.Gauge {
+					suffix = ""
+				}
+				fmt.Fprintf(w, "%-28s%d\n", f.Name+suffix+":", f.Value)
+			}
+		}
 	}
 	fmt.Fprintln(w, block)
 }
@@ -421,7 +444,7 @@ func WriteNetstat(w io.Writer, snaps []*Snapshot) {
 			if remote == "" {
 				remote = "0.0.0.0:*"
 			}
-			fmt.Fprintf(w, "%-5s %-9s %-22s %-21s %-11s %-8d %s\n", sk.Proto, off, sk.Local, remote, "", s.Process.PID, sk.Reason)
+			fmt.Fprintf(w, "%-5s %-9s %-22s %-21s %-11s %-8d %s\n", sk.Proto, off, sk.Local, remote, sk.TCP.State, s.Process.PID, sk.Reason)
 		}
 	}
 }

@@ -29,17 +29,7 @@ import (
 func TestRunApps(t *testing.T) {
 	testutil.RequireRoot(t)
 	vmaxdp := tools(t)
-	var list []*apps.App
-	for _, a := range apps.All {
-		if miss := a.Missing(); miss != "" {
-			t.Logf("%s skipped: not installed: %s", a.Name, miss)
-			continue
-		}
-		list = append(list, a)
-	}
-	if len(list) == 0 {
-		t.Skip("none of the applications is installed (make deps installs them)")
-	}
+	list := installed(t, apps.All)
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		for _, a := range list {
 			for _, p := range placements[1:] {
@@ -47,6 +37,23 @@ func TestRunApps(t *testing.T) {
 			}
 		}
 	})
+}
+
+// installed are the applications of list whose programs are installed;
+// the test skips when there are none.
+func installed(t *testing.T, list []*apps.App) []*apps.App {
+	var have []*apps.App
+	for _, a := range list {
+		if miss := a.Missing(); miss != "" {
+			t.Logf("%s skipped: not installed: %s", a.Name, miss)
+			continue
+		}
+		have = append(have, a)
+	}
+	if len(have) == 0 {
+		t.Skip("none of the applications is installed (make deps installs them)")
+	}
+	return have
 }
 
 func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placement) {

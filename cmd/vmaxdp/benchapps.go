@@ -132,7 +132,7 @@ func runBenchApps(ctx context.Context, args []string, out io.Writer) error {
 
 func appNames() string {
 	var n []string
-	for _, a := range apps.All {
+	for _, a := range append(apps.All[:len(apps.All):len(apps.All)], apps.TCP...) {
 		n = append(n, a.Name)
 	}
 	return strings.Join(n, ", ")

@@ -218,7 +218,9 @@ func (r *Run) waitListening(ctx context.Context) error {
 		}
 		sc := bufio.NewScanner(bytes.NewReader(table))
 		for sc.Scan() {
-			if f := strings.Fields(sc.Text()); len(f) > 1 && strings.HasSuffix(f[1]+" ", want) {
+			// A TCP socket must be listening (state 0A): a connection of
+			// an earlier run in TIME-WAIT has the port too.
+			if f := strings.Fields(sc.Text()); len(f) > 3 && strings.HasSuffix(f[1]+" ", want) && (r.App.Proto != "tcp" || f[3] == "0A") {
 				return nil
 			}
 		}
@@ -507,9 +509,157 @@ zone:
 	unbound(2),
 }
 
+// TCP are the TCP applications; their offload needs VMAXDP_TCP=1.
+var TCP = []*App{
+	{
+		// redis-server (its event loop: epoll, non-blocking accept, read
+		// and write); redis-benchmark's SET and GET over 10 connections.
+		Name: "redis", Unit: "requests/s", Programs: []string{"redis-server", "redis-benchmark"}, Package: "redis-server redis-tools",
+		Proto: "tcp", Port: 6379,
+		Server: func(dir, addr string) []string {
+			return []string{"redis-server", "--port", "6379", "--bind", addr, "--save", "", "--appendonly", "no",
+				"--protected-mode", "no", "--dir", dir, "--daemonize", "no"}
+		},
+		// redis-cli first sets 500 keys and reads them back (every reply
+		// checked), then redis-benchmark runs; it has no duration: 20,000
+		// requests a second of it.
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			n := max(2000, int(d.Seconds()*20000))
+			write(dir, map[string]string{"redis-client.sh": fmt.Sprintf(`set -e
+seq 1 500 | sed 's/.*/SET key:& value-&/' | redis-cli -h %[1]s > set.out
+seq 1 500 | sed 's/.*/GET key:&/' | redis-cli -h %[1]s > get.out
+if [ "$(grep -cx OK set.out)" = 500 ] && seq 1 500 | sed 's/.*/value-&/' | cmp -s - get.out; then
+	echo "redis replies verified: 500 SET, 500 GET"
+else
+	echo "redis replies WRONG"; head -5 set.out get.out
+fi
+redis-benchmark -h %[1]s -p 6379 -c 10 -n %[2]d -t set,get -q
+`, addr, n)})
+			return []string{"sh", filepath.Join(dir, "redis-client.sh")}
+		},
+		Parse: parseRedisBenchmark,
+	},
+	iperfTCP("iperf3-tcp-P4", "-P", "4"),
+	iperfTCP("iperf3-tcp-R", "-R"),
+	sockperfTCP("pp"),
+	sockperfTCP("tp"),
+}
+
+// sockperfTCP is sockperf --tcp with 64-byte messages, blocking calls:
+// ping-pong (its rate: round trips a second, from the mean latency, half
+// a round trip) or throughput (messages a second).
+func sockperfTCP(mode string) *App {
+	unit := "msg/s"
+	if mode == "pp" {
+		unit = "round trips/s"
+	}
+	return &App{
+		Name: "sockperf-tcp-" + mode, Unit: unit, Programs: []string{"sockperf"}, Package: "sockperf",
+		Proto: "tcp", Port: 11111,
+		Server: func(dir, addr string) []string { return []string{"sockperf", "sr", "--tcp", "-i", addr, "-p", "11111"} },
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			return []string{"sockperf", mode, "--tcp", "-i", addr, "-p", "11111", "-m", "64", "-t", strconv.Itoa(max(1, int(d.Seconds())))}
+		},
+		Parse: func(out string) (Result, error) { return parseSockperfTCP(mode, out) },
+	}
+}
+
+// iperfTCP is iperf3 over TCP, its control connection and its data
+// connections (args: -P 4, -R) all offloaded under vmaxdp.
+func iperfTCP(name string, args ...string) *App {
+	return &App{
+		Name: name, Unit: "Mbit/s", Programs: []string{"iperf3"}, Package: "iperf3",
+		Proto: "tcp", Port: 5201,
+		Server: func(dir, addr string) []string { return []string{"iperf3", "-s", "-1", "-B", addr} },
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			return append([]string{"iperf3", "-c", addr, "-t", strconv.FormatFloat(d.Seconds(), 'f', -1, 64)}, args...)
+		},
+		Parse: parseIperfTCP,
+	}
+}
+
+var (
+	reRedisRPS = regexp.MustCompile(`(?m)^([A-Z_]+): ([0-9.]+) requests per second`)
+	reIperfTCP = regexp.MustCompile(`(?m)^\[(?:SUM|\s*\d+)\]\s+[0-9.]+-[0-9.]+\s+sec\s+[0-9.]+ \w+\s+([0-9.]+) (\w)bits/sec\s+receiver`)
+)
+
+// parseRedisBenchmark reads redis-benchmark -q: the mean of its tests'
+// rates. A request that failed prints an error, which fails the parse.
+func parseRedisBenchmark(out string) (Result, error) {
+	var r Result
+	out = strings.ReplaceAll(out, "\r", "\n")
+	if !strings.Contains(out, "redis replies verified") {
+		return r, fmt.Errorf("redis-cli got wrong replies:\n%s", tail(out, 20))
+	}
+	if strings.Contains(out, "Error") || strings.Contains(out, "error") {
+		return r, fmt.Errorf("redis-benchmark failed:\n%s", tail(out, 20))
+	}
+	ms := reRedisRPS.FindAllStringSubmatch(out, -1)
+	if len(ms) == 0 {
+		return r, fmt.Errorf("redis-benchmark printed no rate:\n%s", tail(out, 20))
+	}
+	for _, m := range ms {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		r.Rate += v / float64(len(ms))
+	}
+	r.Sent = int64(len(ms))
+	return r, nil
+}
+
+var (
+	reSockperfLatency = regexp.MustCompile(`Summary: Latency is ([0-9.]+) usec`)
+	reSockperfRate    = regexp.MustCompile(`Summary: Message Rate is (\d+) \[msg/sec\]`)
+	reSockperfDropped = regexp.MustCompile(`# dropped messages = (\d+)`)
+)
+
+// parseSockperfTCP reads sockperf's summary; dropped messages are lost.
+func parseSockperfTCP(mode, out string) (Result, error) {
+	var r Result
+	if mode == "pp" {
+		m := reSockperfLatency.FindStringSubmatch(out)
+		if m == nil {
+			return r, fmt.Errorf("sockperf printed no latency:\n%s", tail(out, 20))
+		}
+		lat, _ := strconv.ParseFloat(m[1], 64)
+		if lat > 0 {
+			r.Rate = 1e6 / (2 * lat)
+		}
+	} else {
+		m := reSockperfRate.FindStringSubmatch(out)
+		if m == nil {
+			return r, fmt.Errorf("sockperf printed no message rate:\n%s", tail(out, 20))
+		}
+		r.Rate, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := reSockperfDropped.FindStringSubmatch(out); m != nil {
+		r.Lost, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	r.Sent = 1
+	return r, nil
+}
+
+// parseIperfTCP reads the receiver's total of an iperf3 TCP run, in Mbit/s.
+func parseIperfTCP(out string) (Result, error) {
+	var r Result
+	ms := reIperfTCP.FindAllStringSubmatch(out, -1)
+	if len(ms) == 0 {
+		return r, fmt.Errorf("iperf3 printed no receiver summary:\n%s", tail(out, 20))
+	}
+	m := ms[len(ms)-1] // the [SUM] line comes last with -P
+	v, _ := strconv.ParseFloat(m[1], 64)
+	switch m[2] {
+	case "G":
+		v *= 1000
+	case "K":
+		v /= 1000
+	}
+	r.Rate, r.Sent = v, 1
+	return r, nil
+}
+
 // ByName finds an App.
 func ByName(name string) (*App, bool) {
-	for _, a := range All {
+	for _, a := range append(All[:len(All):len(All)], TCP...) {
 		if a.Name == name {
 			return a, true
 		}

@@ -3,7 +3,8 @@
 // connect, multicast join or first send whether vmaxdp serves each one
 // (the rules file, VMAXDP_OFFLOADED_SOCKETS, the interface), adopts those
 // it serves into a stack (package stack) and answers the socket calls the
-// preload library hands it, fd by fd.
+// preload library hands it, fd by fd. With VMAXDP_TCP=1 it offloads TCP
+// listeners and connections as well, on netstack (tcp.go).
 //
 // Every socket is a real kernel socket first and its fd number is the
 // application's; offload adds the fast path beside it and falling back is
@@ -62,6 +63,9 @@ const (
 	// StateKernel: a socket the engine decided not to serve; the kernel
 	// serves its calls, the engine keeps its reason until close.
 	StateKernel
+	// StateTCP: a TCP connection netstack serves; the engine serves its
+	// data calls, the kernel its multiplexing (see tcp.go).
+	StateTCP
 )
 
 // ErrPassOS is returned (as an errno the kernel never uses) when the
@@ -94,14 +98,20 @@ type Engine struct {
 	stackErr map[string]error
 	epolls   map[int]*epollSet
 	fds      []atomic.Pointer[Socket]
-	scratch  sync.Pool // []byte of 64 KiB, for gathers and scatters
-	mux      [numMux]muxCounters
-	muxSpin  [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
-	pub      *publisher
-	causes   sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
-	opening  map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
-	opened   map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
-	opens    sync.WaitGroup            // openStack goroutines
+	// The TCP sockets by fd (tcp.go): offloaded listeners and
+	// connections; tcpWanting counts the listens waiting for a stack to
+	// open, by interface (guarded by mu).
+	listeners  []atomic.Pointer[tcpListener]
+	conns      []atomic.Pointer[tcpConn]
+	tcpWanting map[string]int
+	scratch    sync.Pool // []byte of 64 KiB, for gathers and scatters
+	mux        [numMux]muxCounters
+	muxSpin    [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
+	pub        *publisher
+	causes     sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
+	opening    map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
+	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
+	opens      sync.WaitGroup            // openStack goroutines
 }
 
 // Socket is one application UDP socket.
@@ -198,7 +208,8 @@ func New(opts *Options) (*Engine, error) {
 		o.OnState = func(int, State) {}
 	}
 	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, stacks: map[string]*stack.Stack{},
-		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD)}
+		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD),
+		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
 	var err error
 	e.Log, err = newLog(o.Params, o.Stderr)
@@ -472,18 +483,9 @@ func (e *Engine) stackOrWait(ifname string, s *Socket, what, by string) (*stack.
 	waiting, started := e.opening[ifname]
 	if !started {
 		// The stack opens in the namespace of the thread that binds.
-		ns, err := netns.Get()
-		if err != nil {
-			return nil, fmt.Errorf("stack %s: network namespace: %w", ifname, err)
+		if err := e.startOpen(ifname); err != nil {
+			return nil, err
 		}
-		if e.opened == nil {
-			e.opened = map[string]chan struct{}{}
-		}
-		if e.opened[ifname] == nil { // a retry keeps the first one's
-			e.opened[ifname] = make(chan struct{})
-		}
-		e.opens.Add(1)
-		go e.openStack(ifname, netns.NsHandle(highfd.Move(int(ns))))
 	}
 	e.opening[ifname] = append(waiting, pendingAdopt{s, what, by})
 	s.pending = ifname
@@ -598,7 +600,11 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 func (e *Engine) stillWanted(ifname string) bool {
 	e.mu.Lock()
 	waiting := slices.Clone(e.opening[ifname])
+	listens := e.tcpWanting[ifname]
 	e.mu.Unlock()
+	if listens > 0 {
+		return true
+	}
 	for _, w := range waiting {
 		w.s.mu.Lock()
 		wants := w.s.state == StateCandidate && w.s.pending == ifname && !w.s.closed
@@ -843,12 +849,13 @@ func (e *Engine) Close(fd int) {
 		return
 	}
 	s := e.fds[fd].Swap(nil)
+	tcp := s == nil && e.closeTCP(fd)
 	e.mu.Lock()
 	for _, set := range e.epolls {
 		set.remove(fd)
 	}
 	delete(e.epolls, fd)
-	if s == nil {
+	if s == nil || tcp {
 		e.mu.Unlock()
 		return
 	}
@@ -911,6 +918,7 @@ const forkedCause = "shared with a child process after fork: the child cannot us
 // queued are still served to this process's reads; once they are, the
 // kernel serves it. Candidates are decided for the kernel at once.
 func (e *Engine) Forked() {
+	e.forkedTCP()
 	seen := map[*Socket]bool{}
 	for fd := range e.fds {
 		s := e.fds[fd].Load()
@@ -975,11 +983,12 @@ func (e *Engine) Dup(oldfd, newfd int) State {
 		}
 		return StateOS
 	}
-	if e.get(newfd) != nil {
+	if e.get(newfd) != nil || e.listener(newfd) != nil || e.tcpConn(newfd) != nil {
 		e.Close(newfd)
 	}
 	if s == nil {
-		return StateOS
+		st, _ := e.dupTCP(oldfd, newfd)
+		return st
 	}
 	e.mu.Lock()
 	s.fds = append(s.fds, newfd)
@@ -994,6 +1003,8 @@ func (e *Engine) Dup(oldfd, newfd int) State {
 func (e *Engine) SetNonblock(fd int, on bool) {
 	if s := e.get(fd); s != nil {
 		s.nonblock.Store(on)
+	} else if t := e.tcpConn(fd); t != nil {
+		t.nonblock.Store(on)
 	}
 }
 

@@ -280,6 +280,8 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 						p.Revents |= unix.POLLOUT
 					}
 				}
+			} else if l := e.listener(int(p.Fd)); l != nil && p.Events&unix.POLLIN != 0 && l.nl.Pending() {
+				p.Revents |= unix.POLLIN
 			}
 			if p.Revents != 0 {
 				n++
@@ -293,6 +295,9 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 		for _, p := range pfds {
 			if c := e.Conn(int(p.Fd)); c != nil {
 				stacks = appendStack(stacks, c.Stack())
+			} else if l := e.listener(int(p.Fd)); l != nil {
+				l.settle()
+				wakes = append(wakes, l.wake)
 			} else if w := e.candidateWake(int(p.Fd)); w >= 0 {
 				wakes = append(wakes, w)
 			} else if w == -2 {
@@ -396,6 +401,24 @@ func (m *epollMember) poll(c *stack.UDPConn, polled *polledStacks) (ev uint32, r
 	return ev, rx
 }
 
+// pollListener is what m would report on l now, and l's count of
+// arrivals for mark, as poll does for a socket.
+func (m *epollMember) pollListener(l *tcpListener) (ev uint32, rx uint64) {
+	if m.disabled {
+		return 0, 0
+	}
+	if m.events&unix.EPOLLET != 0 {
+		rx = l.arrivals.Load()
+		if m.reported && rx == m.seenRx {
+			return 0, rx
+		}
+	}
+	if m.events&unix.EPOLLIN != 0 && l.nl.Pending() {
+		ev |= unix.EPOLLIN
+	}
+	return ev, rx
+}
+
 // mark records that m was reported.
 func (m *epollMember) mark(rx uint64) {
 	m.reported, m.seenRx = true, rx
@@ -413,7 +436,7 @@ func (set *epollSet) remove(fd int) {
 // EpollCtl records an epoll_ctl on an engine socket, after the kernel
 // accepted it. It returns StateEpoll while the set has engine members.
 func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
-	if e.get(fd) == nil {
+	if e.get(fd) == nil && e.listener(fd) == nil {
 		return e.epollState(epfd)
 	}
 	e.mu.Lock()
@@ -470,11 +493,14 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		set.next++
 		for i := 0; i < l && n < len(out); i++ {
 			m := set.list[(start+i)%l]
-			c := e.Conn(m.fd)
-			if c == nil {
-				continue
+			var ev uint32
+			var rx uint64
+			if c := e.Conn(m.fd); c != nil {
+				ev, rx = m.poll(c, &polled)
+			} else if tl := e.listener(m.fd); tl != nil {
+				ev, rx = m.pollListener(tl)
 			}
-			if ev, rx := m.poll(c, &polled); ev != 0 {
+			if ev != 0 {
 				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
 				n++
 				m.mark(rx)
@@ -499,6 +525,9 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		for _, m := range set.list {
 			if c := e.Conn(m.fd); c != nil {
 				stacks = appendStack(stacks, c.Stack())
+			} else if l := e.listener(m.fd); l != nil {
+				l.settle()
+				wakes = append(wakes, l.wake)
 			} else if w := e.candidateWake(m.fd); w >= 0 {
 				wakes = append(wakes, w)
 			} else if w == -2 {
@@ -513,6 +542,10 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			for _, m := range set.list {
 				if c := e.Conn(m.fd); c != nil {
 					if ev, _ := m.poll(c, &polled); ev&unix.EPOLLIN != 0 {
+						return true
+					}
+				} else if l := e.listener(m.fd); l != nil {
+					if ev, _ := m.pollListener(l); ev != 0 {
 						return true
 					}
 				}
@@ -537,12 +570,12 @@ func (e *Engine) mergeKernel(set *epollSet, ours, kev []unix.EpollEvent) int {
 			if m.data != [2]int32{k.Fd, k.Pad} {
 				continue
 			}
-			s := e.get(m.fd)
-			if s == nil || s.conn.Load() == nil {
+			if s := e.get(m.fd); s != nil && s.conn.Load() != nil {
+				if k.Events&unix.EPOLLIN != 0 {
+					s.osReady.Store(true)
+				}
+			} else if e.listener(m.fd) == nil {
 				continue
-			}
-			if k.Events&unix.EPOLLIN != 0 {
-				s.osReady.Store(true)
 			}
 			for i := range ours {
 				if ours[i].Fd == k.Fd && ours[i].Pad == k.Pad {

@@ -126,6 +126,7 @@ func (e *Engine) Shutdown() {
 	if e.pub != nil {
 		e.pub.shutdown.Do(e.shutdown)
 	}
+	e.exitTCP()
 }
 
 // CloseStacks shuts the engine down (Shutdown) and closes its stacks, which
@@ -305,6 +306,7 @@ func (e *Engine) publish() {
 			owner[ruleKey{rec.Interface, id}] = fd
 		}
 	})
+	e.tcpRecords(snap, owner)
 	snap.Queues, snap.Programs, snap.Rules = snap.Queues[:0], snap.Programs[:0], snap.Rules[:0]
 	for _, st := range e.openStacks() {
 		e.stackRecords(st, snap, owner)
@@ -348,6 +350,18 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 	for r := range sc.RxDropped {
 		if n := sc.RxDropped[r].Load(); n > 0 {
 			pr.Stack.RxDropped = append(pr.Stack.RxDropped, stats.Drop{Reason: header.Result(r).String(), Packets: n})
+		}
+	}
+	if nc, ok := st.Netstack(); ok {
+		pr.HasTCP = true
+		tc := &st.TCPCounters
+		pr.TCP = stats.TCPCounters{RxSegments: tc.RxSegments.Load(), TxSegments: tc.TxSegments.Load(),
+			TxDropped: tc.TxDropped.Load(), DrainErrors: tc.DrainErrors.Load()}
+		// The rest are stack.NetstackCounters, field for field
+		// (TestCounterNames).
+		dst, src := reflect.ValueOf(&pr.TCP).Elem(), reflect.ValueOf(nc)
+		for i := range src.NumField() {
+			dst.Field(i + 4).SetUint(src.Field(i).Uint())
 		}
 	}
 	snap.Programs = append(snap.Programs, pr)

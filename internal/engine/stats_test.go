@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,21 @@ import (
 
 // TestCounterNames: the published structs name their counters as the
 // atomic ones they copy, in the same order (loadCounters copies by index).
+func fieldNames(ts ...reflect.Type) []string {
+	var n []string
+	for _, t := range ts {
+		for i := range t.NumField() {
+			n = append(n, t.Field(i).Name)
+		}
+	}
+	return n
+}
+
 func TestCounterNames(t *testing.T) {
+	// stats.TCPCounters: the link's counters, then netstack's.
+	if a, b := fieldNames(reflect.TypeFor[stack.TCPCounters](), reflect.TypeFor[stack.NetstackCounters]()), fieldNames(reflect.TypeFor[stats.TCPCounters]()); !slices.Equal(a, b) {
+		t.Errorf("stack.TCPCounters and stack.NetstackCounters: %v; stats.TCPCounters: %v", a, b)
+	}
 	for _, pair := range [][2]any{
 		{stack.SocketCounters{}, stats.SocketCounters{}},
 		{xsk.Counters{}, stats.QueueCounters{}},

@@ -89,6 +89,16 @@ func (ip IPv4) Encode(f IPv4Fields) {
 	binary.BigEndian.PutUint16(ip[10:], ^Fold(Sum(ip[:IPv4MinLen], 0)))
 }
 
+// TCP is a view of a TCP header (at least TCPMinLen bytes).
+type TCP []byte
+
+// TCPFlagFin is the FIN bit of TCP.Flags.
+const TCPFlagFin = 0x01
+
+func (t TCP) SrcPort() uint16 { return binary.BigEndian.Uint16(t[0:]) }
+func (t TCP) DstPort() uint16 { return binary.BigEndian.Uint16(t[2:]) }
+func (t TCP) Flags() uint8    { return t[13] }
+
 // UDP is a view of a UDP header.
 type UDP []byte
 

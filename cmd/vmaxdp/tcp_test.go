@@ -1,0 +1,521 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/apps"
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// tcpTranscript runs testdata/tcpcalls' server in side B and its client
+// in side A, each under vmaxdp run (VMAXDP_TCP=1) or not, and returns
+// what each printed, vmaxdp's log lines apart.
+func tcpTranscript(t *testing.T, b *testbed.Bed, prog string, port int, server, client bool) (srv, cli, logs string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := func(side testbed.Side, offload bool, args ...string) *exec.Cmd {
+		argv := []string{"netns", "exec", b.NSName(side)}
+		if offload {
+			argv = append(argv, tools(t), "run", "--")
+		}
+		c := exec.CommandContext(ctx, "ip", append(append(argv, prog), args...)...)
+		c.Env = append(os.Environ(), "VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=4")
+		return c
+	}
+	s := cmd(testbed.B, server, "server", strconv.Itoa(port))
+	sout := &sockperf.SyncBuffer{}
+	s.Stdout, s.Stderr = sout, sout
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Wait()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(sout.String(), "listening\n"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.Process.Kill()
+			t.Fatalf("the server never listened:\n%s", sout.String())
+		}
+	}
+	cout, err := cmd(testbed.A, client, "client", b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(port+1)).CombinedOutput()
+	if err != nil {
+		s.Process.Kill()
+		t.Fatalf("client: %v\n%s\nserver:\n%s", err, cout, sout.String())
+	}
+	if err := s.Wait(); err != nil {
+		t.Fatalf("server: %v\n%s", err, sout.String())
+	}
+	split := func(out string) (prog, log string) {
+		var p, l strings.Builder
+		for _, line := range strings.SplitAfter(out, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "vmaxdp") {
+				l.WriteString(line)
+			} else if strings.TrimSpace(line) != "" {
+				p.WriteString(line)
+			}
+		}
+		return p.String(), l.String()
+	}
+	srv, slog := split(sout.String())
+	cli, clog := split(string(cout))
+	return srv, cli, slog + clog
+}
+
+// TestRunTCPCalls: the TCP calls of an application (testdata/tcpcalls:
+// accept4 and its flags, names, options, TCP_INFO, FIONREAD, MSG_PEEK,
+// MSG_WAITALL, readv and writev, recvmsg and sendmsg, epoll with EPOLLET
+// and EPOLLRDHUP, shutdown each way, EPIPE and SIGPIPE with and without
+// MSG_NOSIGNAL, resets by SO_LINGER 0 and by close with unread data,
+// connect blocking and not to a closed port) give, line for line, what
+// they give on the kernel, with the server under vmaxdp and a kernel
+// client, the reverse, and both; on a plain bed (as `ip link add` makes
+// it) and on a tuned one. Each offloaded side says so in its log, and the
+// kernel of its namespace carried none of its segments, so a silent
+// fall-back fails.
+func TestRunTCPCalls(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "tcpcalls")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11190
+		wantSrv, wantCli, _ := tcpTranscript(t, b, prog, port, false, false)
+		for _, p := range placements[1:] {
+			t.Run(p.name, func(t *testing.T) {
+				before := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
+				srv, cli, logs := tcpTranscript(t, b, prog, port, p.server, p.client)
+				if srv != wantSrv {
+					t.Errorf("the server's transcript differs from the kernel's:\n%s", lineDiff(wantSrv, srv))
+				}
+				if cli != wantCli {
+					t.Errorf("the client's transcript differs from the kernel's:\n%s", lineDiff(wantCli, cli))
+				}
+				after := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
+				if p.server {
+					if !strings.Contains(logs, "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
+						t.Errorf("the server's log says nothing of offload:\n%s", logs)
+					}
+					// The client's two SYNs to the closed port are the
+					// kernel's, which answers them with its RST: no
+					// offloaded socket listens there.
+					if n := after[1] - before[1]; n > 2 {
+						t.Errorf("the kernel took %d TCP segments in the server's namespace (2 are the SYNs to the closed port): not offloaded", n)
+					}
+				}
+				if p.client {
+					if !strings.Contains(logs, "offloaded on "+b.Link(testbed.A)+" (tcp_client") {
+						t.Errorf("the client's log says nothing of offload:\n%s", logs)
+					}
+					if n := after[0] - before[0]; n != 0 {
+						t.Errorf("the kernel took %d TCP segments in the client's namespace: not offloaded", n)
+					}
+				}
+				if t.Failed() {
+					t.Logf("vmaxdp's log:\n%s", tail(logs, 40))
+				}
+			})
+		}
+	})
+}
+
+// lineDiff shows the lines of got that differ from want, numbered.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			b.WriteString(strconv.Itoa(i+1) + ": kernel " + strconv.Quote(wl) + ", vmaxdp " + strconv.Quote(gl) + "\n")
+		}
+	}
+	return b.String()
+}
+
+// TestRunTCPApps: unmodified TCP programs from Debian (redis-server with
+// redis-cli, whose every reply is checked, and redis-benchmark; iperf3
+// with four parallel streams and in reverse), with vmaxdp (VMAXDP_TCP=1)
+// under the server, the client and both, against the kernel on the other
+// side, on a plain bed and a tuned one. An offloaded side says so in its
+// log, and the kernel of its namespace carried none of its segments but
+// those in flight as its process exited.
+func TestRunTCPApps(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	list := installed(t, apps.TCP)
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		for _, a := range list {
+			for _, p := range placements[1:] {
+				t.Run(a.Name+"/"+p.name, func(t *testing.T) {
+					before := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
+					run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: p.server, ClientOffload: p.client,
+						Duration: time.Second, Env: []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=4"}}
+					res, srvLog, err := run.Do(context.Background())
+					if err != nil {
+						t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
+					}
+					after := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
+					t.Logf("%.0f %s; the kernel took %d TCP segments on the client's side, %d on the server's", res.Rate, a.Unit, after[0]-before[0], after[1]-before[1])
+					if res.Rate == 0 {
+						t.Fatalf("no load went through:\n%s", res.Output)
+					}
+					// A side's process that exits while its peer still
+					// sends (iperf3 -R's client) leaves the segments in
+					// flight to its kernel, as a kernel socket closed
+					// with unread data would: a few tens. A silent
+					// fall-back would be all of them (tens of thousands).
+					const exitSegments = 200
+					if p.server {
+						if !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
+							t.Errorf("the server's log says nothing of offload:\n%s", tail(srvLog, 30))
+						}
+						if n := after[1] - before[1]; n > exitSegments {
+							t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
+						}
+					}
+					if p.client {
+						if !strings.Contains(res.Output, "offloaded on "+b.Link(testbed.A)+" (tcp_client") {
+							t.Errorf("the client's log says nothing of offload:\n%s", tail(res.Output, 30))
+						}
+						if n := after[0] - before[0]; n > exitSegments {
+							t.Errorf("the kernel took %d TCP segments in the client's namespace: not offloaded", n)
+						}
+					}
+				})
+			}
+		}
+	})
+}
+
+// TestRunTCPPrefork: a master that listens, accepts a connection, then
+// forks workers that accept (testdata/prefork, as prefork servers do)
+// serves every request under vmaxdp: the listener goes back to the
+// kernel at the fork, which the log says, and a worker that uses the
+// master's offloaded connection it inherited gets ENOTCONN, said on its
+// stderr, while the master goes on serving it.
+func TestRunTCPPrefork(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "prefork")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, workers, requests = 11195, 3, 60
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, strconv.Itoa(port), strconv.Itoa(workers), strconv.Itoa(requests))
+		if err := p.waitFor("listening\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		var first net.Conn
+		err := b.Do(testbed.A, func() (err error) {
+			if first, err = net.DialTimeout("tcp4", raddr, 5*time.Second); err != nil {
+				return err
+			}
+			first.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := first.Write([]byte("hi")); err != nil {
+				return err
+			}
+			if err := p.waitFor("master read 2\n"); err != nil {
+				return err
+			}
+			for i := range requests {
+				c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+				if err != nil {
+					return fmt.Errorf("request %d: %w", i, err)
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				msg := fmt.Sprintf("request %d", i)
+				if _, err := c.Write([]byte(msg)); err != nil {
+					c.Close()
+					return fmt.Errorf("request %d: %w", i, err)
+				}
+				got, err := io.ReadAll(c)
+				c.Close()
+				if err != nil || string(got) != msg {
+					return fmt.Errorf("request %d: got %q, %v", i, got, err)
+				}
+			}
+			got, err := io.ReadAll(first)
+			first.Close()
+			if err != nil || string(got) != "master ok\n" {
+				return fmt.Errorf("the master's connection: got %q, %v", got, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if err := p.exited(); err != nil {
+			t.Fatalf("prefork: %v\n%s", err, p.out.String())
+		}
+		out := p.out.String()
+		for _, want := range []string{
+			"fd 3: offloaded on " + b.Link(testbed.B) + " (tcp_server",
+			"tcp listener 0.0.0.0:" + strconv.Itoa(port) + ": shared with a child process after fork",
+			"a child cannot use it (ENOTCONN)",
+			fmt.Sprintf("ok served %d by %d workers", requests, workers),
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the output lacks %q", want)
+			}
+		}
+		for i := range workers {
+			if !strings.Contains(out, fmt.Sprintf("ok worker %d: inherited connection ENOTCONN", i)) {
+				t.Errorf("worker %d did not get ENOTCONN on the inherited connection", i)
+			}
+		}
+		if t.Failed() {
+			t.Logf("output:\n%s", out)
+		}
+	})
+}
+
+// procFDs and procRSS are a process's open fds and resident memory (KiB).
+func procFDs(pid int) int {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(ents)
+}
+
+func procRSS(pid int) int {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestRunTCPChurn: redis-server under vmaxdp takes 1,000 connections at
+// once, then 10,000 connect, request, close cycles, from a kernel client;
+// every request is answered, and afterwards the server holds the fds it
+// held before (its own and the engine's: no mirror or port left behind)
+// and its memory has not grown with the connections.
+func TestRunTCPChurn(t *testing.T) {
+	testutil.RequireRoot(t)
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("prlimit (util-linux) is not installed: it raises the server's fd limit for 1,000 connections")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (make deps installs it)")
+	}
+	b := testutil.Bed(t, nil)
+	const port = 11196
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=3"}, prlimit, "--nofile=8192:8192", "--", tools(t), "run", "--",
+		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--maxclients", "4000", "--dir", t.TempDir())
+	if err := p.waitFor("Ready to accept connections"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+	ping := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		var got [7]byte
+		if _, err := io.ReadFull(c, got[:]); err != nil {
+			return err
+		}
+		if string(got[:]) != "+PONG\r\n" {
+			return fmt.Errorf("got %q", got)
+		}
+		return nil
+	}
+	dial := func() (net.Conn, error) { return net.DialTimeout("tcp4", raddr, 5*time.Second) }
+	var fds0, rss0 int
+	err = b.Do(testbed.A, func() error {
+		c, err := dial()
+		if err != nil {
+			return err
+		}
+		if err := ping(c); err != nil {
+			return err
+		}
+		c.Close()
+		time.Sleep(300 * time.Millisecond) // closed and reaped
+		fds0, rss0 = procFDs(p.pid), procRSS(p.pid)
+		conns := make([]net.Conn, 0, 1000)
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for i := range 1000 {
+			c, err := dial()
+			if err != nil {
+				return fmt.Errorf("connection %d of 1000: %w", i, err)
+			}
+			conns = append(conns, c)
+		}
+		for i, c := range conns {
+			if err := ping(c); err != nil {
+				return fmt.Errorf("connection %d of 1000: %w", i, err)
+			}
+		}
+		if n := procFDs(p.pid); n < fds0+2000 {
+			return fmt.Errorf("1,000 connections open, the server holds %d fds (%d before): they are not offloaded", n, fds0)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		conns = conns[:0]
+		for i := range 10000 {
+			c, err := dial()
+			if err != nil {
+				return fmt.Errorf("cycle %d of 10,000: %w", i, err)
+			}
+			err = ping(c)
+			c.Close()
+			if err != nil {
+				return fmt.Errorf("cycle %d of 10,000: %w", i, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	}
+	// Closed connections keep their netstack endpoint (and port) through
+	// the closing handshake; the reaper retires them within a second.
+	var fds, rss int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if fds, rss = procFDs(p.pid), procRSS(p.pid); fds <= fds0 {
+			break
+		}
+	}
+	t.Logf("server: %d fds and %d KiB resident before, %d fds and %d KiB after 1,000 concurrent connections and 10,000 cycles", fds0, rss0, fds, rss)
+	if fds > fds0 {
+		t.Errorf("the server holds %d fds, %d before: the connections left fds behind", fds, fds0)
+	}
+	if rss > rss0+64*1024 {
+		t.Errorf("the server's memory grew from %d KiB to %d KiB", rss0, rss)
+	}
+}
+
+// TestStatsTCP: vmaxdp stats shows an offloaded TCP server's sockets as
+// the application used them: the listener (LISTEN, its backlog, the
+// connections it accepted), each connection (ESTABLISHED, the bytes the
+// application read and wrote, exactly, its segments) and netstack's
+// counters for the interface, in the JSON, the views and Prometheus.
+func TestStatsTCP(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (make deps installs it)")
+	}
+	vmaxdp := tools(t)
+	b := testutil.Bed(t, nil)
+	dir := t.TempDir()
+	const port, pings = 11197, 10
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
+		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--tcp-backlog", "64", "--dir", t.TempDir())
+	if err := p.waitFor("Ready to accept connections"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	err := b.Do(testbed.A, func() error {
+		for range 2 {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			for range pings {
+				if _, err := c.Write([]byte("PING\r\n")); err != nil {
+					return err
+				}
+				var got [7]byte
+				if _, err := io.ReadFull(c, got[:]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s *stats.Snapshot
+	var lis *stats.Socket
+	var est []*stats.Socket
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		s = snapshotJSON(t, vmaxdp, dir, p.pid)
+		lis, est = nil, nil
+		for i := range s.Sockets {
+			switch sk := &s.Sockets[i]; {
+			case sk.Proto == "tcp" && sk.TCP.State == "LISTEN":
+				lis = sk
+			case sk.Proto == "tcp" && sk.TCP.State == "ESTABLISHED":
+				est = append(est, sk)
+			}
+		}
+		done := len(est) == 2
+		for _, sk := range est {
+			done = done && sk.Counters.RxOffloadBytes == 6*pings && sk.Counters.TxOffloadBytes == 7*pings
+		}
+		if done || time.Now().After(deadline) {
+			break
+		}
+	}
+	if lis == nil || !lis.Offloaded() || lis.Interface != b.Link(testbed.B) || lis.TCP.Backlog != 64 || lis.TCP.Accepted != 2 {
+		t.Errorf("the listener: %+v, want offloaded on %s, backlog 64, 2 accepted", lis, b.Link(testbed.B))
+	}
+	if len(est) != 2 {
+		t.Fatalf("%d established connections in the stats, want 2: %+v", len(est), s.Sockets)
+	}
+	for _, sk := range est {
+		c := &sk.Counters
+		if c.RxOffloadBytes != 6*pings || c.TxOffloadBytes != 7*pings || c.RxOffloadPackets < pings || c.TxOffloadPackets < pings || len(sk.Rules) != 1 {
+			t.Errorf("fd %d: read %d bytes in %d segments, wrote %d in %d, rules %v; want %d read, %d written, at least %d segments each way, its rule",
+				sk.FD, c.RxOffloadBytes, c.RxOffloadPackets, c.TxOffloadBytes, c.TxOffloadPackets, sk.Rules, 6*pings, 7*pings, pings)
+		}
+	}
+	var pr *stats.Program
+	for i := range s.Programs {
+		if s.Programs[i].Interface == b.Link(testbed.B) {
+			pr = &s.Programs[i]
+		}
+	}
+	if pr == nil || !pr.HasTCP || pr.TCP.PassiveOpens != 2 || pr.TCP.CurrentEstablished != 2 || pr.TCP.RxSegments == 0 || pr.TCP.InvalidSegmentsReceived != 0 {
+		t.Errorf("netstack's counters: %+v, want 2 passive opens, 2 established, segments in, none invalid", pr)
+	}
+	view, err := vmaxdpStats(vmaxdp, "-k", dir, "-p", strconv.Itoa(p.pid), "-v", "3", "-c", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Listen: backlog 64, accepted 2 by netstack", "TCP: ESTABLISHED", "TCP=[" + b.Link(testbed.B) + "] (netstack)", "passive_opens:              2"} {
+		if !strings.Contains(view, want) {
+			t.Errorf("view 3 lacks %q:\n%s", want, view)
+		}
+	}
+	prom, err := vmaxdpStats(vmaxdp, "-k", dir, "-p", strconv.Itoa(p.pid), "--prometheus", "-c", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`vmaxdp_tcp_passive_opens_total{pid="` + strconv.Itoa(p.pid), `state="ESTABLISHED"`, "vmaxdp_socket_tcp_accepted_total"} {
+		if !strings.Contains(prom, want) {
+			t.Errorf("--prometheus lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+/* prefork: a master that listens, accepts a first connection itself, and
+ * then forks WORKERS workers that accept and echo, as prefork servers do.
+ *
+ *   prefork PORT WORKERS REQUESTS
+ *
+ * Each worker first tries the master's connection it inherited (under
+ * vmaxdp an offloaded one, which a child cannot use: ENOTCONN, said on
+ * stderr), then serves connections, one line each, until the workers
+ * together served REQUESTS. The master answers on its own connection
+ * after the fork ("master ok"), and waits for its workers. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "watchdog.h"
+
+int main(int argc, char **argv)
+{
+	if (argc != 4) {
+		fprintf(stderr, "usage: prefork PORT WORKERS REQUESTS\n");
+		return 2;
+	}
+	int port = atoi(argv[1]), workers = atoi(argv[2]), requests = atoi(argv[3]);
+	start_watchdog();
+	int *served = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0) {
+		perror("listen");
+		return 1;
+	}
+	printf("listening\n");
+	fflush(stdout);
+	int first = accept(l, NULL, NULL);
+	char b[256];
+	ssize_t n = read(first, b, sizeof b);
+	printf("master read %zd\n", n);
+	fflush(stdout);
+	pid_t pids[64];
+	if (workers > 64)
+		workers = 64;
+	for (int i = 0; i < workers; i++) {
+		if ((pids[i] = fork()) != 0)
+			continue;
+		char x;
+		if (read(first, &x, 1) < 0 && errno == ENOTCONN)
+			printf("ok worker %d: inherited connection ENOTCONN\n", i);
+		else
+			printf("FAIL worker %d: inherited connection readable\n", i);
+		fflush(stdout);
+		close(first);
+		for (;;) {
+			int c = accept(l, NULL, NULL);
+			if (c < 0)
+				_exit(1);
+			n = read(c, b, sizeof b);
+			if (n > 0 && write(c, b, (size_t)n) != n)
+				_exit(1);
+			close(c);
+			if (__atomic_add_fetch(served, 1, __ATOMIC_SEQ_CST) >= requests)
+				break;
+		}
+		_exit(0);
+	}
+	if (write(first, "master ok\n", 10) != 10)
+		printf("FAIL master write\n");
+	close(first);
+	int st, ok = 0;
+	/* A worker blocked in accept once the others served the rest is
+	 * ended by the master. */
+	while (__atomic_load_n(served, __ATOMIC_SEQ_CST) < requests)
+		usleep(10000);
+	usleep(100000);
+	for (int i = 0; i < workers; i++)
+		kill(pids[i], SIGTERM);
+	while (wait(&st) > 0)
+		ok++;
+	printf("ok served %d by %d workers\n", *served, ok);
+	fflush(stdout);
+	return 0;
+}

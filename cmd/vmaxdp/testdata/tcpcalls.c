@@ -1,0 +1,368 @@
+/* tcpcalls: TCP socket calls with the kernel's semantics, as a transcript.
+ *
+ *   tcpcalls server PORT
+ *   tcpcalls client ADDR PORT CLOSED_PORT
+ *
+ * Each side prints what every call returned (values, errno names, event
+ * masks), never a time or a number that varies between runs, so that the
+ * transcript of a run on the kernel and one under vmaxdp run must be the
+ * same, line for line (TestRunTCPCalls). Both sides pace each other
+ * through the connection itself. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "watchdog.h"
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+}
+
+/* res prints a call's result: its value, or -1 and the errno's name. */
+static long res(const char *what, long r)
+{
+	if (r < 0)
+		say("%s = -1 %s", what, strerrorname_np(errno));
+	else
+		say("%s = %ld", what, r);
+	return r;
+}
+
+static void die(const char *what)
+{
+	say("FAIL %s: %s", what, strerrorname_np(errno));
+	exit(1);
+}
+
+/* readn reads exactly n bytes (blocking). */
+static void readn(int fd, char *b, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = read(fd, b + got, n - got);
+		if (r <= 0)
+			die("readn");
+		got += (size_t)r;
+	}
+}
+
+static void writen(int fd, const char *b, size_t n)
+{
+	if (write(fd, b, n) != (ssize_t)n)
+		die("writen");
+}
+
+static int sigpipes;
+static void on_sigpipe(int sig)
+{
+	(void)sig;
+	sigpipes++;
+}
+
+static const char *evnames(unsigned ev)
+{
+	static char b[128];
+	b[0] = 0;
+	if (ev & EPOLLIN) strcat(b, "IN ");
+	if (ev & EPOLLOUT) strcat(b, "OUT ");
+	if (ev & EPOLLRDHUP) strcat(b, "RDHUP ");
+	if (ev & EPOLLHUP) strcat(b, "HUP ");
+	if (ev & EPOLLERR) strcat(b, "ERR ");
+	return b;
+}
+
+static int server(int port)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	int one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0)
+		die("bind");
+	res("listen", listen(l, 8));
+	say("listening");
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
+	epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+
+	/* 1: data calls. */
+	struct epoll_event out[4];
+	int n = epoll_wait(ep, out, 4, 10000);
+	say("epoll listener: %d %s", n, n == 1 && out[0].data.fd == l ? evnames(out[0].events) : "?");
+	struct sockaddr_in peer;
+	socklen_t plen = sizeof peer;
+	int c = accept4(l, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (c < 0)
+		die("accept4");
+	say("accept4: fd %d, peer len %u, family %d, nonblock %d, cloexec %d", c, plen, peer.sin_family,
+	    (fcntl(c, F_GETFL) & O_NONBLOCK) != 0, (fcntl(c, F_GETFD) & FD_CLOEXEC) != 0);
+	struct stat st;
+	say("fstat: socket %d", fstat(c, &st) == 0 && S_ISSOCK(st.st_mode));
+	struct sockaddr_in me, pp;
+	socklen_t ml = sizeof me, pl = sizeof pp;
+	getsockname(c, (struct sockaddr *)&me, &ml);
+	getpeername(c, (struct sockaddr *)&pp, &pl);
+	say("names: local port %d, peer is accept's %d", ntohs(me.sin_port),
+	    pp.sin_addr.s_addr == peer.sin_addr.s_addr && pp.sin_port == peer.sin_port);
+	int v;
+	socklen_t vl = sizeof v;
+	getsockopt(c, SOL_SOCKET, SO_TYPE, &v, &vl);
+	say("SO_TYPE %d", v);
+	vl = sizeof v;
+	getsockopt(c, SOL_SOCKET, SO_ERROR, &v, &vl);
+	say("SO_ERROR %d", v);
+	setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	vl = sizeof v;
+	getsockopt(c, IPPROTO_TCP, TCP_NODELAY, &v, &vl);
+	say("TCP_NODELAY %d", v != 0);
+	setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	vl = sizeof v;
+	getsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &v, &vl);
+	say("SO_KEEPALIVE %d", v != 0);
+	int idle = 30;
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	vl = sizeof v;
+	getsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &v, &vl);
+	say("TCP_KEEPIDLE %d", v);
+	struct tcp_info ti;
+	socklen_t tl = sizeof ti;
+	getsockopt(c, IPPROTO_TCP, TCP_INFO, &ti, &tl);
+	say("TCP_INFO state %d", ti.tcpi_state);
+	char b[2048];
+	res("recv before data", recv(c, b, sizeof b, 0));
+
+	ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+	ev.data.fd = c;
+	epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+	writen(c, "go1", 3);
+	n = epoll_wait(ep, out, 4, 10000);
+	say("epoll data: %d %s", n, n == 1 && out[0].data.fd == c ? evnames(out[0].events) : "?");
+	usleep(100000); /* all 11 bytes in */
+	ioctl(c, FIONREAD, &v);
+	say("FIONREAD %d", v);
+	res("recv peek 5", recv(c, b, 5, MSG_PEEK));
+	say("peeked %.5s", b);
+	res("recv 5", recv(c, b, 5, 0));
+	say("read %.5s", b);
+	long r = res("recv rest", recv(c, b, sizeof b, 0));
+	say("read %.*s", (int)(r > 0 ? r : 0), b);
+	res("recv empty", recv(c, b, sizeof b, MSG_DONTWAIT));
+	n = epoll_wait(ep, out, 4, 0);
+	say("epoll after draining (edge-triggered): %d", n);
+
+	/* Blocking, MSG_WAITALL over paced writes. */
+	fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
+	writen(c, "go2", 3);
+	r = res("recv waitall 1000", recv(c, b, 1000, MSG_WAITALL));
+	int okb = r == 1000;
+	for (int i = 0; okb && i < 1000; i++)
+		okb = b[i] == (char)(i * 7);
+	say("waitall content %d", okb);
+
+	/* readv and writev. */
+	writen(c, "go3", 3);
+	char x[10], y[10], z[10];
+	struct iovec iv[3] = {{x, 10}, {y, 10}, {z, 10}};
+	r = res("readv", readv(c, iv, 3));
+	while (r >= 0 && r < 30) {
+		/* The peer wrote 30 bytes at once; a short read may split them. */
+		char *p = r < 10 ? x + r : r < 20 ? y + r - 10 : z + r - 20;
+		ssize_t k = read(c, p, (size_t)(r < 10 ? 10 - r : r < 20 ? 20 - r : 30 - r));
+		if (k <= 0)
+			break;
+		r += k;
+	}
+	say("readv content %.10s|%.10s|%.10s", x, y, z);
+	struct iovec ov[3] = {{z, 10}, {y, 10}, {x, 10}};
+	res("writev", writev(c, ov, 3));
+
+	/* sendmsg and recvmsg. */
+	char m[16];
+	struct iovec mv = {m, sizeof m};
+	struct msghdr mh = {.msg_iov = &mv, .msg_iovlen = 1};
+	r = res("recvmsg", recvmsg(c, &mh, 0));
+	say("recvmsg %.*s namelen %u flags %d", (int)(r > 0 ? r : 0), m, mh.msg_namelen, mh.msg_flags);
+	struct iovec sv = {"pong", 4};
+	struct msghdr sh = {.msg_iov = &sv, .msg_iovlen = 1};
+	res("sendmsg", sendmsg(c, &sh, 0));
+
+	/* The peer shuts its sending side: EPOLLRDHUP, then end of file. */
+	ev.events = EPOLLIN | EPOLLRDHUP;
+	epoll_ctl(ep, EPOLL_CTL_MOD, c, &ev);
+	n = epoll_wait(ep, out, 4, 10000);
+	say("epoll after peer's FIN: %d %s", n, n == 1 ? evnames(out[0].events & (EPOLLIN | EPOLLRDHUP)) : "?");
+	res("recv at end", recv(c, b, sizeof b, 0));
+	res("send after peer's FIN", send(c, "bye", 3, 0));
+	res("shutdown SHUT_WR", shutdown(c, SHUT_WR));
+	res("send after SHUT_WR", send(c, "x", 1, MSG_NOSIGNAL));
+	say("sigpipe %d", sigpipes);
+	res("send after SHUT_WR, with SIGPIPE", send(c, "x", 1, 0));
+	say("sigpipe %d", sigpipes);
+	epoll_ctl(ep, EPOLL_CTL_DEL, c, NULL);
+	res("close", close(c));
+
+	/* 2: the peer resets (SO_LINGER 0). */
+	c = accept(l, NULL, NULL);
+	say("accept: fd %d", c);
+	struct pollfd pf = {.fd = c, .events = POLLIN};
+	n = poll(&pf, 1, 10000);
+	say("poll before reset: %d", n);
+	readn(c, b, 3);
+	writen(c, "ok", 2);
+	pf.revents = 0;
+	n = poll(&pf, 1, 10000);
+	say("poll at reset: %d %s", n, (pf.revents & POLLIN) ? "IN" : "-");
+	res("recv at reset", recv(c, b, sizeof b, 0));
+	res("recv after reset", recv(c, b, sizeof b, 0));
+	res("send after reset", send(c, "x", 1, MSG_NOSIGNAL));
+	close(c);
+
+	/* 3: close with unread data resets the connection. */
+	c = accept(l, NULL, NULL);
+	say("accept: fd %d", c);
+	readn(c, b, 3);
+	writen(c, "ok", 2);
+	usleep(200000); /* the peer's 100 bytes are in, unread */
+	res("close with unread data", close(c));
+
+	/* 4: SO_LINGER 0 on our side: close resets. */
+	c = accept(l, NULL, NULL);
+	say("accept: fd %d", c);
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	res("SO_LINGER", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+	readn(c, b, 3);
+	res("close with SO_LINGER 0", close(c));
+
+	close(l);
+	close(ep);
+	say("server done");
+	return 0;
+}
+
+static int client(const char *addr, int port, int closed)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	inet_pton(AF_INET, addr, &a.sin_addr);
+	char b[2048];
+
+	int c = socket(AF_INET, SOCK_STREAM, 0);
+	res("connect", connect(c, (struct sockaddr *)&a, sizeof a));
+	struct sockaddr_in me, pp;
+	socklen_t ml = sizeof me, pl = sizeof pp;
+	getsockname(c, (struct sockaddr *)&me, &ml);
+	getpeername(c, (struct sockaddr *)&pp, &pl);
+	say("names: local bound %d, peer port %d", me.sin_port != 0, ntohs(pp.sin_port));
+	readn(c, b, 3); /* go1 */
+	writen(c, "hello", 5);
+	usleep(20000);
+	writen(c, " world", 6);
+	readn(c, b, 3); /* go2 */
+	for (int i = 0; i < 1000; i++)
+		b[i] = (char)(i * 7);
+	for (int i = 0; i < 10; i++) {
+		writen(c, b + i * 100, 100);
+		usleep(10000);
+	}
+	readn(c, b, 3); /* go3 */
+	writen(c, "0123456789abcdefghijKLMNOPQRST", 30);
+	readn(c, b, 30);
+	say("writev came back %.30s", b);
+	writen(c, "ping", 4);
+	readn(c, b, 4);
+	say("sendmsg came back %.4s", b);
+	res("shutdown SHUT_WR", shutdown(c, SHUT_WR));
+	readn(c, b, 3);
+	say("read after our FIN %.3s", b);
+	res("recv at peer's FIN", recv(c, b, sizeof b, 0));
+	close(c);
+
+	/* 2: reset by us. */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	res("connect 2", connect(c, (struct sockaddr *)&a, sizeof a));
+	writen(c, "rst", 3);
+	readn(c, b, 2);
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	close(c);
+
+	/* 3: the peer closes with our data unread: a reset. */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	res("connect 3", connect(c, (struct sockaddr *)&a, sizeof a));
+	writen(c, "un1", 3);
+	readn(c, b, 2);
+	memset(b, 'u', 100);
+	writen(c, b, 100);
+	struct pollfd pf = {.fd = c, .events = POLLIN};
+	int n = poll(&pf, 1, 10000);
+	say("poll at peer's close: %d %s", n, (pf.revents & POLLIN) ? "IN" : "-");
+	res("recv at peer's reset", recv(c, b, sizeof b, 0));
+	close(c);
+
+	/* 4: the peer closes with SO_LINGER 0. */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	res("connect 4", connect(c, (struct sockaddr *)&a, sizeof a));
+	writen(c, "lg0", 3);
+	pf.fd = c;
+	pf.revents = 0;
+	n = poll(&pf, 1, 10000);
+	say("poll at peer's abort: %d %s", n, (pf.revents & (POLLIN | POLLHUP | POLLERR)) ? "IN/HUP/ERR" : "-");
+	res("recv at peer's abort", recv(c, b, sizeof b, 0));
+	close(c);
+
+	/* 5: a non-blocking connect to a port nobody listens on. */
+	c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	struct sockaddr_in z = a;
+	z.sin_port = htons(closed);
+	res("connect to a closed port", connect(c, (struct sockaddr *)&z, sizeof z));
+	pf.fd = c;
+	pf.events = POLLOUT;
+	pf.revents = 0;
+	n = poll(&pf, 1, 10000);
+	say("poll: %d %s", n, (pf.revents & (POLLOUT | POLLERR | POLLHUP)) ? "OUT/ERR/HUP" : "-");
+	int v;
+	socklen_t vl = sizeof v;
+	getsockopt(c, SOL_SOCKET, SO_ERROR, &v, &vl);
+	say("SO_ERROR %s", v ? strerrorname_np(v) : "0");
+	close(c);
+
+	/* 6: a blocking connect to it. */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	res("blocking connect to a closed port", connect(c, (struct sockaddr *)&z, sizeof z));
+	close(c);
+	say("client done");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	start_watchdog();
+	signal(SIGPIPE, on_sigpipe);
+	if (argc == 3 && strcmp(argv[1], "server") == 0)
+		return server(atoi(argv[2]));
+	if (argc == 5 && strcmp(argv[1], "client") == 0)
+		return client(argv[2], atoi(argv[3]), atoi(argv[4]));
+	fprintf(stderr, "usage: tcpcalls server PORT | tcpcalls client ADDR PORT CLOSED_PORT\n");
+	return 2;
+}

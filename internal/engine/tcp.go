@@ -1,0 +1,1005 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/rules"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/stats"
+)
+
+// TCP sockets (VMAXDP_TCP=1). A listener stays the application's kernel
+// socket, which holds the port and takes the connections that come
+// another way (loopback, other interfaces); netstack listens beside it on
+// the interface (stack.NetstackListener), and accept returns both kinds.
+// A connection netstack accepted gets a real fd of its own: one end of a
+// Unix socket pair, whose other end the engine keeps and uses to mirror
+// netstack's readiness into the kernel's (a byte queued while netstack
+// has data or the peer's FIN, the end made unwritable while netstack's
+// send buffer is full, shutdowns for the peer's FIN and reset). So poll,
+// select and epoll, with every flag, keep working on the kernel alone,
+// with any mix of fds; fstat, dup and close behave; and the data calls
+// (read, write, recv, send and the rest) come to the engine, which serves
+// them from netstack.
+
+// tcpListener is an offloaded listening socket.
+type tcpListener struct {
+	nl      *stack.NetstackListener
+	cancel  func()
+	refs    atomic.Int32 // fds naming it (dup)
+	ifname  string
+	backlog int
+	// accepted counts the connections accept handed out, netstack's
+	// and the kernel's.
+	accepted, acceptedOS atomic.Uint64
+	// wake is an eventfd readable while netstack may have a connection
+	// waiting (marked), for the multiplexers' sleeps; arrivals counts
+	// netstack's notices, for EPOLLET.
+	wake     int
+	mu       sync.Mutex
+	marked   bool
+	arrivals atomic.Uint64
+}
+
+func (l *tcpListener) mark() {
+	l.arrivals.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.marked {
+		one := [8]byte{1}
+		unix.Write(l.wake, one[:])
+		l.marked = true
+	}
+}
+
+// settle unmarks the wake eventfd when no connection waits. It asks
+// netstack with no lock of its own held: netstack may notify (mark) with
+// its locks held.
+func (l *tcpListener) settle() {
+	l.mu.Lock()
+	marked := l.marked
+	l.mu.Unlock()
+	if !marked || l.nl.Pending() {
+		return
+	}
+	l.mu.Lock()
+	if l.marked {
+		var b [8]byte
+		unix.Read(l.wake, b[:])
+		l.marked = false
+	}
+	l.mu.Unlock()
+	if l.nl.Pending() { // a notice came between the look and the read
+		l.mark()
+	}
+}
+
+// tcpConn is an offloaded connection, named by the application's end of
+// a Unix socket pair (app) whose other end (eng) the engine keeps.
+type tcpConn struct {
+	c        *stack.TCPConn
+	app, eng int
+	cancel   func()
+	refs     atomic.Int32 // fds naming it (dup)
+	ifname   string
+	// The application's bytes and calls, for vmaxdp stats (the segments
+	// are netstack's).
+	rxBytes, txBytes, rxEagain, rxErrors, txErrors atomic.Uint64
+	nonblock                                       atomic.Bool
+	rcvtimeo                                       atomic.Int64 // nanoseconds, 0: none
+	sndtimeo                                       atomic.Int64
+
+	mu     sync.Mutex // the mirror's state below
+	marks  int        // bytes queued on app, readable: netstack has data
+	full   bool       // app made unwritable: netstack's send buffer is
+	rdhup  bool       // eng shut for writing: the peer's FIN
+	hangup bool       // eng shut both ways: the connection is over
+	closed bool       // eng is closed: its number may name another file
+}
+
+// maxMarks bounds the bytes queued on app: a byte per notice gives
+// edge-triggered waiters an edge per segment, as the kernel does.
+const maxMarks = 64
+
+// junk is what app sends to make itself unwritable: its send buffer is
+// set to the least, which one such write exceeds.
+var junk [2048]byte
+
+// notify mirrors netstack's events. It runs on netstack's goroutines and
+// never calls into netstack.
+func (t *tcpConn) notify(ev stack.TCPEvents) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	// The hangup first: the waiter the byte wakes must see it too. Once
+	// eng is shut for writing, app reads as at its end for good, and no
+	// byte is needed (nor can be sent).
+	if ev&stack.TCPReadHangup != 0 {
+		t.hangupLocked(stack.TCPReadHangup)
+	}
+	if ev&(stack.TCPReadable|stack.TCPHangup|stack.TCPError) != 0 && t.marks < maxMarks && !t.rdhup {
+		// MSG_NOSIGNAL: the mirror's writes must never raise SIGPIPE in
+		// the application.
+		if n, _ := unix.SendmsgN(t.eng, junk[:1], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); n == 1 {
+			t.marks++
+		}
+	}
+	if ev&stack.TCPWritable != 0 {
+		t.unblockLocked()
+	}
+	if ev&(stack.TCPHangup|stack.TCPError) != 0 {
+		// netstack sends these with every other event on any change of
+		// state: whether the connection ended is for its readiness to
+		// say, which only a goroutine of ours may ask.
+		go t.refresh()
+	}
+}
+
+// refresh mirrors the hangups netstack's readiness shows.
+func (t *tcpConn) refresh() {
+	ev := t.c.Events()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.hangupLocked(ev)
+	}
+}
+
+// hangupLocked shuts eng down for the peer's FIN (app: EPOLLRDHUP) and
+// for the end of the connection (app: POLLHUP). Caller holds t.mu.
+func (t *tcpConn) hangupLocked(ev stack.TCPEvents) {
+	if ev&(stack.TCPReadHangup|stack.TCPHangup) != 0 && !t.rdhup {
+		unix.Shutdown(t.eng, unix.SHUT_WR)
+		t.rdhup = true
+	}
+	if ev&stack.TCPHangup != 0 && !t.hangup {
+		t.unblockLocked()
+		unix.Shutdown(t.eng, unix.SHUT_RDWR)
+		t.hangup = true
+	}
+}
+
+func (t *tcpConn) unblockLocked() {
+	if !t.full {
+		return
+	}
+	var b [4096]byte
+	for {
+		if n, err := unix.Read(t.eng, b[:]); n <= 0 || err != nil {
+			break
+		}
+	}
+	t.full = false
+}
+
+// settleRead takes app's bytes back once netstack has nothing to read.
+func (t *tcpConn) settleRead() {
+	t.mu.Lock()
+	marks := t.marks
+	t.mu.Unlock()
+	if marks == 0 {
+		return
+	}
+	ev := t.c.Events()
+	if ev&stack.TCPReadable != 0 {
+		return
+	}
+	t.mu.Lock()
+	if t.marks > 0 {
+		var b [maxMarks]byte
+		unix.Recvfrom(t.app, b[:t.marks], unix.MSG_DONTWAIT)
+		t.marks = 0
+	}
+	t.mu.Unlock()
+	if ev = t.c.Events(); ev&stack.TCPReadable != 0 {
+		t.notify(stack.TCPReadable)
+	}
+}
+
+// block makes app unwritable after netstack's send buffer filled.
+func (t *tcpConn) block() {
+	t.mu.Lock()
+	if !t.full && !t.hangup && !t.closed {
+		if n, _ := unix.SendmsgN(t.app, junk[:], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); n > 0 {
+			t.full = true
+		}
+	}
+	t.mu.Unlock()
+	if t.c.Events()&stack.TCPWritable != 0 { // room came back meanwhile
+		t.notify(stack.TCPWritable)
+	}
+}
+
+// wait sleeps on app until events (POLLIN or POLLOUT) or the deadline
+// (zero: none): EAGAIN when it passed, EINTR for a signal.
+func (t *tcpConn) wait(events int16, deadline time.Time, sw *stack.SignalWait) unix.Errno {
+	pfds := []unix.PollFd{{Fd: int32(t.app), Events: events}}
+	var ts *unix.Timespec
+	if !deadline.IsZero() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return unix.EAGAIN
+		}
+		v := unix.NsecToTimespec(left.Nanoseconds())
+		ts = &v
+	}
+	if _, err := sw.Ppoll(pfds, ts); err != nil {
+		return errnoOf(err)
+	}
+	return 0
+}
+
+func (e *Engine) listener(fd int) *tcpListener {
+	if fd < 0 || fd >= MaxFD {
+		return nil
+	}
+	return e.listeners[fd].Load()
+}
+
+func (e *Engine) tcpConn(fd int) *tcpConn {
+	if fd < 0 || fd >= MaxFD {
+		return nil
+	}
+	return e.conns[fd].Load()
+}
+
+// stackWait bounds how long listen waits for its interface's stack.
+const stackWait = 2 * time.Second
+
+// stackNow returns ifname's stack, opening it and waiting for it.
+func (e *Engine) stackNow(ifname string) (*stack.Stack, error) {
+	deadline := time.Now().Add(stackWait)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.tcpWanting[ifname]++
+	defer func() { e.tcpWanting[ifname]-- }()
+	for {
+		if st := e.stacks[ifname]; st != nil {
+			return st, nil
+		}
+		if err := e.stackErr[ifname]; err != nil {
+			return nil, err
+		}
+		if _, started := e.opening[ifname]; !started {
+			if err := e.startOpen(ifname); err != nil {
+				return nil, err
+			}
+			if e.opening == nil {
+				e.opening = map[string][]pendingAdopt{}
+			}
+			e.opening[ifname] = []pendingAdopt{}
+		}
+		done := e.opened[ifname]
+		e.mu.Unlock()
+		select {
+		case <-done:
+		case <-time.After(time.Until(deadline)):
+		}
+		e.mu.Lock()
+		if time.Now().After(deadline) && e.stacks[ifname] == nil {
+			return nil, fmt.Errorf("stack %s: not open after %v", ifname, stackWait)
+		}
+	}
+}
+
+// Listen is called before the kernel's listen on fd: with VMAXDP_TCP=1,
+// an AF_INET stream socket the rules offload listens in netstack first
+// (an unbound one is bound to a port as listen would), so that no SYN
+// reaches the kernel's listener once it listens. Should the kernel's
+// listen fail, the caller closes fd's offload (Close).
+func (e *Engine) Listen(fd, backlog int) State {
+	if fd < 0 || fd >= MaxFD {
+		return StateOS
+	}
+	if l := e.listener(fd); l != nil {
+		return StateOffloaded // listen again: the kernel took the new backlog
+	}
+	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
+		return StateOS
+	}
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
+		if err == nil && dom == unix.AF_INET6 && e.p.TCP {
+			e.tcpNotOffloaded(fd, "tcp_server", "an IPv6 socket: TCP offload serves AF_INET sockets (IPv6 keeps flowing through the kernel)")
+		}
+		return StateOS
+	}
+	local, _ := sockAddrs(fd)
+	if local.Port() == 0 {
+		// listen binds an unbound socket to a port of the kernel's choice;
+		// netstack needs the port before.
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.Addr().As4()}); err != nil {
+			return StateOS // the kernel's listen says why
+		}
+		local, _ = sockAddrs(fd)
+	}
+	what := fmt.Sprintf("%s %s", rules.TCPServer, local)
+	if !e.p.TCP {
+		e.Log.Printf(params.LevelDebug, "fd %d: not offloaded: %s: %sTCP=0", fd, what, params.Prefix)
+		return StateOS
+	}
+	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, rules.TCPServer, local, netip.AddrPort{})
+	switch {
+	case matched && r.Transport == rules.OS:
+		return e.tcpNotOffloaded(fd, what, fmt.Sprintf("rule %s: %s", r.Where, r))
+	case !matched && !e.p.OffloadedSockets:
+		return e.tcpNotOffloaded(fd, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
+	}
+	ifname, err := e.pickInterface(local.Addr(), netip.Addr{})
+	if err != nil {
+		return e.tcpNotOffloaded(fd, what, err.Error())
+	}
+	st, err := e.stackNow(ifname)
+	if err != nil {
+		return e.tcpNotOffloaded(fd, what, err.Error())
+	}
+	nl, err := st.ListenNetstack(local, backlog)
+	if err != nil {
+		return e.tcpNotOffloaded(fd, what, err.Error())
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		nl.Close()
+		return e.tcpNotOffloaded(fd, what, fmt.Sprintf("eventfd: %v", err))
+	}
+	l := &tcpListener{nl: nl, wake: highfd.Move(wake), ifname: ifname, backlog: backlog}
+	l.refs.Store(1)
+	l.cancel = nl.Notify(l.mark)
+	l.mark() // what came before Notify
+	l.settle()
+	e.listeners[fd].Store(l)
+	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
+	return StateOffloaded
+}
+
+func (e *Engine) tcpNotOffloaded(fd int, what, cause string) State {
+	level, more := params.LevelInfo, ""
+	if _, seen := e.causes.LoadOrStore(cause, true); seen {
+		level = params.LevelDebug
+	} else {
+		more = " (other sockets left on the kernel for this reason are logged at debug level)"
+	}
+	e.Log.Printf(level, "fd %d: not offloaded: %s: %s%s", fd, what, cause, more)
+	return StateOS
+}
+
+// Accept serves accept and accept4 (flags: SOCK_NONBLOCK, SOCK_CLOEXEC)
+// on an offloaded listener: a connection netstack established, or one the
+// kernel socket has. Blocking unless the listener is non-blocking, with
+// SO_RCVTIMEO and signals as the kernel's accept.
+func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort, unix.Errno) {
+	l := e.listener(fd)
+	if l == nil {
+		return -1, netip.AddrPort{}, ErrPassOS
+	}
+	if flags&^(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC) != 0 {
+		return -1, netip.AddrPort{}, unix.EINVAL
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return -1, netip.AddrPort{}, errnoOf(err)
+	}
+	var deadline time.Time
+	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO); err == nil && tv.Nano() > 0 {
+		deadline = time.Now().Add(time.Duration(tv.Nano()))
+	}
+	sw := sig.Begin(deadline.IsZero())
+	zero := unix.Timespec{}
+	for {
+		c, err := l.nl.Accept()
+		if err == nil {
+			l.accepted.Add(1)
+			return e.adoptConn(c, l.ifname, flags)
+		}
+		if !errors.Is(err, unix.EAGAIN) {
+			e.Log.Printf(params.LevelDebug, "fd %d: accept from netstack: %v", fd, err)
+		}
+		l.settle()
+		pfds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(l.wake), Events: unix.POLLIN}}
+		if n, _ := unix.Ppoll(pfds[:1], &zero, nil); n > 0 {
+			nfd, sa, err := unix.Accept4(fd, flags)
+			if err == nil {
+				l.acceptedOS.Add(1)
+				var peer netip.AddrPort
+				if sa4, ok := sa.(*unix.SockaddrInet4); ok {
+					peer = netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(sa4.Port))
+				}
+				return nfd, peer, 0
+			}
+			if err != unix.EAGAIN && err != unix.ECONNABORTED {
+				return -1, netip.AddrPort{}, errnoOf(err)
+			}
+		}
+		if fl&unix.O_NONBLOCK != 0 {
+			return -1, netip.AddrPort{}, unix.EAGAIN
+		}
+		var ts *unix.Timespec
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return -1, netip.AddrPort{}, unix.EAGAIN
+			}
+			v := unix.NsecToTimespec(left.Nanoseconds())
+			ts = &v
+		}
+		if _, err := sw.Ppoll(pfds, ts); err != nil {
+			return -1, netip.AddrPort{}, errnoOf(err)
+		}
+		if e.listener(fd) != l {
+			return -1, netip.AddrPort{}, unix.EBADF // closed, or back to the kernel, meanwhile
+		}
+	}
+}
+
+// adoptConn gives c an fd of the application's: the lowest free number,
+// as the kernel's accept would.
+func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int) (int, netip.AddrPort, unix.Errno) {
+	local, peer := c.Addrs()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		c.Abort()
+		c.Close()
+		return -1, netip.AddrPort{}, errnoOf(err)
+	}
+	app := pair[0]
+	if flags&unix.SOCK_CLOEXEC == 0 {
+		unix.FcntlInt(uintptr(app), unix.F_SETFD, 0)
+	}
+	t := e.mirror(c, app, highfd.Move(pair[1]), flags&unix.SOCK_NONBLOCK != 0)
+	t.ifname = ifname
+	e.conns[app].Store(t)
+	e.onState(app, StateTCP)
+	e.Log.Printf(params.LevelDebug, "fd %d: tcp connection %s>%s offloaded", app, local, peer)
+	return app, peer, 0
+}
+
+// TCPConnect serves connect on an AF_INET stream socket: with
+// VMAXDP_TCP=1, a destination the rules offload and the kernel routes
+// through an offloaded interface is connected through netstack. fd's
+// kernel socket keeps the local port (the engine holds a duplicate), and
+// fd becomes the application's end of the connection's mirror, with its
+// flags. Blocking, or EINPROGRESS when fd is non-blocking, as the
+// kernel's connect; ErrPassOS leaves the connect to the kernel.
+func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) unix.Errno {
+	if fd < 0 || fd >= MaxFD {
+		return ErrPassOS
+	}
+	if t := e.tcpConn(fd); t != nil {
+		switch {
+		case t.c.Connecting():
+			return unix.EALREADY
+		case t.c.Established():
+			return unix.EISCONN
+		}
+		return unix.ECONNABORTED
+	}
+	if !e.p.TCP || !raddr.Addr().Is4() || raddr.Addr().IsLoopback() || raddr.Addr().IsUnspecified() || raddr.Addr().IsMulticast() {
+		return ErrPassOS
+	}
+	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
+		return ErrPassOS
+	}
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
+		return ErrPassOS
+	}
+	local, _ := sockAddrs(fd)
+	what := fmt.Sprintf("%s %s>%s", rules.TCPClient, local, raddr)
+	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, rules.TCPClient, local, raddr)
+	switch {
+	case matched && r.Transport == rules.OS:
+		e.tcpNotOffloaded(fd, what, fmt.Sprintf("rule %s: %s", r.Where, r))
+		return ErrPassOS
+	case !matched && !e.p.OffloadedSockets:
+		e.tcpNotOffloaded(fd, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
+		return ErrPassOS
+	}
+	ifname, err := e.pickInterface(local.Addr(), raddr.Addr())
+	if err != nil {
+		e.tcpNotOffloaded(fd, what, err.Error())
+		return ErrPassOS
+	}
+	st, err := e.stackNow(ifname)
+	if err != nil {
+		e.tcpNotOffloaded(fd, what, err.Error())
+		return ErrPassOS
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return errnoOf(err)
+	}
+	fdfl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	if err != nil {
+		return errnoOf(err)
+	}
+	kfd, err := highfd.Dup(fd)
+	if err != nil {
+		e.tcpNotOffloaded(fd, what, fmt.Sprintf("dup: %v", err))
+		return ErrPassOS
+	}
+	c, err := st.ConnectTCP(kfd, raddr)
+	if err != nil {
+		highfd.Close(kfd)
+		e.tcpNotOffloaded(fd, what, err.Error())
+		return ErrPassOS
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		c.Abort()
+		c.Close()
+		return errnoOf(err)
+	}
+	// fd now names the mirror: the connect has begun and cannot go back
+	// to the kernel.
+	flags := 0
+	if fdfl&unix.FD_CLOEXEC != 0 {
+		flags = unix.O_CLOEXEC
+	}
+	if err := unix.Dup3(pair[0], fd, flags); err != nil {
+		unix.Close(pair[0])
+		unix.Close(pair[1])
+		c.Abort()
+		c.Close()
+		return errnoOf(err)
+	}
+	unix.Close(pair[0])
+	nonblock := fl&unix.O_NONBLOCK != 0
+	t := e.mirror(c, fd, highfd.Move(pair[1]), nonblock)
+	t.ifname = ifname
+	t.block() // unwritable until established, as the kernel's socket is
+	e.conns[fd].Store(t)
+	e.onState(fd, StateTCP)
+	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
+	if nonblock {
+		return unix.EINPROGRESS
+	}
+	var deadline time.Time
+	if d := t.sndtimeo.Load(); d > 0 {
+		deadline = time.Now().Add(time.Duration(d))
+	}
+	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO); err == nil && tv.Nano() > 0 {
+		deadline = time.Now().Add(time.Duration(tv.Nano()))
+	}
+	sw := sig.Begin(false) // an interrupted connect goes on, and says EINTR
+	for c.Connecting() {
+		if errno := t.wait(unix.POLLOUT, deadline, &sw); errno != 0 {
+			if errno == unix.EAGAIN {
+				return unix.EINPROGRESS // SO_SNDTIMEO passed, as the kernel says it
+			}
+			return errno
+		}
+	}
+	if c.Established() {
+		return 0
+	}
+	if errno := c.SoError(); errno != 0 {
+		return errno
+	}
+	return unix.ECONNREFUSED
+}
+
+// mirror makes the tcpConn of c, named by the application's end app of
+// a socket pair whose other end is eng.
+func (e *Engine) mirror(c *stack.TCPConn, app, eng int, nonblock bool) *tcpConn {
+	unix.SetNonblock(eng, true)
+	if nonblock {
+		unix.SetNonblock(app, true)
+	}
+	// The least send buffer: one write of junk makes app unwritable.
+	unix.SetsockoptInt(app, unix.SOL_SOCKET, unix.SO_SNDBUF, 1)
+	t := &tcpConn{c: c, app: app, eng: eng}
+	t.refs.Store(1)
+	t.nonblock.Store(nonblock)
+	t.cancel = c.Notify(t.notify)
+	t.notify(c.Events()) // what came before Notify
+	return t
+}
+
+// tcpRecvFlags are the receive flags served on a connection; MSG_OOB is
+// refused as the kernel refuses it with no urgent data (EINVAL).
+const tcpRecvFlags = unix.MSG_DONTWAIT | unix.MSG_PEEK | unix.MSG_WAITALL | unix.MSG_NOSIGNAL | unix.MSG_CMSG_CLOEXEC | unix.MSG_TRUNC
+
+// TCPRecv serves read, recv, recvfrom, recvmsg and readv on an offloaded
+// connection, into bufs in turn.
+func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (int, unix.Errno) {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return 0, ErrPassOS
+	}
+	if flags&^tcpRecvFlags != 0 {
+		return 0, unix.EINVAL
+	}
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	if total == 0 {
+		return 0, 0
+	}
+	peek := flags&unix.MSG_PEEK != 0
+	if peek {
+		bufs = bufs[:1] // a peek reads from the start each time
+	}
+	nonblock := t.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
+	waitall := flags&unix.MSG_WAITALL != 0 && !peek && !nonblock
+	var deadline time.Time
+	if d := t.rcvtimeo.Load(); d > 0 && !nonblock {
+		deadline = time.Now().Add(time.Duration(d))
+	}
+	sw := sig.Begin(deadline.IsZero())
+	got, i, off, counted := 0, 0, 0, 0
+	for {
+		eof := false
+		var rerr error
+		for i < len(bufs) {
+			n, err := t.c.ReadNonblock(bufs[i][off:], peek)
+			got += n
+			off += n
+			if err != nil {
+				rerr = err
+				break
+			}
+			if n == 0 {
+				eof = true
+				break
+			}
+			if off < len(bufs[i]) {
+				break
+			}
+			i, off = i+1, 0
+		}
+		t.settleRead()
+		if !peek {
+			t.rxBytes.Add(uint64(got - counted))
+			counted = got
+		}
+		switch {
+		case rerr != nil && !errors.Is(rerr, unix.EAGAIN):
+			if got > 0 {
+				return got, 0
+			}
+			t.rxErrors.Add(1)
+			return 0, errnoOf(rerr)
+		case eof:
+			t.mu.Lock()
+			if !t.closed {
+				t.hangupLocked(stack.TCPReadHangup)
+			}
+			t.mu.Unlock()
+			return got, 0
+		case got == total, got > 0 && !waitall:
+			return got, 0
+		case nonblock:
+			t.rxEagain.Add(1)
+			return 0, unix.EAGAIN
+		}
+		if errno := t.wait(unix.POLLIN, deadline, &sw); errno != 0 {
+			if got > 0 {
+				return got, 0
+			}
+			return 0, errno
+		}
+	}
+}
+
+// tcpSendFlags are the send flags served on a connection.
+const tcpSendFlags = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL | unix.MSG_MORE | unix.MSG_EOR | unix.MSG_CONFIRM
+
+// TCPSend serves write, send, sendto, sendmsg and writev on an offloaded
+// connection, from bufs in turn. EPIPE is the caller's to turn into
+// SIGPIPE, unless MSG_NOSIGNAL.
+func (e *Engine) TCPSend(fd int, bufs [][]byte, flags int, sig *stack.Signals) (int, unix.Errno) {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return 0, ErrPassOS
+	}
+	if flags&^tcpSendFlags != 0 {
+		return 0, unix.EOPNOTSUPP
+	}
+	nonblock := t.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
+	var deadline time.Time
+	if d := t.sndtimeo.Load(); d > 0 && !nonblock {
+		deadline = time.Now().Add(time.Duration(d))
+	}
+	sw := sig.Begin(deadline.IsZero())
+	sent := 0
+	defer func() { t.txBytes.Add(uint64(sent)) }()
+	for i := range bufs {
+		b := bufs[i]
+		for len(b) > 0 {
+			n, err := t.c.WriteNonblock(b, flags&unix.MSG_MORE != 0 || i < len(bufs)-1)
+			sent += n
+			b = b[n:]
+			switch {
+			case err == nil:
+				continue
+			case !errors.Is(err, unix.EAGAIN):
+				if sent > 0 {
+					return sent, 0
+				}
+				t.txErrors.Add(1)
+				return 0, errnoOf(err)
+			}
+			t.block()
+			if nonblock {
+				if sent > 0 {
+					return sent, 0
+				}
+				return 0, unix.EAGAIN
+			}
+			if errno := t.wait(unix.POLLOUT, deadline, &sw); errno != 0 {
+				if sent > 0 {
+					return sent, 0
+				}
+				return 0, errno
+			}
+		}
+	}
+	return sent, 0
+}
+
+// TCPShutdown serves shutdown on an offloaded connection.
+func (e *Engine) TCPShutdown(fd, how int) unix.Errno {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return ErrPassOS
+	}
+	if err := t.c.Shutdown(how); err != nil {
+		return errnoOf(err)
+	}
+	t.notify(t.c.Events())
+	return 0
+}
+
+// TCPAddrs serves getsockname and getpeername on an offloaded connection.
+func (e *Engine) TCPAddrs(fd int) (local, remote netip.AddrPort, errno unix.Errno) {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return local, remote, ErrPassOS
+	}
+	local, remote = t.c.Addrs()
+	return local, remote, 0
+}
+
+// TCPUnread serves FIONREAD (SIOCINQ). SIOCOUTQ is refused
+// (EOPNOTSUPP): netstack does not tell the bytes not yet acknowledged.
+func (e *Engine) TCPUnread(fd int) (int, unix.Errno) {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return 0, ErrPassOS
+	}
+	return t.c.Unread(), 0
+}
+
+// TCPConnOf is fd's offloaded connection, for the socket options the
+// preload library serves itself (TCP_INFO, SO_LINGER); nil if none.
+func (e *Engine) TCPConnOf(fd int) *stack.TCPConn {
+	if t := e.tcpConn(fd); t != nil {
+		return t.c
+	}
+	return nil
+}
+
+// TCPSetOption serves setsockopt's integer options on an offloaded
+// connection. One netstack has no equivalent of is accepted and logged,
+// as the kernel would have accepted it.
+func (e *Engine) TCPSetOption(fd, level, name, v int) unix.Errno {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return ErrPassOS
+	}
+	err := t.c.SetOption(level, name, v)
+	if errors.Is(err, unix.ENOPROTOOPT) && level == unix.SOL_SOCKET {
+		return ErrPassOS // the mirror takes it (SO_PRIORITY and the like), without effect on netstack
+	}
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		e.Log.Printf(params.LevelDebug, "fd %d: setsockopt level %d option %d: netstack has no such option; accepted, without effect", fd, level, name)
+		return 0
+	}
+	return errnoOf(err)
+}
+
+// TCPOption serves getsockopt's integer options on an offloaded connection.
+func (e *Engine) TCPOption(fd, level, name int) (int, unix.Errno) {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return 0, ErrPassOS
+	}
+	v, err := t.c.Option(level, name)
+	if errors.Is(err, unix.ENOPROTOOPT) && level == unix.SOL_SOCKET {
+		return 0, ErrPassOS
+	}
+	return v, errnoOf(err)
+}
+
+// TCPSetTimeout follows SO_RCVTIMEO (recv) and SO_SNDTIMEO.
+func (e *Engine) TCPSetTimeout(fd int, recv bool, d time.Duration) {
+	if t := e.tcpConn(fd); t != nil {
+		if recv {
+			t.rcvtimeo.Store(int64(d))
+		} else {
+			t.sndtimeo.Store(int64(d))
+		}
+	}
+}
+
+// closeTCP forgets fd if it names an offloaded listener or connection;
+// the last fd's close closes it. False when fd is neither.
+func (e *Engine) closeTCP(fd int) bool {
+	if l := e.listeners[fd].Swap(nil); l != nil {
+		if l.refs.Add(-1) == 0 {
+			l.cancel()
+			l.nl.Close()
+			highfd.Close(l.wake)
+		}
+		return true
+	}
+	if t := e.conns[fd].Swap(nil); t != nil {
+		if t.refs.Add(-1) == 0 {
+			t.cancel()
+			t.c.Close()
+			t.mu.Lock()
+			t.closed = true
+			highfd.Close(t.eng)
+			t.mu.Unlock()
+			e.Log.Printf(params.LevelDebug, "fd %d: tcp connection closed", fd)
+		}
+		return true
+	}
+	return false
+}
+
+// dupTCP makes newfd name oldfd's listener or connection.
+func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
+	if l := e.listener(oldfd); l != nil {
+		l.refs.Add(1)
+		e.listeners[newfd].Store(l)
+		return StateOffloaded, true
+	}
+	if t := e.tcpConn(oldfd); t != nil {
+		t.refs.Add(1)
+		e.conns[newfd].Store(t)
+		return StateTCP, true
+	}
+	return StateOS, false
+}
+
+// forkedTCP hands the listeners back to the kernel after fork: a child
+// that accepts on one (a prefork server's workers) gets its connections
+// from the kernel. netstack's connections not yet accepted are reset, as
+// a closed listener's are. Connections stay this process's: a child
+// cannot use them (the preload library tells it so).
+func (e *Engine) forkedTCP() {
+	for fd := range e.listeners {
+		l := e.listeners[fd].Swap(nil)
+		if l == nil {
+			continue
+		}
+		e.onState(fd, StateKernel)
+		if l.refs.Add(-1) == 0 {
+			l.cancel()
+			l.nl.Close()
+			highfd.Close(l.wake)
+			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), forkedCause)
+		}
+	}
+}
+
+// startOpen starts opening ifname's stack on a goroutine, in the calling
+// thread's network namespace. Caller holds e.mu.
+func (e *Engine) startOpen(ifname string) error {
+	ns, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("stack %s: network namespace: %w", ifname, err)
+	}
+	if e.opened == nil {
+		e.opened = map[string]chan struct{}{}
+	}
+	if e.opened[ifname] == nil { // a retry keeps the first one's
+		e.opened[ifname] = make(chan struct{})
+	}
+	e.opens.Add(1)
+	go e.openStack(ifname, netns.NsHandle(highfd.Move(int(ns))))
+	return nil
+}
+
+// exitWait bounds how long a process's exit waits for its TCP
+// connections' closing handshakes.
+const exitWait = 500 * time.Millisecond
+
+// exitTCP closes the TCP sockets at the process's exit, as the kernel
+// closes a dying process's: each connection sends its FIN (its RST with
+// unread data), and the exit waits, within exitWait, for netstack to
+// finish the handshakes, so that the peers' last segments still find
+// netstack; then the stacks close and take their steering off the
+// interfaces.
+func (e *Engine) exitTCP() {
+	var conns []*stack.TCPConn
+	for fd := range e.conns {
+		if t := e.conns[fd].Load(); t != nil && e.closeTCP(fd) {
+			conns = append(conns, t.c)
+		}
+	}
+	for fd := range e.listeners {
+		if e.listeners[fd].Load() != nil {
+			e.closeTCP(fd)
+		}
+	}
+	for deadline := time.Now().Add(exitWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		busy := false
+		for _, c := range conns {
+			busy = busy || c.Closing()
+		}
+		if !busy {
+			break
+		}
+	}
+	e.mu.Lock()
+	stacks := e.stacks
+	e.stacks = map[string]*stack.Stack{}
+	e.mu.Unlock()
+	for _, st := range stacks {
+		if st.HasTCP() {
+			st.Close()
+		}
+	}
+}
+
+// tcpRecords adds the TCP sockets to snap, each under its first fd, and
+// their steering rules to owner.
+func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
+	full := func() bool {
+		if e.p.StatsFDNum > 0 && len(snap.Sockets) >= e.p.StatsFDNum {
+			snap.Process.SocketsHidden++
+			return true
+		}
+		return false
+	}
+	seenL := map[*tcpListener]bool{}
+	seenC := map[*tcpConn]bool{}
+	for fd := range e.listeners {
+		l := e.listeners[fd].Load()
+		if l == nil || seenL[l] || full() {
+			continue
+		}
+		seenL[l] = true
+		local := l.nl.Addr()
+		rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: l.ifname, Local: local.String(),
+			Blocking: true, Rules: []uint32{uint32(l.nl.Rule())}}
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+			rec.Blocking = fl&unix.O_NONBLOCK == 0
+		}
+		rec.TCP = stats.TCPSocket{State: "LISTEN", Backlog: uint64(l.backlog), Accepted: l.accepted.Load()}
+		rec.Counters.RxOSPackets = l.acceptedOS.Load() // connections the kernel's listener took
+		snap.Sockets = append(snap.Sockets, rec)
+		owner[ruleKey{l.ifname, uint32(l.nl.Rule())}] = fd
+	}
+	for fd := range e.conns {
+		t := e.conns[fd].Load()
+		if t == nil || seenC[t] || full() {
+			continue
+		}
+		seenC[t] = true
+		local, remote := t.c.Addrs()
+		ti := t.c.Info()
+		rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: t.ifname,
+			Local: local.String(), Remote: remote.String(), Blocking: !t.nonblock.Load(), Rules: []uint32{uint32(t.c.Rule())}}
+		rec.TCP = stats.TCPSocket{State: t.c.StateName(), RTTMicros: uint64(ti.Rtt), Retransmits: uint64(ti.Total_retrans),
+			RecvQueue: uint64(t.c.Unread())}
+		rec.Counters = stats.SocketCounters{RxOffloadPackets: uint64(ti.Segs_in), RxOffloadBytes: t.rxBytes.Load(),
+			RxEagain: t.rxEagain.Load(), RxErrors: t.rxErrors.Load(), TxOffloadPackets: uint64(ti.Segs_out),
+			TxOffloadBytes: t.txBytes.Load(), TxErrors: t.txErrors.Load()}
+		snap.Sockets = append(snap.Sockets, rec)
+		owner[ruleKey{t.ifname, uint32(t.c.Rule())}] = fd
+	}
+}

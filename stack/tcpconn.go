@@ -1,0 +1,407 @@
+package stack
+
+import (
+	"bytes"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/steer"
+)
+
+// TCP connections on netstack: net.Conn for Go programs, and the calls
+// with the kernel's semantics (never blocking, errors as errnos, socket
+// options by their Linux numbers) for the engine, which serves an
+// application's socket calls and does its own waiting.
+
+// TCPConn is a TCP connection netstack serves. Its 5-tuple has a steering
+// rule of its own, so that it outlives its listener; a connection this
+// stack opened also holds its local port in a kernel socket.
+type TCPConn struct {
+	*gonet.TCPConn
+	st   *Stack
+	ep   tcpip.Endpoint
+	wq   *waiter.Queue
+	rule steer.RuleID
+	kfd  int // the kernel socket that holds the local port, or -1
+	once sync.Once
+
+	// The readers and writers of ReadNonblock and WriteNonblock, kept so
+	// that a call allocates nothing.
+	rmu sync.Mutex
+	rw  tcpip.SliceWriter
+	// fin: a FIN from the peer reached netstack (finArriving).
+	fin atomic.Bool
+	key tcpKey
+	wmu sync.Mutex
+	wr  bytes.Reader
+}
+
+// Close closes the connection as netstack does (FIN, or RST with unread
+// data); its rule and port stay until netstack has finished with it.
+func (c *TCPConn) Close() error {
+	err := c.TCPConn.Close()
+	c.once.Do(func() {
+		t := c.st.tcp.Load()
+		if t == nil {
+			c.release()
+			return
+		}
+		t.mu.Lock()
+		t.closing = append(t.closing, c)
+		t.mu.Unlock()
+	})
+	return err
+}
+
+// release removes the connection's rule and kernel socket.
+func (c *TCPConn) release() {
+	c.st.tcpConns.CompareAndDelete(c.key, c)
+	c.st.removeRule(c.rule)
+	if c.kfd >= 0 {
+		highfd.Close(c.kfd)
+		c.kfd = -1
+	}
+}
+
+// State is netstack's TCP state of the connection.
+func (c *TCPConn) State() tcp.EndpointState { return tcp.EndpointState(c.ep.State()) }
+
+// Rule is the connection's steering rule.
+func (c *TCPConn) Rule() steer.RuleID { return c.rule }
+
+// StateName is the TCP state as the kernel names it (ESTABLISHED...).
+func (c *TCPConn) StateName() string { return c.State().String() }
+
+// Connecting says whether the connection waits for the peer's SYN-ACK.
+func (c *TCPConn) Connecting() bool {
+	switch c.State() {
+	case tcp.StateConnecting, tcp.StateSynSent, tcp.StateSynRecv:
+		return true
+	}
+	return false
+}
+
+// Established says whether the handshake completed and the connection
+// has not been reset since: it may carry data (one direction may be
+// shut).
+func (c *TCPConn) Established() bool {
+	switch c.State() {
+	case tcp.StateEstablished, tcp.StateFinWait1, tcp.StateFinWait2, tcp.StateTimeWait, tcp.StateCloseWait, tcp.StateLastAck, tcp.StateClosing:
+		return true
+	}
+	return false
+}
+
+// Closing says whether the connection still exchanges its closing
+// segments (FIN-WAIT, CLOSING, LAST-ACK); TIME-WAIT and CLOSED are done.
+func (c *TCPConn) Closing() bool {
+	switch c.State() {
+	case tcp.StateFinWait1, tcp.StateFinWait2, tcp.StateClosing, tcp.StateLastAck:
+		return true
+	}
+	return false
+}
+
+// Addrs are the connection's local and remote addresses.
+func (c *TCPConn) Addrs() (local, remote netip.AddrPort) {
+	if la, err := c.ep.GetLocalAddress(); err == nil {
+		local = netip.AddrPortFrom(netip.AddrFrom4(la.Addr.As4()), la.Port)
+	}
+	if ra, err := c.ep.GetRemoteAddress(); err == nil {
+		remote = netip.AddrPortFrom(netip.AddrFrom4(ra.Addr.As4()), ra.Port)
+	}
+	return local, remote
+}
+
+// TCPEvents are what a connection is ready for, as poll(2) reports it.
+type TCPEvents uint8
+
+const (
+	TCPReadable   TCPEvents = 1 << iota // data, the peer's FIN, or an error to read
+	TCPWritable                         // room in the send buffer
+	TCPReadHangup                       // the peer sent its FIN (EPOLLRDHUP)
+	TCPHangup                           // both directions are closed (POLLHUP)
+	TCPError                            // an error is pending (POLLERR)
+)
+
+const tcpEventMask = waiter.ReadableEvents | waiter.WritableEvents | waiter.EventRdHUp | waiter.EventHUp | waiter.EventErr
+
+func tcpEvents(m waiter.EventMask) TCPEvents {
+	var ev TCPEvents
+	if m&waiter.ReadableEvents != 0 {
+		ev |= TCPReadable
+	}
+	if m&waiter.WritableEvents != 0 {
+		ev |= TCPWritable
+	}
+	if m&waiter.EventRdHUp != 0 {
+		ev |= TCPReadHangup
+	}
+	if m&waiter.EventHUp != 0 {
+		ev |= TCPHangup
+	}
+	if m&waiter.EventErr != 0 {
+		ev |= TCPError
+	}
+	return ev
+}
+
+// Events is what the connection is ready for now.
+func (c *TCPConn) Events() TCPEvents { return tcpEvents(c.ep.Readiness(tcpEventMask)) }
+
+// track lists c by its 5-tuple, for finArriving; release unlists it.
+func (c *TCPConn) track() {
+	local, remote := c.Addrs()
+	c.key = tcpKey{local, remote}
+	c.st.tcpConns.Store(c.key, c)
+}
+
+// Notify calls fn with the events netstack signals (on netstack's
+// goroutines, which may hold its locks: fn must not call into netstack);
+// cancel stops it.
+func (c *TCPConn) Notify(fn func(TCPEvents)) (cancel func()) {
+	e := waiter.NewFunctionEntry(tcpEventMask, func(m waiter.EventMask) {
+		ev := tcpEvents(m)
+		if ev&TCPReadable != 0 && c.fin.Load() {
+			ev |= TCPReadHangup
+		}
+		fn(ev)
+	})
+	c.wq.EventRegister(&e)
+	return func() { c.wq.EventUnregister(&e) }
+}
+
+// ReadNonblock reads what the connection has into b (with peek, leaving
+// it there): 0 and no error at the end of the stream, unix.EAGAIN when
+// there is nothing yet.
+func (c *TCPConn) ReadNonblock(b []byte, peek bool) (int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.rw = b
+	res, terr := c.ep.Read(&c.rw, tcpip.ReadOptions{Peek: peek})
+	c.rw = nil
+	switch terr.(type) {
+	case nil:
+		return res.Count, nil
+	case *tcpip.ErrClosedForReceive:
+		return 0, nil
+	}
+	return 0, tcpipErrno(terr)
+}
+
+// WriteNonblock queues what of b the send buffer has room for (more:
+// MSG_MORE, more data follows), and returns unix.EAGAIN when it has none;
+// unix.EPIPE once the connection cannot send any more.
+func (c *TCPConn) WriteNonblock(b []byte, more bool) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.wr.Reset(b)
+	n, terr := c.ep.Write(&c.wr, tcpip.WriteOptions{More: more})
+	c.wr.Reset(nil)
+	if terr != nil {
+		if _, closed := terr.(*tcpip.ErrClosedForSend); closed {
+			return 0, unix.EPIPE
+		}
+		return 0, tcpipErrno(terr)
+	}
+	return int(n), nil
+}
+
+// Shutdown closes one or both directions (unix.SHUT_RD, SHUT_WR, SHUT_RDWR).
+func (c *TCPConn) Shutdown(how int) error {
+	var f tcpip.ShutdownFlags
+	switch how {
+	case unix.SHUT_RD:
+		f = tcpip.ShutdownRead
+	case unix.SHUT_WR:
+		f = tcpip.ShutdownWrite
+	case unix.SHUT_RDWR:
+		f = tcpip.ShutdownRead | tcpip.ShutdownWrite
+	default:
+		return unix.EINVAL
+	}
+	if terr := c.ep.Shutdown(f); terr != nil {
+		return tcpipErrno(terr)
+	}
+	return nil
+}
+
+// Abort resets the connection (close with SO_LINGER 0).
+func (c *TCPConn) Abort() { c.ep.Abort() }
+
+// Unread is the bytes received and not yet read (FIONREAD). netstack
+// does not tell the bytes sent and not yet acknowledged (SIOCOUTQ).
+func (c *TCPConn) Unread() int {
+	n, terr := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
+	if terr != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// SoError takes the pending error (SO_ERROR): 0 when none.
+func (c *TCPConn) SoError() unix.Errno {
+	terr := c.ep.LastError()
+	if terr == nil {
+		return 0
+	}
+	if errno, ok := tcpipErrno(terr).(unix.Errno); ok {
+		return errno
+	}
+	return unix.EIO
+}
+
+// SetOption sets an integer socket option by its Linux level and name;
+// unix.ENOPROTOOPT for one netstack has no equivalent of.
+func (c *TCPConn) SetOption(level, name, v int) error {
+	so := c.ep.SocketOptions()
+	var terr tcpip.Error
+	switch {
+	case level == unix.IPPROTO_TCP && name == unix.TCP_NODELAY:
+		so.SetDelayOption(v == 0)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_CORK:
+		so.SetCorkOption(v != 0)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_QUICKACK:
+		so.SetQuickAck(v != 0)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPIDLE:
+		o := tcpip.KeepaliveIdleOption(time.Duration(v) * time.Second)
+		terr = c.ep.SetSockOpt(&o)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPINTVL:
+		o := tcpip.KeepaliveIntervalOption(time.Duration(v) * time.Second)
+		terr = c.ep.SetSockOpt(&o)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPCNT:
+		terr = c.ep.SetSockOptInt(tcpip.KeepaliveCountOption, v)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_USER_TIMEOUT:
+		o := tcpip.TCPUserTimeoutOption(time.Duration(v) * time.Millisecond)
+		terr = c.ep.SetSockOpt(&o)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_MAXSEG:
+		terr = c.ep.SetSockOptInt(tcpip.MaxSegOption, v)
+	case level == unix.SOL_SOCKET && name == unix.SO_KEEPALIVE:
+		so.SetKeepAlive(v != 0)
+	case level == unix.SOL_SOCKET && name == unix.SO_REUSEADDR:
+		so.SetReuseAddress(v != 0)
+	case level == unix.SOL_SOCKET && name == unix.SO_REUSEPORT:
+		so.SetReusePort(v != 0)
+	case level == unix.SOL_SOCKET && name == unix.SO_RCVBUF:
+		so.SetReceiveBufferSize(2*int64(v), true) // the kernel doubles it too
+	case level == unix.SOL_SOCKET && name == unix.SO_SNDBUF:
+		so.SetSendBufferSize(2*int64(v), true)
+	case level == unix.IPPROTO_IP && name == unix.IP_TOS:
+		terr = c.ep.SetSockOptInt(tcpip.IPv4TOSOption, v)
+	case level == unix.IPPROTO_IP && name == unix.IP_TTL:
+		terr = c.ep.SetSockOptInt(tcpip.IPv4TTLOption, v)
+	default:
+		return unix.ENOPROTOOPT
+	}
+	if terr != nil {
+		return tcpipErrno(terr)
+	}
+	return nil
+}
+
+// Option reads an integer socket option by its Linux level and name;
+// unix.ENOPROTOOPT for one netstack has no equivalent of.
+func (c *TCPConn) Option(level, name int) (int, error) {
+	so := c.ep.SocketOptions()
+	b := func(v bool) (int, error) {
+		if v {
+			return 1, nil
+		}
+		return 0, nil
+	}
+	switch {
+	case level == unix.IPPROTO_TCP && name == unix.TCP_NODELAY:
+		return b(!so.GetDelayOption())
+	case level == unix.IPPROTO_TCP && name == unix.TCP_CORK:
+		return b(so.GetCorkOption())
+	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPIDLE:
+		var o tcpip.KeepaliveIdleOption
+		if terr := c.ep.GetSockOpt(&o); terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return int(time.Duration(o) / time.Second), nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPINTVL:
+		var o tcpip.KeepaliveIntervalOption
+		if terr := c.ep.GetSockOpt(&o); terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return int(time.Duration(o) / time.Second), nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPCNT:
+		v, terr := c.ep.GetSockOptInt(tcpip.KeepaliveCountOption)
+		if terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return v, nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_MAXSEG:
+		v, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption)
+		if terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return v, nil
+	case level == unix.SOL_SOCKET && name == unix.SO_KEEPALIVE:
+		return b(so.GetKeepAlive())
+	case level == unix.SOL_SOCKET && name == unix.SO_RCVBUF:
+		return int(so.GetReceiveBufferSize()), nil
+	case level == unix.SOL_SOCKET && name == unix.SO_SNDBUF:
+		return int(so.GetSendBufferSize()), nil
+	case level == unix.SOL_SOCKET && name == unix.SO_ERROR:
+		return int(c.SoError()), nil
+	case level == unix.SOL_SOCKET && name == unix.SO_TYPE:
+		return unix.SOCK_STREAM, nil
+	case level == unix.SOL_SOCKET && name == unix.SO_DOMAIN:
+		return unix.AF_INET, nil
+	case level == unix.SOL_SOCKET && name == unix.SO_PROTOCOL:
+		return unix.IPPROTO_TCP, nil
+	case level == unix.SOL_SOCKET && name == unix.SO_ACCEPTCONN:
+		return 0, nil
+	}
+	return 0, unix.ENOPROTOOPT
+}
+
+// SetLinger is SO_LINGER: with on and 0 seconds, close resets the
+// connection; with on and more, close waits that long for the FIN's ack.
+func (c *TCPConn) SetLinger(on bool, secs int) {
+	c.ep.SocketOptions().SetLinger(tcpip.LingerOption{Enabled: on, Timeout: time.Duration(secs) * time.Second})
+}
+
+// Linger is SO_LINGER's setting.
+func (c *TCPConn) Linger() (on bool, secs int) {
+	l := c.ep.SocketOptions().GetLinger()
+	return l.Enabled, int(l.Timeout / time.Second)
+}
+
+// Info fills TCP_INFO's fields netstack keeps: state, retransmissions,
+// RTO, RTT and its variation, congestion window and threshold, MSS.
+func (c *TCPConn) Info() unix.TCPInfo {
+	var o tcpip.TCPInfoOption
+	var ti unix.TCPInfo
+	if terr := c.ep.GetSockOpt(&o); terr != nil {
+		return ti
+	}
+	// netstack numbers its states as Linux does (TCP_ESTABLISHED = 1...).
+	ti.State = uint8(o.State)
+	ti.Ca_state = uint8(o.CcState)
+	ti.Rto = uint32(o.RTO / time.Microsecond)
+	ti.Rtt = uint32(o.RTT / time.Microsecond)
+	ti.Rttvar = uint32(o.RTTVar / time.Microsecond)
+	ti.Snd_cwnd = o.SndCwnd
+	ti.Snd_ssthresh = o.SndSsthresh
+	if mss, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption); terr == nil {
+		ti.Snd_mss = uint32(mss)
+	}
+	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
+		ti.Total_retrans = uint32(st.SendErrors.Retransmits.Value())
+		ti.Segs_out = uint32(st.SegmentsSent.Value())
+		ti.Segs_in = uint32(st.SegmentsReceived.Value())
+	}
+	return ti
+}
