@@ -436,7 +436,11 @@ func (set *epollSet) remove(fd int) {
 // EpollCtl records an epoll_ctl on an engine socket, after the kernel
 // accepted it. It returns StateEpoll while the set has engine members.
 func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
-	if e.get(fd) == nil && e.listener(fd) == nil {
+	if l := e.listener(fd); l != nil {
+		e.epollListener(epfd, op, fd, l, ev)
+		return e.epollState(epfd)
+	}
+	if e.get(fd) == nil {
 		return e.epollState(epfd)
 	}
 	e.mu.Lock()

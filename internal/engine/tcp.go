@@ -255,6 +255,26 @@ func (e *Engine) tcpConn(fd int) *tcpConn {
 	return e.conns[fd].Load()
 }
 
+// epollListener follows an epoll_ctl the kernel accepted on the
+// offloaded listener fd: its wake eventfd joins (or leaves, or changes
+// in) the same epoll set with the same events and data, so that the set
+// reports the listener readable when netstack has a connection waiting,
+// and epoll_wait stays the kernel's own call. The kernel reports the
+// listener's own readiness (a connection in the kernel's queue) beside
+// it; an application that accepts until EAGAIN takes both.
+func (e *Engine) epollListener(epfd, op, fd int, l *tcpListener, ev *unix.EpollEvent) {
+	var err error
+	switch op {
+	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
+		err = unix.EpollCtl(epfd, op, l.wake, ev)
+	case unix.EPOLL_CTL_DEL:
+		err = unix.EpollCtl(epfd, op, l.wake, nil)
+	}
+	if err != nil {
+		e.Log.Printf(params.LevelWarning, "fd %d: epoll fd %d: netstack's connections are not reported there (its wake eventfd: %v): accept finds them when the kernel's do", fd, epfd, err)
+	}
+}
+
 // stackWait bounds how long listen waits for its interface's stack.
 const stackWait = 2 * time.Second
 
@@ -335,6 +355,11 @@ func (e *Engine) Listen(fd, backlog int) State {
 		return e.tcpNotOffloaded(fd, what, fmt.Sprintf("rule %s: %s", r.Where, r))
 	case !matched && !e.p.OffloadedSockets:
 		return e.tcpNotOffloaded(fd, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
+	case reusePort(fd):
+		// The steering rule would take every SYN to the port, so the
+		// kernel could no longer spread connections over the group's
+		// other listeners (other threads' or processes').
+		return e.tcpNotOffloaded(fd, what, "SO_REUSEPORT: the kernel spreads the connections over the listeners of the port, which steering to one of them would end")
 	}
 	ifname, err := e.pickInterface(local.Addr(), netip.Addr{})
 	if err != nil {
@@ -344,7 +369,7 @@ func (e *Engine) Listen(fd, backlog int) State {
 	if err != nil {
 		return e.tcpNotOffloaded(fd, what, err.Error())
 	}
-	nl, err := st.ListenNetstack(local, backlog)
+	nl, err := st.ListenNetstack(local)
 	if err != nil {
 		return e.tcpNotOffloaded(fd, what, err.Error())
 	}
@@ -400,6 +425,7 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 		c, err := l.nl.Accept()
 		if err == nil {
 			l.accepted.Add(1)
+			l.settle() // the wake eventfd reads as no more waiting, if none
 			return e.adoptConn(c, l.ifname, flags)
 		}
 		if !errors.Is(err, unix.EAGAIN) {

@@ -2,6 +2,8 @@
  *
  *   tcpcalls server PORT
  *   tcpcalls client ADDR PORT CLOSED_PORT
+ *   tcpcalls reuseport PORT N   (two SO_REUSEPORT listeners serve N)
+ *   tcpcalls backlog PORT N     (backlog 4, accepts after 0.5 s, serves N)
  *
  * Each side prints what every call returned (values, errno names, event
  * masks), never a time or a number that varies between runs, so that the
@@ -255,9 +257,94 @@ static int server(int port)
 	readn(c, b, 3);
 	res("close with SO_LINGER 0", close(c));
 
+	/* 5: a zero window: the reader stops; writes fill the send buffer
+	 * to EAGAIN, and EPOLLOUT comes when the reader drains it. */
+	c = accept(l, NULL, NULL);
+	say("accept: fd %d", c);
+	fcntl(c, F_SETFL, O_NONBLOCK);
+	static char chunk[65536];
+	long sent = 0;
+	for (;;) {
+		for (int i = 0; i < (int)sizeof chunk; i++)
+			chunk[i] = (char)((sent + i) % 251);
+		ssize_t w = write(c, chunk, sizeof chunk);
+		if (w <= 0)
+			break;
+		sent += w;
+	}
+	say("write until full: %s", errno == EAGAIN ? "EAGAIN" : strerrorname_np(errno));
+	ev.events = EPOLLOUT | EPOLLET;
+	ev.data.fd = c;
+	epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+	n = epoll_wait(ep, out, 4, 10000);
+	say("epoll after the reader drained: %d %s", n, n == 1 ? evnames(out[0].events & EPOLLOUT) : "?");
+	fcntl(c, F_SETFL, 0);
+	for (int i = 0; i < 1000; i++)
+		chunk[i] = (char)((sent + i) % 251);
+	writen(c, chunk, 1000);
+	shutdown(c, SHUT_WR);
+	readn(c, b, 2);
+	close(c);
+
 	close(l);
 	close(ep);
 	say("server done");
+	return 0;
+}
+
+/* echo_one accepts a connection on l and echoes its first read. */
+static void echo_one(int l)
+{
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept");
+	char b[64];
+	ssize_t r = read(c, b, sizeof b);
+	if (r > 0)
+		writen(c, b, (size_t)r);
+	close(c);
+}
+
+/* backlog: a listener with a backlog of 4 accepts nothing for half a
+ * second, then serves n connections, each echoing one read. */
+static int backlog(int port, int n)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 4) < 0)
+		die("backlog listen");
+	say("listening");
+	usleep(500000);
+	for (int i = 0; i < n; i++)
+		echo_one(l);
+	say("ok served %d", n);
+	return 0;
+}
+
+/* reuseport: two listeners of a SO_REUSEPORT group serve n connections,
+ * each echoing one read. */
+static int reuseport(int port, int n)
+{
+	int l[2], one = 1;
+	int ep = epoll_create1(0);
+	for (int i = 0; i < 2; i++) {
+		l[i] = socket(AF_INET, SOCK_STREAM, 0);
+		setsockopt(l[i], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+		struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+		if (bind(l[i], (struct sockaddr *)&a, sizeof a) < 0 || listen(l[i], 64) < 0)
+			die("reuseport listen");
+		struct epoll_event ev = {.events = EPOLLIN, .data.fd = l[i]};
+		epoll_ctl(ep, EPOLL_CTL_ADD, l[i], &ev);
+	}
+	say("listening");
+	for (int i = 0; i < n; i++) {
+		struct epoll_event ev;
+		if (epoll_wait(ep, &ev, 1, 10000) != 1)
+			die("reuseport epoll_wait");
+		echo_one(ev.data.fd);
+	}
+	say("ok served %d", n);
 	return 0;
 }
 
@@ -331,7 +418,25 @@ static int client(const char *addr, int port, int closed)
 	res("recv at peer's abort", recv(c, b, sizeof b, 0));
 	close(c);
 
-	/* 5: a non-blocking connect to a port nobody listens on. */
+	/* 5: a zero window: we read nothing for a while, then everything. */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	res("connect 5", connect(c, (struct sockaddr *)&a, sizeof a));
+	usleep(300000);
+	long total = 0;
+	int good = 1;
+	for (;;) {
+		ssize_t r = read(c, b, sizeof b);
+		if (r <= 0)
+			break;
+		for (ssize_t i = 0; i < r; i++)
+			good &= b[i] == (char)((total + i) % 251);
+		total += r;
+	}
+	say("zero window: read to the end, content %s, more than 64 KB %d", good ? "ok" : "WRONG", total > 65536);
+	writen(c, "ok", 2);
+	close(c);
+
+	/* 6: a non-blocking connect to a port nobody listens on. */
 	c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
 	struct sockaddr_in z = a;
 	z.sin_port = htons(closed);
@@ -347,7 +452,7 @@ static int client(const char *addr, int port, int closed)
 	say("SO_ERROR %s", v ? strerrorname_np(v) : "0");
 	close(c);
 
-	/* 6: a blocking connect to it. */
+	/* 7: a blocking connect to it. */
 	c = socket(AF_INET, SOCK_STREAM, 0);
 	res("blocking connect to a closed port", connect(c, (struct sockaddr *)&z, sizeof z));
 	close(c);
@@ -361,8 +466,12 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, on_sigpipe);
 	if (argc == 3 && strcmp(argv[1], "server") == 0)
 		return server(atoi(argv[2]));
+	if (argc == 4 && strcmp(argv[1], "backlog") == 0)
+		return backlog(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 4 && strcmp(argv[1], "reuseport") == 0)
+		return reuseport(atoi(argv[2]), atoi(argv[3]));
 	if (argc == 5 && strcmp(argv[1], "client") == 0)
 		return client(argv[2], atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: tcpcalls server PORT | tcpcalls client ADDR PORT CLOSED_PORT\n");
+	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | reuseport PORT N | backlog PORT N\n");
 	return 2;
 }
