@@ -117,6 +117,32 @@ func (st *Stack) flushTx(wait bool) {
 	}
 }
 
+// flushAged kicks the queues whose unkicked frames have waited at least
+// age, passing over those another thread is sending on.
+func (st *Stack) flushAged(age time.Duration) {
+	if !st.kickArmed.Load() {
+		return
+	}
+	now := int64(0)
+	for _, q := range st.queueList() {
+		if !q.unkicked.Load() {
+			continue
+		}
+		if now == 0 {
+			now = time.Now().UnixNano()
+		}
+		if !q.txMu.TryLock() {
+			continue
+		}
+		// unkickedAt is written under txMu.
+		if q.unkicked.Load() && !q.closed && now-q.unkickedAt >= int64(age) {
+			q.be.Flush()
+			q.unkicked.Store(false)
+		}
+		q.txMu.Unlock()
+	}
+}
+
 // armKick starts kickTimer unless it runs already.
 func (st *Stack) armKick() {
 	if !st.kickArmed.Swap(true) {

@@ -281,6 +281,9 @@ type Stack struct {
 	// tcpConns are the TCP connections by 5-tuple (tcpKey), for what the
 	// link sees before netstack does (finArriving).
 	tcpConns sync.Map
+	// tcpAppSends counts the application's sends inside netstack now: the
+	// segments the link sends meanwhile are theirs (tcpLink.transmit).
+	tcpAppSends atomic.Int32
 
 	Counters    Counters
 	TCPCounters TCPCounters
@@ -719,10 +722,28 @@ func (st *Stack) wakeMux() {
 }
 
 // pollLocked drains every queue's RX ring into socket queues and returns
-// how many frames it saw. Caller holds rxMu.
+// how many frames it saw; a poll of the application's, it is a wait point
+// (kick.go). Caller holds rxMu.
 func (st *Stack) pollLocked() int {
-	st.polls++
 	st.waitPoint()
+	return st.drainRings()
+}
+
+// drainLocked is pollLocked for the stack's own goroutines (netstack's
+// drains), which are not the application waiting: the application's next
+// send still counts as following its last, and what sends left goes only
+// once it waited half the delay (kick.go: flushAged), so that a stream's
+// sender keeps sharing kicks while the acks a receiver deferred still
+// leave with the next segments that come in. Caller holds rxMu.
+func (st *Stack) drainLocked() int {
+	st.flushAged(st.opts.TxKickDelay / 2)
+	return st.drainRings()
+}
+
+// drainRings drains every queue's RX ring into socket queues and returns
+// how many frames it saw. Caller holds rxMu.
+func (st *Stack) drainRings() int {
+	st.polls++
 	if st.gone.Load() {
 		return 0
 	}

@@ -45,6 +45,12 @@ type TCPConn struct {
 	wr  bytes.Reader
 }
 
+// WaitPoint tells the stack that the application receives or is about
+// to wait: what its sends left on the TX rings goes now, and its next
+// send kicks at once (see kick.go). The engine calls it before its
+// receives and waits.
+func (c *TCPConn) WaitPoint() { c.st.waitPoint() }
+
 // Close closes the connection as netstack does (FIN, or RST with unread
 // data); its rule and port stay until netstack has finished with it.
 func (c *TCPConn) Close() error {
@@ -205,7 +211,9 @@ func (c *TCPConn) WriteNonblock(b []byte, more bool) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.wr.Reset(b)
+	c.st.tcpAppSends.Add(1)
 	n, terr := c.ep.Write(&c.wr, tcpip.WriteOptions{More: more})
+	c.st.tcpAppSends.Add(-1)
 	c.wr.Reset(nil)
 	if terr != nil {
 		if _, closed := terr.(*tcpip.ErrClosedForSend); closed {

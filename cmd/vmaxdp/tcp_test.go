@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -717,5 +718,138 @@ func TestRunTCPBacklogFull(t *testing.T) {
 	}
 	if out := p.out.String(); !strings.Contains(out, fmt.Sprintf("ok served %d", conns)) || !strings.Contains(out, "fd 3: offloaded on "+b.Link(testbed.B)) {
 		t.Errorf("want the offloaded listener to serve all %d:\n%s", conns, out)
+	}
+}
+
+// tcpSegment builds an IPv4 packet from src to dst carrying a TCP header
+// with flags and data offset doff (words), payload, and a checksum that
+// is right unless badSum.
+func tcpSegment(src, dst netip.AddrPort, flags byte, doff int, payload []byte, badSum bool) []byte {
+	tcp := make([]byte, 20+len(payload))
+	binary.BigEndian.PutUint16(tcp[0:], src.Port())
+	binary.BigEndian.PutUint16(tcp[2:], dst.Port())
+	binary.BigEndian.PutUint32(tcp[4:], 1000)
+	binary.BigEndian.PutUint32(tcp[8:], 2000)
+	tcp[12] = byte(doff << 4)
+	tcp[13] = flags
+	binary.BigEndian.PutUint16(tcp[14:], 65535)
+	copy(tcp[20:], payload)
+	s, d := src.Addr().As4(), dst.Addr().As4()
+	sum := uint32(0)
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+		if len(b)%2 == 1 {
+			sum += uint32(b[len(b)-1]) << 8
+		}
+	}
+	add(s[:])
+	add(d[:])
+	sum += 6 + uint32(len(tcp))
+	add(tcp)
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	cs := ^uint16(sum)
+	if badSum {
+		cs ^= 0x5a5a
+	}
+	binary.BigEndian.PutUint16(tcp[16:], cs)
+	ip := make([]byte, 20, 20+len(tcp))
+	ip[0], ip[8], ip[9] = 0x45, 64, 6
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(tcp)))
+	copy(ip[12:], s[:])
+	copy(ip[16:], d[:])
+	return append(ip, tcp...)
+}
+
+// TestRunTCPMalformed: malformed TCP segments sent at an offloaded
+// listener's port (a bad checksum, a data offset past the segment, every
+// flag at once, data without a connection, a header cut short) are
+// dropped or answered as the kernel would, each counted where vmaxdp
+// stats shows it; the server goes on serving.
+func TestRunTCPMalformed(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (make deps installs it)")
+	}
+	vmaxdp := tools(t)
+	b := testutil.Bed(t, nil)
+	dir := t.TempDir()
+	const port = 11201
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
+		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--dir", t.TempDir())
+	if err := p.waitFor("Ready to accept connections"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	dst := netip.AddrPortFrom(b.Addr(testbed.B), port)
+	src := netip.AddrPortFrom(b.Addr(testbed.A), 40000)
+	const n = 5
+	segs := map[string][]byte{
+		"bad checksum":        tcpSegment(src, dst, 0x02, 5, nil, true),
+		"offset past the end": tcpSegment(src, dst, 0x10, 15, nil, false),
+		"every flag":          tcpSegment(src, dst, 0x3f, 5, []byte("x"), false),
+		"data, no connection": tcpSegment(src, dst, 0x18, 5, []byte("PING\r\n"), false),
+		"cut short":           tcpSegment(src, dst, 0x02, 5, nil, false)[:30],
+	}
+	err := b.Do(testbed.A, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
+		for name, seg := range segs {
+			for range n {
+				if err := unix.Sendto(fd, seg, 0, to); err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+			}
+		}
+		c, err := net.DialTimeout("tcp4", dst.String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return redisPing(c, 5*time.Second)
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	}
+	var pr *stats.Program
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		s := snapshotJSON(t, vmaxdp, dir, p.pid)
+		pr = nil
+		for i := range s.Programs {
+			if s.Programs[i].Interface == b.Link(testbed.B) {
+				pr = &s.Programs[i]
+			}
+		}
+		if pr != nil && pr.TCP.InvalidSegmentsReceived >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	if pr == nil {
+		t.Fatal("no program for the server's interface in the stats")
+	}
+	drops := map[string]uint64{}
+	for _, d := range pr.Stack.RxDropped {
+		drops[d.Reason] = d.Packets
+	}
+	t.Logf("stack drops %v; netstack: invalid %d, resets sent %d; XDP passed %d (parse errors %d)",
+		drops, pr.TCP.InvalidSegmentsReceived, pr.TCP.ResetsSent, pr.Counters.Passed, pr.Counters.ParseErrors)
+	if drops["bad_tcp_checksum"] < n {
+		t.Errorf("bad checksums: %d counted, want %d", drops["bad_tcp_checksum"], n)
+	}
+	if drops["bad_length"]+pr.Counters.ParseErrors < n {
+		t.Errorf("headers cut short: %d counted by the stack, %d by the XDP program, want %d", drops["bad_length"], pr.Counters.ParseErrors, n)
+	}
+	if pr.TCP.InvalidSegmentsReceived < n {
+		t.Errorf("data offsets past the end: netstack counted %d invalid segments, want %d", pr.TCP.InvalidSegmentsReceived, n)
+	}
+	if pr.TCP.ResetsSent < n {
+		t.Errorf("data without a connection: netstack sent %d resets, want at least %d", pr.TCP.ResetsSent, n)
 	}
 }

@@ -652,6 +652,7 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	if total == 0 {
 		return 0, 0
 	}
+	t.c.WaitPoint() // a receive: what sends left goes, the next send kicks
 	peek := flags&unix.MSG_PEEK != 0
 	if peek {
 		bufs = bufs[:1] // a peek reads from the start each time
@@ -757,6 +758,7 @@ func (e *Engine) TCPSend(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 				return 0, errnoOf(err)
 			}
 			t.block()
+			t.c.WaitPoint() // the segments queued so far must leave to be acked
 			if nonblock {
 				if sent > 0 {
 					return sent, 0
