@@ -405,19 +405,11 @@ func TestRunTCPChurn(t *testing.T) {
 // counters for the interface, in the JSON, the views and Prometheus.
 func TestStatsTCP(t *testing.T) {
 	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (make deps installs it)")
-	}
 	vmaxdp := tools(t)
 	b := testutil.Bed(t, nil)
 	dir := t.TempDir()
 	const port, pings = 11197, 10
-	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
-		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
-		"--protected-mode", "no", "--tcp-backlog", "64", "--dir", t.TempDir())
-	if err := p.waitFor("Ready to accept connections"); err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
+	p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir}, "--tcp-backlog", "64")
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -568,14 +560,14 @@ func redisPing(c net.Conn, timeout time.Duration) error {
 	return nil
 }
 
-// startRedis starts redis-server under vmaxdp (VMAXDP_TCP=1) in b's side
-// B on port, with extra arguments, and waits until it serves.
-func startRedis(t *testing.T, b *testbed.Bed, port int, extra ...string) *cProgram {
+// startRedis starts redis-server under vmaxdp (VMAXDP_TCP=1, env added)
+// in b's side B on port, with extra arguments, and waits until it serves.
+func startRedis(t *testing.T, b *testbed.Bed, port int, env []string, extra ...string) *cProgram {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server is not installed (make deps installs it)")
 	}
-	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, append([]string{tools(t), "run", "--",
+	p := startArgv(t, b, append([]string{"VMAXDP_TCP=1"}, env...), append([]string{tools(t), "run", "--",
 		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--dir", t.TempDir()}, extra...)...)
 	if err := p.waitFor("Ready to accept connections"); err != nil {
@@ -591,7 +583,7 @@ func TestRunTCPLinkDownUp(t *testing.T) {
 	testutil.RequireRoot(t)
 	b := testutil.Bed(t, nil)
 	const port = 11199
-	p := startRedis(t, b, port)
+	p := startRedis(t, b, port, nil)
 	setLink := func(state string) error {
 		out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "ip", "link", "set", b.Link(testbed.B), state).CombinedOutput()
 		if err != nil {
@@ -771,19 +763,11 @@ func tcpSegment(src, dst netip.AddrPort, flags byte, doff int, payload []byte, b
 // stats shows it; the server goes on serving.
 func TestRunTCPMalformed(t *testing.T) {
 	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (make deps installs it)")
-	}
 	vmaxdp := tools(t)
 	b := testutil.Bed(t, nil)
 	dir := t.TempDir()
 	const port = 11201
-	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
-		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
-		"--protected-mode", "no", "--dir", t.TempDir())
-	if err := p.waitFor("Ready to accept connections"); err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
+	p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir})
 	dst := netip.AddrPortFrom(b.Addr(testbed.B), port)
 	src := netip.AddrPortFrom(b.Addr(testbed.A), 40000)
 	const n = 5
