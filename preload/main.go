@@ -50,6 +50,7 @@ var (
 	_ = [1]struct{}{}[int(engine.StateOffloaded)-C.VMX_OFFLOADED]
 	_ = [1]struct{}{}[int(engine.StateEpoll)-C.VMX_EPOLL]
 	_ = [1]struct{}{}[int(engine.StateKernel)-C.VMX_KERNEL]
+	_ = [1]struct{}{}[int(engine.StateTCP)-C.VMX_TCP]
 	_ = [1]struct{}{}[int(engine.MuxSelect)-C.VMX_MUX_SELECT]
 	_ = [1]struct{}{}[int(engine.MuxPoll)-C.VMX_MUX_POLL]
 	_ = [1]struct{}{}[int(engine.MuxEpoll)-C.VMX_MUX_EPOLL]
