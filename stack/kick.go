@@ -83,22 +83,7 @@ func (st *Stack) flushTx(wait bool) {
 	}
 	pending := false
 	for _, q := range st.queueList() {
-		if !q.unkicked.Load() {
-			continue
-		}
-		if wait {
-			q.txMu.Lock()
-		} else if !q.txMu.TryLock() {
-			pending = true
-			continue
-		}
-		if q.unkicked.Load() && !q.closed {
-			// A failed kick leaves the frames on the ring for the next
-			// one; the backend counts it (xsk: TxKickErrs).
-			q.be.Flush()
-			q.unkicked.Store(false)
-		}
-		q.txMu.Unlock()
+		pending = !st.flushQueue(q, wait, 0) || pending
 	}
 	if pending {
 		return
@@ -118,29 +103,42 @@ func (st *Stack) flushTx(wait bool) {
 }
 
 // flushAged kicks the queues whose unkicked frames have waited at least
-// age, passing over those another thread is sending on.
+// age, passing over those another thread is sending on; the timer stays
+// armed for the rest.
 func (st *Stack) flushAged(age time.Duration) {
 	if !st.kickArmed.Load() {
 		return
 	}
-	now := int64(0)
 	for _, q := range st.queueList() {
-		if !q.unkicked.Load() {
-			continue
-		}
-		if now == 0 {
-			now = time.Now().UnixNano()
-		}
-		if !q.txMu.TryLock() {
-			continue
-		}
-		// unkickedAt is written under txMu.
-		if q.unkicked.Load() && !q.closed && now-q.unkickedAt >= int64(age) {
-			q.be.Flush()
-			q.unkicked.Store(false)
-		}
-		q.txMu.Unlock()
+		st.flushQueue(q, false, age)
 	}
+}
+
+// flushQueue kicks what sends left on q, if they have waited at least
+// age; false when it left them there: q's lock was taken (and not wait),
+// or they are younger.
+func (st *Stack) flushQueue(q *queue, wait bool, age time.Duration) bool {
+	if !q.unkicked.Load() {
+		return true
+	}
+	if wait {
+		q.txMu.Lock()
+	} else if !q.txMu.TryLock() {
+		return false
+	}
+	defer q.txMu.Unlock()
+	// unkickedAt is written under txMu.
+	if !q.unkicked.Load() || q.closed {
+		return true
+	}
+	if age > 0 && time.Now().UnixNano()-q.unkickedAt < int64(age) {
+		return false
+	}
+	// A failed kick leaves the frames on the ring for the next one; the
+	// backend counts it (xsk: TxKickErrs).
+	q.be.Flush()
+	q.unkicked.Store(false)
+	return true
 }
 
 // armKick starts kickTimer unless it runs already.

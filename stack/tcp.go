@@ -290,9 +290,16 @@ func (st *Stack) adoptTCP(ep tcpip.Endpoint, wq *waiter.Queue, kfd int) (*TCPCon
 	if err != nil {
 		return nil, err
 	}
-	c := &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), st: st, ep: ep, wq: wq, rule: id, kfd: kfd}
-	c.track()
-	return c, nil
+	return st.newTCPConn(ep, wq, r, id, kfd), nil
+}
+
+// newTCPConn wraps ep, whose 5-tuple rule r (id) is installed, and lists
+// it by that 5-tuple for finArriving.
+func (st *Stack) newTCPConn(ep tcpip.Endpoint, wq *waiter.Queue, r steer.Rule, id steer.RuleID, kfd int) *TCPConn {
+	c := &TCPConn{TCPConn: gonet.NewTCPConn(wq, ep), st: st, ep: ep, wq: wq, rule: id, kfd: kfd,
+		key: tcpKey{r.Local, r.Remote}}
+	st.tcpConns.Store(c.key, c)
+	return c
 }
 
 // DialTCP connects to raddr through netstack, from the interface address
@@ -318,7 +325,7 @@ func (st *Stack) DialTCP(ctx context.Context, raddr netip.AddrPort) (*TCPConn, e
 		}
 	})
 	defer cancel()
-	for c.State() == tcp.StateSynSent {
+	for c.Connecting() {
 		select {
 		case <-ctx.Done():
 			c.Abort()
@@ -394,10 +401,7 @@ func (st *Stack) ConnectTCP(kfd int, raddr netip.AddrPort) (*TCPConn, error) {
 		st.removeRule(id)
 		return nil, fmt.Errorf("tcp connect %s: %w", raddr, tcpipErrno(terr))
 	}
-	c := &TCPConn{TCPConn: gonet.NewTCPConn(&wq, ep), st: st, ep: ep, wq: &wq, rule: id, kfd: kfd}
-	c.key = tcpKey{local, raddr}
-	st.tcpConns.Store(c.key, c)
-	return c, nil
+	return st.newTCPConn(ep, &wq, r, id, kfd), nil
 }
 
 // tcpipErrno gives netstack's errors the kernel's names, for errors.Is.

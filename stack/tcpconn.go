@@ -164,13 +164,6 @@ func tcpEvents(m waiter.EventMask) TCPEvents {
 // Events is what the connection is ready for now.
 func (c *TCPConn) Events() TCPEvents { return tcpEvents(c.ep.Readiness(tcpEventMask)) }
 
-// track lists c by its 5-tuple, for finArriving; release unlists it.
-func (c *TCPConn) track() {
-	local, remote := c.Addrs()
-	c.key = tcpKey{local, remote}
-	c.st.tcpConns.Store(c.key, c)
-}
-
 // Notify calls fn with the events netstack signals (on netstack's
 // goroutines, which may hold its locks: fn must not call into netstack);
 // cancel stops it.

@@ -209,7 +209,7 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	// segments of an application's send kick as UDP's datagrams do
 	// (transmit): at once after a receive or wait (TCPConn.WaitPoint),
 	// with the next one's kick when sends follow each other (sockperf
-	// --tcp tp from vmaxdp: 1.6x the messages a second). What netstack
+	// --tcp tp from vmaxdp: 1.5x the messages a second). What netstack
 	// sends on its own (the processor's goroutine: data queued while it
 	// held the connection, retransmissions) kicks at once: no receive of
 	// the application's would follow it (redis-benchmark lost 10%).
@@ -294,6 +294,25 @@ func (st *Stack) finArriving(ip header.IPv4, seg header.TCP) {
 
 // tcpKey names a connection by its 5-tuple (TCP implied).
 type tcpKey struct{ local, remote netip.AddrPort }
+
+// TCPClosing counts the closed connections still exchanging their closing
+// segments (see TCPConn.Closing): a process that exits waits for them,
+// so that the peers' last segments find netstack, not the kernel.
+func (st *Stack) TCPClosing() int {
+	t := st.tcp.Load()
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.closing {
+		if c.Closing() {
+			n++
+		}
+	}
+	return n
+}
 
 // HasTCP says whether netstack runs on the stack (a TCP socket made it).
 func (st *Stack) HasTCP() bool { return st.tcp.Load() != nil }

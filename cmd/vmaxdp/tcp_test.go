@@ -81,8 +81,9 @@ func tcpTranscript(t *testing.T, b *testbed.Bed, prog string, port int, server, 
 // MSG_WAITALL, readv and writev, recvmsg and sendmsg, epoll with EPOLLET
 // and EPOLLRDHUP, shutdown each way, EPIPE and SIGPIPE with and without
 // MSG_NOSIGNAL, resets by SO_LINGER 0 and by close with unread data, a
-// zero window (writes to EAGAIN, then EPOLLOUT as the reader drains),
-// connect blocking and not to a closed port) give, line for line, what
+// zero window (writes to EAGAIN, then EPOLLOUT as the reader drains), a
+// receive timeout set before connect, connect blocking and not to a
+// closed port) give, line for line, what
 // they give on the kernel, with the server under vmaxdp and a kernel
 // client, the reverse, and both; on a plain bed (as `ip link add` makes
 // it) and on a tuned one. Each offloaded side says so in its log, and the
@@ -177,6 +178,9 @@ func TestRunTCPApps(t *testing.T) {
 					t.Logf("%.0f %s; the kernel took %d TCP segments on the client's side, %d on the server's", res.Rate, a.Unit, after[0]-before[0], after[1]-before[1])
 					if res.Rate == 0 {
 						t.Fatalf("no load went through:\n%s", res.Output)
+					}
+					if res.Lost != 0 {
+						t.Errorf("%d lost (a TCP load generator loses nothing):\n%s", res.Lost, tail(res.Output, 20))
 					}
 					// A side's process that exits while its peer still
 					// sends (iperf3 -R's client) leaves the segments in
@@ -317,85 +321,86 @@ func TestRunTCPChurn(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server is not installed (make deps installs it)")
 	}
-	b := testutil.Bed(t, nil)
-	const port = 11196
-	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=3"}, prlimit, "--nofile=8192:8192", "--", tools(t), "run", "--",
-		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
-		"--protected-mode", "no", "--maxclients", "4000", "--dir", t.TempDir())
-	if err := p.waitFor("Ready to accept connections"); err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
-	raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
-	ping := func(c net.Conn) error { return redisPing(c, 10*time.Second) }
-	dial := func() (net.Conn, error) { return net.DialTimeout("tcp4", raddr, 5*time.Second) }
-	var fds0, rss0 int
-	err = b.Do(testbed.A, func() error {
-		c, err := dial()
-		if err != nil {
-			return err
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11196
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=3"}, prlimit, "--nofile=8192:8192", "--", tools(t), "run", "--",
+			"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
+			"--protected-mode", "no", "--maxclients", "4000", "--dir", t.TempDir())
+		if err := p.waitFor("Ready to accept connections"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
 		}
-		if err := ping(c); err != nil {
-			return err
-		}
-		c.Close()
-		time.Sleep(300 * time.Millisecond) // closed and reaped
-		fds0, rss0 = procFDs(p.pid), procRSS(p.pid)
-		conns := make([]net.Conn, 0, 1000)
-		defer func() {
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		ping := func(c net.Conn) error { return redisPing(c, 10*time.Second) }
+		dial := func() (net.Conn, error) { return net.DialTimeout("tcp4", raddr, 5*time.Second) }
+		var fds0, rss0 int
+		err = b.Do(testbed.A, func() error {
+			c, err := dial()
+			if err != nil {
+				return err
+			}
+			if err := ping(c); err != nil {
+				return err
+			}
+			c.Close()
+			time.Sleep(300 * time.Millisecond) // closed and reaped
+			fds0, rss0 = procFDs(p.pid), procRSS(p.pid)
+			conns := make([]net.Conn, 0, 1000)
+			defer func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			}()
+			for i := range 1000 {
+				c, err := dial()
+				if err != nil {
+					return fmt.Errorf("connection %d of 1000: %w", i, err)
+				}
+				conns = append(conns, c)
+			}
+			for i, c := range conns {
+				if err := ping(c); err != nil {
+					return fmt.Errorf("connection %d of 1000: %w", i, err)
+				}
+			}
+			if n := procFDs(p.pid); n < fds0+2000 {
+				return fmt.Errorf("1,000 connections open, the server holds %d fds (%d before): they are not offloaded", n, fds0)
+			}
 			for _, c := range conns {
 				c.Close()
 			}
-		}()
-		for i := range 1000 {
-			c, err := dial()
-			if err != nil {
-				return fmt.Errorf("connection %d of 1000: %w", i, err)
+			conns = conns[:0]
+			for i := range 10000 {
+				c, err := dial()
+				if err != nil {
+					return fmt.Errorf("cycle %d of 10,000: %w", i, err)
+				}
+				err = ping(c)
+				c.Close()
+				if err != nil {
+					return fmt.Errorf("cycle %d of 10,000: %w", i, err)
+				}
 			}
-			conns = append(conns, c)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
-		for i, c := range conns {
-			if err := ping(c); err != nil {
-				return fmt.Errorf("connection %d of 1000: %w", i, err)
-			}
-		}
-		if n := procFDs(p.pid); n < fds0+2000 {
-			return fmt.Errorf("1,000 connections open, the server holds %d fds (%d before): they are not offloaded", n, fds0)
-		}
-		for _, c := range conns {
-			c.Close()
-		}
-		conns = conns[:0]
-		for i := range 10000 {
-			c, err := dial()
-			if err != nil {
-				return fmt.Errorf("cycle %d of 10,000: %w", i, err)
-			}
-			err = ping(c)
-			c.Close()
-			if err != nil {
-				return fmt.Errorf("cycle %d of 10,000: %w", i, err)
+		// Closed connections keep their netstack endpoint (and port) through
+		// the closing handshake; the reaper retires them within a second.
+		var fds, rss int
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if fds, rss = procFDs(p.pid), procRSS(p.pid); fds <= fds0 {
+				break
 			}
 		}
-		return nil
+		t.Logf("server: %d fds and %d KiB resident before, %d fds and %d KiB after 1,000 concurrent connections and 10,000 cycles", fds0, rss0, fds, rss)
+		if fds > fds0 {
+			t.Errorf("the server holds %d fds, %d before: the connections left fds behind", fds, fds0)
+		}
+		if rss > rss0+64*1024 {
+			t.Errorf("the server's memory grew from %d KiB to %d KiB", rss0, rss)
+		}
 	})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
-	}
-	// Closed connections keep their netstack endpoint (and port) through
-	// the closing handshake; the reaper retires them within a second.
-	var fds, rss int
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if fds, rss = procFDs(p.pid), procRSS(p.pid); fds <= fds0 {
-			break
-		}
-	}
-	t.Logf("server: %d fds and %d KiB resident before, %d fds and %d KiB after 1,000 concurrent connections and 10,000 cycles", fds0, rss0, fds, rss)
-	if fds > fds0 {
-		t.Errorf("the server holds %d fds, %d before: the connections left fds behind", fds, fds0)
-	}
-	if rss > rss0+64*1024 {
-		t.Errorf("the server's memory grew from %d KiB to %d KiB", rss0, rss)
-	}
 }
 
 // TestStatsTCP: vmaxdp stats shows an offloaded TCP server's sockets as
@@ -406,101 +411,102 @@ func TestRunTCPChurn(t *testing.T) {
 func TestStatsTCP(t *testing.T) {
 	testutil.RequireRoot(t)
 	vmaxdp := tools(t)
-	b := testutil.Bed(t, nil)
-	dir := t.TempDir()
-	const port, pings = 11197, 10
-	p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir}, "--tcp-backlog", "64")
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	err := b.Do(testbed.A, func() error {
-		for range 2 {
-			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
-			if err != nil {
-				return err
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		dir := t.TempDir()
+		const port, pings = 11197, 10
+		p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir}, "--tcp-backlog", "64")
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
 			}
-			conns = append(conns, c)
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			for range pings {
-				if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		}()
+		err := b.Do(testbed.A, func() error {
+			for range 2 {
+				c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+				if err != nil {
 					return err
 				}
-				var got [7]byte
-				if _, err := io.ReadFull(c, got[:]); err != nil {
-					return err
+				conns = append(conns, c)
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				for range pings {
+					if _, err := c.Write([]byte("PING\r\n")); err != nil {
+						return err
+					}
+					var got [7]byte
+					if _, err := io.ReadFull(c, got[:]); err != nil {
+						return err
+					}
 				}
 			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s *stats.Snapshot
-	var lis *stats.Socket
-	var est []*stats.Socket
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		s = snapshotJSON(t, vmaxdp, dir, p.pid)
-		lis, est = nil, nil
-		for i := range s.Sockets {
-			switch sk := &s.Sockets[i]; {
-			case sk.Proto == "tcp" && sk.TCP.State == "LISTEN":
-				lis = sk
-			case sk.Proto == "tcp" && sk.TCP.State == "ESTABLISHED":
-				est = append(est, sk)
+		var s *stats.Snapshot
+		var lis *stats.Socket
+		var est []*stats.Socket
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			s = snapshotJSON(t, vmaxdp, dir, p.pid)
+			lis, est = nil, nil
+			for i := range s.Sockets {
+				switch sk := &s.Sockets[i]; {
+				case sk.Proto == "tcp" && sk.TCP.State == "LISTEN":
+					lis = sk
+				case sk.Proto == "tcp" && sk.TCP.State == "ESTABLISHED":
+					est = append(est, sk)
+				}
+			}
+			done := len(est) == 2
+			for _, sk := range est {
+				done = done && sk.Counters.RxOffloadBytes == 6*pings && sk.Counters.TxOffloadBytes == 7*pings
+			}
+			if done || time.Now().After(deadline) {
+				break
 			}
 		}
-		done := len(est) == 2
+		if lis == nil || !lis.Offloaded() || lis.Interface != b.Link(testbed.B) || lis.TCP.Backlog != 64 || lis.TCP.Accepted != 2 {
+			t.Errorf("the listener: %+v, want offloaded on %s, backlog 64, 2 accepted", lis, b.Link(testbed.B))
+		}
+		if len(est) != 2 {
+			t.Fatalf("%d established connections in the stats, want 2: %+v", len(est), s.Sockets)
+		}
 		for _, sk := range est {
-			done = done && sk.Counters.RxOffloadBytes == 6*pings && sk.Counters.TxOffloadBytes == 7*pings
+			c := &sk.Counters
+			if c.RxOffloadBytes != 6*pings || c.TxOffloadBytes != 7*pings || c.RxOffloadPackets < pings || c.TxOffloadPackets < pings || len(sk.Rules) != 1 {
+				t.Errorf("fd %d: read %d bytes in %d segments, wrote %d in %d, rules %v; want %d read, %d written, at least %d segments each way, its rule",
+					sk.FD, c.RxOffloadBytes, c.RxOffloadPackets, c.TxOffloadBytes, c.TxOffloadPackets, sk.Rules, 6*pings, 7*pings, pings)
+			}
 		}
-		if done || time.Now().After(deadline) {
-			break
+		var pr *stats.Program
+		for i := range s.Programs {
+			if s.Programs[i].Interface == b.Link(testbed.B) {
+				pr = &s.Programs[i]
+			}
 		}
-	}
-	if lis == nil || !lis.Offloaded() || lis.Interface != b.Link(testbed.B) || lis.TCP.Backlog != 64 || lis.TCP.Accepted != 2 {
-		t.Errorf("the listener: %+v, want offloaded on %s, backlog 64, 2 accepted", lis, b.Link(testbed.B))
-	}
-	if len(est) != 2 {
-		t.Fatalf("%d established connections in the stats, want 2: %+v", len(est), s.Sockets)
-	}
-	for _, sk := range est {
-		c := &sk.Counters
-		if c.RxOffloadBytes != 6*pings || c.TxOffloadBytes != 7*pings || c.RxOffloadPackets < pings || c.TxOffloadPackets < pings || len(sk.Rules) != 1 {
-			t.Errorf("fd %d: read %d bytes in %d segments, wrote %d in %d, rules %v; want %d read, %d written, at least %d segments each way, its rule",
-				sk.FD, c.RxOffloadBytes, c.RxOffloadPackets, c.TxOffloadBytes, c.TxOffloadPackets, sk.Rules, 6*pings, 7*pings, pings)
+		if pr == nil || !pr.HasTCP || pr.TCP.PassiveOpens != 2 || pr.TCP.CurrentEstablished != 2 || pr.TCP.RxSegments == 0 || pr.TCP.InvalidSegmentsReceived != 0 {
+			t.Errorf("netstack's counters: %+v, want 2 passive opens, 2 established, segments in, none invalid", pr)
 		}
-	}
-	var pr *stats.Program
-	for i := range s.Programs {
-		if s.Programs[i].Interface == b.Link(testbed.B) {
-			pr = &s.Programs[i]
+		view, err := vmaxdpStats(vmaxdp, "-k", dir, "-p", strconv.Itoa(p.pid), "-v", "3", "-c", "1")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if pr == nil || !pr.HasTCP || pr.TCP.PassiveOpens != 2 || pr.TCP.CurrentEstablished != 2 || pr.TCP.RxSegments == 0 || pr.TCP.InvalidSegmentsReceived != 0 {
-		t.Errorf("netstack's counters: %+v, want 2 passive opens, 2 established, segments in, none invalid", pr)
-	}
-	view, err := vmaxdpStats(vmaxdp, "-k", dir, "-p", strconv.Itoa(p.pid), "-v", "3", "-c", "1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"Listen: backlog 64, accepted 2 by netstack", "TCP: ESTABLISHED", "TCP=[" + b.Link(testbed.B) + "] (netstack)", "passive_opens:              2"} {
-		if !strings.Contains(view, want) {
-			t.Errorf("view 3 lacks %q:\n%s", want, view)
+		for _, want := range []string{"Listen: backlog 64, accepted 2 by netstack", "TCP: ESTABLISHED", "TCP=[" + b.Link(testbed.B) + "] (netstack)", "passive_opens:              2"} {
+			if !strings.Contains(view, want) {
+				t.Errorf("view 3 lacks %q:\n%s", want, view)
+			}
 		}
-	}
-	prom, err := vmaxdpStats(vmaxdp, "-k", dir, "-p", strconv.Itoa(p.pid), "--prometheus", "-c", "1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{`vmaxdp_tcp_passive_opens_total{pid="` + strconv.Itoa(p.pid), `state="ESTABLISHED"`, "vmaxdp_socket_tcp_accepted_total"} {
-		if !strings.Contains(prom, want) {
-			t.Errorf("--prometheus lacks %q", want)
+		prom, err := vmaxdpStats(vmaxdp, "-k", dir, "-p", strconv.Itoa(p.pid), "--prometheus", "-c", "1")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		for _, want := range []string{`vmaxdp_tcp_passive_opens_total{pid="` + strconv.Itoa(p.pid), `state="ESTABLISHED"`, "vmaxdp_socket_tcp_accepted_total"} {
+			if !strings.Contains(prom, want) {
+				t.Errorf("--prometheus lacks %q", want)
+			}
+		}
+	})
 }
 
 // TestRunTCPReusePort: listeners of a SO_REUSEPORT group stay on the
@@ -509,39 +515,40 @@ func TestStatsTCP(t *testing.T) {
 func TestRunTCPReusePort(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "tcpcalls")
-	b := testutil.Bed(t, nil)
-	const port, conns = 11198, 20
-	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, "reuseport", strconv.Itoa(port), strconv.Itoa(conns))
-	if err := p.waitFor("listening\n"); err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
-	err := b.Do(testbed.A, func() error {
-		for i := range conns {
-			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
-			if err != nil {
-				return err
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			msg := fmt.Sprintf("hello %d", i)
-			c.Write([]byte(msg))
-			got, err := io.ReadAll(c)
-			c.Close()
-			if err != nil || string(got) != msg {
-				return fmt.Errorf("connection %d: got %q, %v", i, got, err)
-			}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, conns = 11198, 20
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, "reuseport", strconv.Itoa(port), strconv.Itoa(conns))
+		if err := p.waitFor("listening\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
 		}
-		return nil
+		err := b.Do(testbed.A, func() error {
+			for i := range conns {
+				c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+				if err != nil {
+					return err
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				msg := fmt.Sprintf("hello %d", i)
+				c.Write([]byte(msg))
+				got, err := io.ReadAll(c)
+				c.Close()
+				if err != nil || string(got) != msg {
+					return fmt.Errorf("connection %d: got %q, %v", i, got, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if err := p.exited(); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		out := p.out.String()
+		if !strings.Contains(out, fmt.Sprintf("ok served %d", conns)) || !strings.Contains(out, "not offloaded: tcp_server 0.0.0.0:"+strconv.Itoa(port)+": SO_REUSEPORT") {
+			t.Errorf("want every connection served and the listeners on the kernel for SO_REUSEPORT:\n%s", out)
+		}
 	})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
-	if err := p.exited(); err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
-	out := p.out.String()
-	if !strings.Contains(out, fmt.Sprintf("ok served %d", conns)) || !strings.Contains(out, "not offloaded: tcp_server 0.0.0.0:"+strconv.Itoa(port)+": SO_REUSEPORT") {
-		t.Errorf("want every connection served and the listeners on the kernel for SO_REUSEPORT:\n%s", out)
-	}
 }
 
 // redisPing sends PING on c and reads the answer.
@@ -581,58 +588,59 @@ func startRedis(t *testing.T, b *testbed.Bed, port int, env []string, extra ...s
 // the link is back, and new connections are offloaded as before.
 func TestRunTCPLinkDownUp(t *testing.T) {
 	testutil.RequireRoot(t)
-	b := testutil.Bed(t, nil)
-	const port = 11199
-	p := startRedis(t, b, port, nil)
-	setLink := func(state string) error {
-		out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "ip", "link", "set", b.Link(testbed.B), state).CombinedOutput()
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11199
+		p := startRedis(t, b, port, nil)
+		setLink := func(state string) error {
+			out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "ip", "link", "set", b.Link(testbed.B), state).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("ip link set %s: %w: %s", state, err, out)
+			}
+			return nil
+		}
+		t.Cleanup(func() { setLink("up") })
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		err := b.Do(testbed.A, func() error {
+			c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := redisPing(c, 5*time.Second); err != nil {
+				return fmt.Errorf("before: %w", err)
+			}
+			if err := setLink("down"); err != nil {
+				return err
+			}
+			if _, err := c.Write([]byte("PING\r\n")); err != nil {
+				return err
+			}
+			time.Sleep(500 * time.Millisecond)
+			if err := setLink("up"); err != nil {
+				return err
+			}
+			c.SetDeadline(time.Now().Add(15 * time.Second))
+			var got [7]byte
+			if _, err := io.ReadFull(c, got[:]); err != nil || string(got[:]) != "+PONG\r\n" {
+				return fmt.Errorf("the PING sent while the link was down: got %q, %v", got, err)
+			}
+			c2, err := net.DialTimeout("tcp4", raddr, 10*time.Second)
+			if err != nil {
+				return fmt.Errorf("after: %w", err)
+			}
+			defer c2.Close()
+			return redisPing(c2, 5*time.Second)
+		})
 		if err != nil {
-			return fmt.Errorf("ip link set %s: %w: %s", state, err, out)
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
-		return nil
-	}
-	t.Cleanup(func() { setLink("up") })
-	raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
-	err := b.Do(testbed.A, func() error {
-		c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
-		if err != nil {
-			return err
+		out := p.out.String()
+		for _, want := range []string{"interface " + b.Link(testbed.B) + " is down", "interface up: offloaded traffic resumes", "fd 8: tcp connection"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the log lacks %q:\n%s", want, tail(out, 20))
+			}
 		}
-		defer c.Close()
-		if err := redisPing(c, 5*time.Second); err != nil {
-			return fmt.Errorf("before: %w", err)
-		}
-		if err := setLink("down"); err != nil {
-			return err
-		}
-		if _, err := c.Write([]byte("PING\r\n")); err != nil {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
-		if err := setLink("up"); err != nil {
-			return err
-		}
-		c.SetDeadline(time.Now().Add(15 * time.Second))
-		var got [7]byte
-		if _, err := io.ReadFull(c, got[:]); err != nil || string(got[:]) != "+PONG\r\n" {
-			return fmt.Errorf("the PING sent while the link was down: got %q, %v", got, err)
-		}
-		c2, err := net.DialTimeout("tcp4", raddr, 10*time.Second)
-		if err != nil {
-			return fmt.Errorf("after: %w", err)
-		}
-		defer c2.Close()
-		return redisPing(c2, 5*time.Second)
 	})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
-	}
-	out := p.out.String()
-	for _, want := range []string{"interface " + b.Link(testbed.B) + " is down", "interface up: offloaded traffic resumes", "fd 8: tcp connection"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the log lacks %q:\n%s", want, tail(out, 20))
-		}
-	}
 }
 
 // TestRunTCPBacklogFull: 64 clients connect at once to an offloaded
@@ -646,71 +654,72 @@ func TestRunTCPLinkDownUp(t *testing.T) {
 func TestRunTCPBacklogFull(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "tcpcalls")
-	b := testutil.Bed(t, nil)
-	const port, conns = 11200, 64
-	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, "backlog", strconv.Itoa(port), strconv.Itoa(conns))
-	if err := p.waitFor("listening\n"); err != nil {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
-	// The sockets are made on the thread b.Do puts in side A's namespace
-	// (a socket's namespace is its creator's), their connects started
-	// there; goroutines wait for them anywhere.
-	var fds []int
-	err := b.Do(testbed.A, func() error {
-		sa := &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()}
-		for range conns {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			fds = append(fds, fd)
-			if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
-				return err
-			}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, conns = 11200, 64
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, "backlog", strconv.Itoa(port), strconv.Itoa(conns))
+		if err := p.waitFor("listening\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
 		}
-		return nil
-	})
-	if err != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
+		// The sockets are made on the thread b.Do puts in side A's namespace
+		// (a socket's namespace is its creator's), their connects started
+		// there; goroutines wait for them anywhere.
+		var fds []int
+		err := b.Do(testbed.A, func() error {
+			sa := &unix.SockaddrInet4{Port: port, Addr: b.Addr(testbed.B).As4()}
+			for range conns {
+				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					return err
+				}
+				fds = append(fds, fd)
+				if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			t.Fatal(err)
 		}
-		t.Fatal(err)
-	}
-	errs := make(chan error, conns)
-	for i, fd := range fds {
-		go func() {
-			f := os.NewFile(uintptr(fd), "client")
-			c, err := net.FileConn(f)
-			f.Close()
-			if err != nil {
+		errs := make(chan error, conns)
+		for i, fd := range fds {
+			go func() {
+				f := os.NewFile(uintptr(fd), "client")
+				c, err := net.FileConn(f)
+				f.Close()
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(15 * time.Second))
+				msg := fmt.Sprintf("hello %d", i)
+				if _, err := c.Write([]byte(msg)); err != nil {
+					errs <- fmt.Errorf("connection %d: %w", i, err)
+					return
+				}
+				got, err := io.ReadAll(c)
+				if err != nil || string(got) != msg {
+					err = fmt.Errorf("connection %d: got %q, %v", i, got, err)
+				}
 				errs <- err
-				return
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(15 * time.Second))
-			msg := fmt.Sprintf("hello %d", i)
-			if _, err := c.Write([]byte(msg)); err != nil {
-				errs <- fmt.Errorf("connection %d: %w", i, err)
-				return
-			}
-			got, err := io.ReadAll(c)
-			if err != nil || string(got) != msg {
-				err = fmt.Errorf("connection %d: got %q, %v", i, got, err)
-			}
-			errs <- err
-		}()
-	}
-	for range conns {
-		if err := <-errs; err != nil {
-			t.Error(err)
+			}()
 		}
-	}
-	if err := p.exited(); err != nil || t.Failed() {
-		t.Fatalf("%v\n%s", err, p.out.String())
-	}
-	if out := p.out.String(); !strings.Contains(out, fmt.Sprintf("ok served %d", conns)) || !strings.Contains(out, "fd 3: offloaded on "+b.Link(testbed.B)) {
-		t.Errorf("want the offloaded listener to serve all %d:\n%s", conns, out)
-	}
+		for range conns {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if err := p.exited(); err != nil || t.Failed() {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if out := p.out.String(); !strings.Contains(out, fmt.Sprintf("ok served %d", conns)) || !strings.Contains(out, "fd 3: offloaded on "+b.Link(testbed.B)) {
+			t.Errorf("want the offloaded listener to serve all %d:\n%s", conns, out)
+		}
+	})
 }
 
 // tcpSegment builds an IPv4 packet from src to dst carrying a TCP header
@@ -764,76 +773,77 @@ func tcpSegment(src, dst netip.AddrPort, flags byte, doff int, payload []byte, b
 func TestRunTCPMalformed(t *testing.T) {
 	testutil.RequireRoot(t)
 	vmaxdp := tools(t)
-	b := testutil.Bed(t, nil)
-	dir := t.TempDir()
-	const port = 11201
-	p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir})
-	dst := netip.AddrPortFrom(b.Addr(testbed.B), port)
-	src := netip.AddrPortFrom(b.Addr(testbed.A), 40000)
-	const n = 5
-	segs := map[string][]byte{
-		"bad checksum":        tcpSegment(src, dst, 0x02, 5, nil, true),
-		"offset past the end": tcpSegment(src, dst, 0x10, 15, nil, false),
-		"every flag":          tcpSegment(src, dst, 0x3f, 5, []byte("x"), false),
-		"data, no connection": tcpSegment(src, dst, 0x18, 5, []byte("PING\r\n"), false),
-		"cut short":           tcpSegment(src, dst, 0x02, 5, nil, false)[:30],
-	}
-	err := b.Do(testbed.A, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
-		if err != nil {
-			return err
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		dir := t.TempDir()
+		const port = 11201
+		p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir})
+		dst := netip.AddrPortFrom(b.Addr(testbed.B), port)
+		src := netip.AddrPortFrom(b.Addr(testbed.A), 40000)
+		const n = 5
+		segs := map[string][]byte{
+			"bad checksum":        tcpSegment(src, dst, 0x02, 5, nil, true),
+			"offset past the end": tcpSegment(src, dst, 0x10, 15, nil, false),
+			"every flag":          tcpSegment(src, dst, 0x3f, 5, []byte("x"), false),
+			"data, no connection": tcpSegment(src, dst, 0x18, 5, []byte("PING\r\n"), false),
+			"cut short":           tcpSegment(src, dst, 0x02, 5, nil, false)[:30],
 		}
-		defer unix.Close(fd)
-		to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
-		for name, seg := range segs {
-			for range n {
-				if err := unix.Sendto(fd, seg, 0, to); err != nil {
-					return fmt.Errorf("%s: %w", name, err)
+		err := b.Do(testbed.A, func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
+			for name, seg := range segs {
+				for range n {
+					if err := unix.Sendto(fd, seg, 0, to); err != nil {
+						return fmt.Errorf("%s: %w", name, err)
+					}
 				}
 			}
-		}
-		c, err := net.DialTimeout("tcp4", dst.String(), 5*time.Second)
+			c, err := net.DialTimeout("tcp4", dst.String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return redisPing(c, 5*time.Second)
+		})
 		if err != nil {
-			return err
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
-		defer c.Close()
-		return redisPing(c, 5*time.Second)
-	})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
-	}
-	var pr *stats.Program
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		s := snapshotJSON(t, vmaxdp, dir, p.pid)
-		pr = nil
-		for i := range s.Programs {
-			if s.Programs[i].Interface == b.Link(testbed.B) {
-				pr = &s.Programs[i]
+		var pr *stats.Program
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			s := snapshotJSON(t, vmaxdp, dir, p.pid)
+			pr = nil
+			for i := range s.Programs {
+				if s.Programs[i].Interface == b.Link(testbed.B) {
+					pr = &s.Programs[i]
+				}
+			}
+			if pr != nil && pr.TCP.InvalidSegmentsReceived >= n || time.Now().After(deadline) {
+				break
 			}
 		}
-		if pr != nil && pr.TCP.InvalidSegmentsReceived >= n || time.Now().After(deadline) {
-			break
+		if pr == nil {
+			t.Fatal("no program for the server's interface in the stats")
 		}
-	}
-	if pr == nil {
-		t.Fatal("no program for the server's interface in the stats")
-	}
-	drops := map[string]uint64{}
-	for _, d := range pr.Stack.RxDropped {
-		drops[d.Reason] = d.Packets
-	}
-	t.Logf("stack drops %v; netstack: invalid %d, resets sent %d; XDP passed %d (parse errors %d)",
-		drops, pr.TCP.InvalidSegmentsReceived, pr.TCP.ResetsSent, pr.Counters.Passed, pr.Counters.ParseErrors)
-	if drops["bad_tcp_checksum"] < n {
-		t.Errorf("bad checksums: %d counted, want %d", drops["bad_tcp_checksum"], n)
-	}
-	if drops["bad_length"]+pr.Counters.ParseErrors < n {
-		t.Errorf("headers cut short: %d counted by the stack, %d by the XDP program, want %d", drops["bad_length"], pr.Counters.ParseErrors, n)
-	}
-	if pr.TCP.InvalidSegmentsReceived < n {
-		t.Errorf("data offsets past the end: netstack counted %d invalid segments, want %d", pr.TCP.InvalidSegmentsReceived, n)
-	}
-	if pr.TCP.ResetsSent < n {
-		t.Errorf("data without a connection: netstack sent %d resets, want at least %d", pr.TCP.ResetsSent, n)
-	}
+		drops := map[string]uint64{}
+		for _, d := range pr.Stack.RxDropped {
+			drops[d.Reason] = d.Packets
+		}
+		t.Logf("stack drops %v; netstack: invalid %d, resets sent %d; XDP passed %d (parse errors %d)",
+			drops, pr.TCP.InvalidSegmentsReceived, pr.TCP.ResetsSent, pr.Counters.Passed, pr.Counters.ParseErrors)
+		if drops["bad_tcp_checksum"] < n {
+			t.Errorf("bad checksums: %d counted, want %d", drops["bad_tcp_checksum"], n)
+		}
+		if drops["bad_length"]+pr.Counters.ParseErrors < n {
+			t.Errorf("headers cut short: %d counted by the stack, %d by the XDP program, want %d", drops["bad_length"], pr.Counters.ParseErrors, n)
+		}
+		if pr.TCP.InvalidSegmentsReceived < n {
+			t.Errorf("data offsets past the end: netstack counted %d invalid segments, want %d", pr.TCP.InvalidSegmentsReceived, n)
+		}
+		if pr.TCP.ResetsSent < n {
+			t.Errorf("data without a connection: netstack sent %d resets, want at least %d", pr.TCP.ResetsSent, n)
+		}
+	})
 }

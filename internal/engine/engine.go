@@ -396,16 +396,10 @@ func sockAddrs(fd int) (local, remote netip.AddrPort) {
 // decide applies the rules and, when they say so, offloads s. Caller
 // holds s.mu.
 func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort, ifname string) State {
-	what := fmt.Sprintf("%s %s", role, local)
-	if remote.IsValid() {
-		what = fmt.Sprintf("%s %s>%s", role, local, remote)
-	}
-	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, role, local, remote)
-	switch {
-	case matched && r.Transport == rules.OS:
-		return e.notOffloaded(s, what, fmt.Sprintf("rule %s: %s", r.Where, r))
-	case !matched && !e.p.OffloadedSockets:
-		return e.notOffloaded(s, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
+	what := socketWhat(role, local, remote)
+	by, cause := e.ruleDecision(role, local, remote)
+	if cause != "" {
+		return e.notOffloaded(s, what, cause)
 	}
 	if s.selects != "" && reusePort(s.fd) {
 		return e.notOffloaded(s, what, selectsCause(s.selects))
@@ -419,10 +413,6 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 			return e.notOffloaded(s, what, err.Error())
 		}
 	}
-	by := "default"
-	if matched {
-		by = "rule " + r.Where
-	}
 	st, err := e.stackOrWait(ifname, s, what, by)
 	switch {
 	case err != nil:
@@ -431,6 +421,30 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 		return StateCandidate
 	}
 	return e.adopt(s, st, what, by)
+}
+
+// socketWhat names a socket for the log: its role and addresses.
+func socketWhat(role rules.Role, local, remote netip.AddrPort) string {
+	if remote.IsValid() {
+		return fmt.Sprintf("%s %s>%s", role, local, remote)
+	}
+	return fmt.Sprintf("%s %s", role, local)
+}
+
+// ruleDecision applies the rules file and VMAXDP_OFFLOADED_SOCKETS to a
+// socket in role: what allows its offload ("default" or the rule), or
+// why it stays on the kernel (cause, "" when it may be offloaded).
+func (e *Engine) ruleDecision(role rules.Role, local, remote netip.AddrPort) (by, cause string) {
+	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, role, local, remote)
+	switch {
+	case matched && r.Transport == rules.OS:
+		return "", fmt.Sprintf("rule %s: %s", r.Where, r)
+	case !matched && !e.p.OffloadedSockets:
+		return "", params.Prefix + "OFFLOADED_SOCKETS=0 and no rule offloads it"
+	case matched:
+		return "rule " + r.Where, ""
+	}
+	return "default", ""
 }
 
 // adopt offloads s onto st. Caller holds s.mu.
@@ -629,14 +643,21 @@ func (e *Engine) notOffloaded(s *Socket, what, cause string) State {
 	s.kernel.Store(true)
 	e.onState(s.fd, StateKernel)
 	s.wakeDecided()
+	e.logNotOffloaded(s.fd, what, cause)
+	return StateKernel
+}
+
+// logNotOffloaded logs why the socket on fd, doing what, stays on the
+// kernel: at INFO once per cause (a server whose sockets all stay on the
+// kernel for one reason says so once), at DEBUG after that.
+func (e *Engine) logNotOffloaded(fd int, what, cause string) {
 	level, more := params.LevelInfo, ""
 	if _, seen := e.causes.LoadOrStore(cause, true); seen {
 		level = params.LevelDebug
 	} else {
 		more = " (other sockets left on the kernel for this reason are logged at debug level)"
 	}
-	e.Log.Printf(level, "fd %d: not offloaded: %s%s", s.fd, s.reason, more)
-	return StateKernel
+	e.Log.Printf(level, "fd %d: not offloaded: %s: %s%s", fd, what, cause, more)
 }
 
 func (e *Engine) applyMulticast(s *Socket, c *stack.UDPConn) {

@@ -354,14 +354,13 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 	}
 	if nc, ok := st.Netstack(); ok {
 		pr.HasTCP = true
-		tc := &st.TCPCounters
-		pr.TCP = stats.TCPCounters{RxSegments: tc.RxSegments.Load(), TxSegments: tc.TxSegments.Load(),
-			TxDropped: tc.TxDropped.Load(), DrainErrors: tc.DrainErrors.Load()}
+		loadCounters(&pr.TCP, &st.TCPCounters) // the link's, the first fields
 		// The rest are stack.NetstackCounters, field for field
 		// (TestCounterNames).
 		dst, src := reflect.ValueOf(&pr.TCP).Elem(), reflect.ValueOf(nc)
+		link := reflect.TypeFor[stack.TCPCounters]().NumField()
 		for i := range src.NumField() {
-			dst.Field(i + 4).SetUint(src.Field(i).Uint())
+			dst.Field(link + i).SetUint(src.Field(i).Uint())
 		}
 	}
 	snap.Programs = append(snap.Programs, pr)

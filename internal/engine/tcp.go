@@ -326,13 +326,14 @@ func (e *Engine) Listen(fd, backlog int) State {
 	if l := e.listener(fd); l != nil {
 		return StateOffloaded // listen again: the kernel took the new backlog
 	}
-	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
-		return StateOS
-	}
-	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
-		if err == nil && dom == unix.AF_INET6 && e.p.TCP {
-			e.tcpNotOffloaded(fd, "tcp_server", "an IPv6 socket: TCP offload serves AF_INET sockets (IPv6 keeps flowing through the kernel)")
+	switch streamDomain(fd) {
+	case unix.AF_INET:
+	case unix.AF_INET6:
+		if e.p.TCP {
+			return e.tcpNotOffloaded(fd, rules.TCPServer.String(), "an IPv6 socket: TCP offload serves AF_INET sockets (IPv6 keeps flowing through the kernel)")
 		}
+		return StateOS
+	default:
 		return StateOS
 	}
 	local, _ := sockAddrs(fd)
@@ -344,17 +345,15 @@ func (e *Engine) Listen(fd, backlog int) State {
 		}
 		local, _ = sockAddrs(fd)
 	}
-	what := fmt.Sprintf("%s %s", rules.TCPServer, local)
+	what := socketWhat(rules.TCPServer, local, netip.AddrPort{})
 	if !e.p.TCP {
 		e.Log.Printf(params.LevelDebug, "fd %d: not offloaded: %s: %sTCP=0", fd, what, params.Prefix)
 		return StateOS
 	}
-	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, rules.TCPServer, local, netip.AddrPort{})
+	_, cause := e.ruleDecision(rules.TCPServer, local, netip.AddrPort{})
 	switch {
-	case matched && r.Transport == rules.OS:
-		return e.tcpNotOffloaded(fd, what, fmt.Sprintf("rule %s: %s", r.Where, r))
-	case !matched && !e.p.OffloadedSockets:
-		return e.tcpNotOffloaded(fd, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
+	case cause != "":
+		return e.tcpNotOffloaded(fd, what, cause)
 	case reusePort(fd):
 		// The steering rule would take every SYN to the port, so the
 		// kernel could no longer spread connections over the group's
@@ -388,15 +387,24 @@ func (e *Engine) Listen(fd, backlog int) State {
 	return StateOffloaded
 }
 
+// tcpNotOffloaded logs why a TCP socket stays on the kernel, which it
+// never left (StateOS: the engine keeps nothing of it).
 func (e *Engine) tcpNotOffloaded(fd int, what, cause string) State {
-	level, more := params.LevelInfo, ""
-	if _, seen := e.causes.LoadOrStore(cause, true); seen {
-		level = params.LevelDebug
-	} else {
-		more = " (other sockets left on the kernel for this reason are logged at debug level)"
-	}
-	e.Log.Printf(level, "fd %d: not offloaded: %s: %s%s", fd, what, cause, more)
+	e.logNotOffloaded(fd, what, cause)
 	return StateOS
+}
+
+// streamDomain is the address family of fd when it is a stream socket,
+// 0 otherwise.
+func streamDomain(fd int) int {
+	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
+		return 0
+	}
+	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return 0
+	}
+	return dom
 }
 
 // Accept serves accept and accept4 (flags: SOCK_NONBLOCK, SOCK_CLOEXEC)
@@ -513,21 +521,13 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 	if !e.p.TCP || !raddr.Addr().Is4() || raddr.Addr().IsLoopback() || raddr.Addr().IsUnspecified() || raddr.Addr().IsMulticast() {
 		return ErrPassOS
 	}
-	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
-		return ErrPassOS
-	}
-	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET {
+	if streamDomain(fd) != unix.AF_INET {
 		return ErrPassOS
 	}
 	local, _ := sockAddrs(fd)
-	what := fmt.Sprintf("%s %s>%s", rules.TCPClient, local, raddr)
-	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, rules.TCPClient, local, raddr)
-	switch {
-	case matched && r.Transport == rules.OS:
-		e.tcpNotOffloaded(fd, what, fmt.Sprintf("rule %s: %s", r.Where, r))
-		return ErrPassOS
-	case !matched && !e.p.OffloadedSockets:
-		e.tcpNotOffloaded(fd, what, params.Prefix+"OFFLOADED_SOCKETS=0 and no rule offloads it")
+	what := socketWhat(rules.TCPClient, local, raddr)
+	if _, cause := e.ruleDecision(rules.TCPClient, local, raddr); cause != "" {
+		e.tcpNotOffloaded(fd, what, cause)
 		return ErrPassOS
 	}
 	ifname, err := e.pickInterface(local.Addr(), raddr.Addr())
@@ -582,6 +582,17 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 	nonblock := fl&unix.O_NONBLOCK != 0
 	t := e.mirror(c, fd, highfd.Move(pair[1]), nonblock)
 	t.ifname = ifname
+	// The timeouts set before connect were the kernel socket's (kfd's
+	// now): fd's mirror and the engine take them over.
+	for _, o := range []struct {
+		name int
+		to   *atomic.Int64
+	}{{unix.SO_RCVTIMEO, &t.rcvtimeo}, {unix.SO_SNDTIMEO, &t.sndtimeo}} {
+		if tv, err := unix.GetsockoptTimeval(kfd, unix.SOL_SOCKET, o.name); err == nil && tv.Nano() > 0 {
+			o.to.Store(tv.Nano())
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, o.name, tv)
+		}
+	}
 	t.block() // unwritable until established, as the kernel's socket is
 	e.conns[fd].Store(t)
 	e.onState(fd, StateTCP)
@@ -592,9 +603,6 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 	var deadline time.Time
 	if d := t.sndtimeo.Load(); d > 0 {
 		deadline = time.Now().Add(time.Duration(d))
-	}
-	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO); err == nil && tv.Nano() > 0 {
-		deadline = time.Now().Add(time.Duration(tv.Nano()))
 	}
 	sw := sig.Begin(false) // an interrupted connect goes on, and says EINTR
 	for c.Connecting() {
@@ -952,21 +960,18 @@ const exitWait = 500 * time.Millisecond
 // netstack; then the stacks close and take their steering off the
 // interfaces.
 func (e *Engine) exitTCP() {
-	var conns []*stack.TCPConn
 	for fd := range e.conns {
-		if t := e.conns[fd].Load(); t != nil && e.closeTCP(fd) {
-			conns = append(conns, t.c)
-		}
+		e.closeTCP(fd)
 	}
 	for fd := range e.listeners {
-		if e.listeners[fd].Load() != nil {
-			e.closeTCP(fd)
-		}
+		e.closeTCP(fd)
 	}
+	// The connections the application closed before count too: one it
+	// closed just before exiting waits for the peer's last ack.
 	for deadline := time.Now().Add(exitWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		busy := false
-		for _, c := range conns {
-			busy = busy || c.Closing()
+		for _, st := range e.openStacks() {
+			busy = busy || st.TCPClosing() > 0
 		}
 		if !busy {
 			break

@@ -286,6 +286,12 @@ static int server(int port)
 	readn(c, b, 2);
 	close(c);
 
+	/* 6: the client waits out its SO_RCVTIMEO, then closes. */
+	c = accept(l, NULL, NULL);
+	say("accept: fd %d", c);
+	res("read until the client closes", read(c, b, sizeof b));
+	close(c);
+
 	close(l);
 	close(ep);
 	say("server done");
@@ -436,7 +442,19 @@ static int client(const char *addr, int port, int closed)
 	writen(c, "ok", 2);
 	close(c);
 
-	/* 6: a non-blocking connect to a port nobody listens on. */
+	/* 6: a receive timeout set before connect holds after it. */
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	res("connect 6", connect(c, (struct sockaddr *)&a, sizeof a));
+	res("recv with SO_RCVTIMEO set before connect", recv(c, b, sizeof b, 0));
+	struct timeval got;
+	socklen_t gl = sizeof got;
+	getsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &got, &gl);
+	say("SO_RCVTIMEO %ld us", (long)(got.tv_sec * 1000000 + got.tv_usec));
+	close(c);
+
+	/* 7: a non-blocking connect to a port nobody listens on. */
 	c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
 	struct sockaddr_in z = a;
 	z.sin_port = htons(closed);
@@ -452,7 +470,7 @@ static int client(const char *addr, int port, int closed)
 	say("SO_ERROR %s", v ? strerrorname_np(v) : "0");
 	close(c);
 
-	/* 7: a blocking connect to it. */
+	/* 8: a blocking connect to it. */
 	c = socket(AF_INET, SOCK_STREAM, 0);
 	res("blocking connect to a closed port", connect(c, (struct sockaddr *)&z, sizeof z));
 	close(c);
