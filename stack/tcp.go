@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -351,7 +352,7 @@ func (st *Stack) DialTCP(ctx context.Context, raddr netip.AddrPort) (*TCPConn, e
 // events say when it is established (TCPWritable) or failed (TCPHangup,
 // with SoError). The connection owns kfd from then on and closes it when
 // netstack is done with the port. Call it in the stack's network
-// namespace.
+// namespace. The options set on kfd before are the connection's.
 func (st *Stack) ConnectTCP(kfd int, raddr netip.AddrPort) (*TCPConn, error) {
 	if !raddr.Addr().Is4() {
 		return nil, fmt.Errorf("tcp connect %s: %w: IPv4 only", raddr, unix.EAFNOSUPPORT)
@@ -387,6 +388,11 @@ func (st *Stack) ConnectTCP(kfd int, raddr netip.AddrPort) (*TCPConn, error) {
 	if terr := ep.Bind(tcpip.FullAddress{NIC: tcpNIC, Addr: tcpip.AddrFrom4(local.Addr().As4()), Port: local.Port()}); terr != nil {
 		ep.Close()
 		return nil, fmt.Errorf("tcp connect %s: netstack bind %s: %s", raddr, local, terr)
+	}
+	// What was set before connect holds after it, as on the kernel's
+	// socket; set before the SYN, which carries the window and MSS.
+	if err := copyOptions(ep, kfd, &t.defaults); err != nil {
+		slog.Warn(fmt.Sprintf("tcp connect %s: options set before connect: %v; connecting without those", raddr, err))
 	}
 	// The rule goes in before the SYN goes out: the SYN-ACK must find it.
 	r := steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: raddr}

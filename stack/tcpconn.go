@@ -264,7 +264,11 @@ func (c *TCPConn) SoError() unix.Errno {
 // SetOption sets an integer socket option by its Linux level and name;
 // unix.ENOPROTOOPT for one netstack has no equivalent of.
 func (c *TCPConn) SetOption(level, name, v int) error {
-	so := c.ep.SocketOptions()
+	return setOption(c.ep, level, name, v)
+}
+
+func setOption(ep tcpip.Endpoint, level, name, v int) error {
+	so := ep.SocketOptions()
 	var terr tcpip.Error
 	switch {
 	case level == unix.IPPROTO_TCP && name == unix.TCP_NODELAY:
@@ -275,17 +279,17 @@ func (c *TCPConn) SetOption(level, name, v int) error {
 		so.SetQuickAck(v != 0)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPIDLE:
 		o := tcpip.KeepaliveIdleOption(time.Duration(v) * time.Second)
-		terr = c.ep.SetSockOpt(&o)
+		terr = ep.SetSockOpt(&o)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPINTVL:
 		o := tcpip.KeepaliveIntervalOption(time.Duration(v) * time.Second)
-		terr = c.ep.SetSockOpt(&o)
+		terr = ep.SetSockOpt(&o)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_KEEPCNT:
-		terr = c.ep.SetSockOptInt(tcpip.KeepaliveCountOption, v)
+		terr = ep.SetSockOptInt(tcpip.KeepaliveCountOption, v)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_USER_TIMEOUT:
 		o := tcpip.TCPUserTimeoutOption(time.Duration(v) * time.Millisecond)
-		terr = c.ep.SetSockOpt(&o)
+		terr = ep.SetSockOpt(&o)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_MAXSEG:
-		terr = c.ep.SetSockOptInt(tcpip.MaxSegOption, v)
+		terr = ep.SetSockOptInt(tcpip.MaxSegOption, v)
 	case level == unix.SOL_SOCKET && name == unix.SO_KEEPALIVE:
 		so.SetKeepAlive(v != 0)
 	case level == unix.SOL_SOCKET && name == unix.SO_REUSEADDR:
@@ -297,9 +301,9 @@ func (c *TCPConn) SetOption(level, name, v int) error {
 	case level == unix.SOL_SOCKET && name == unix.SO_SNDBUF:
 		so.SetSendBufferSize(2*int64(v), true)
 	case level == unix.IPPROTO_IP && name == unix.IP_TOS:
-		terr = c.ep.SetSockOptInt(tcpip.IPv4TOSOption, v)
+		terr = ep.SetSockOptInt(tcpip.IPv4TOSOption, v)
 	case level == unix.IPPROTO_IP && name == unix.IP_TTL:
-		terr = c.ep.SetSockOptInt(tcpip.IPv4TTLOption, v)
+		terr = ep.SetSockOptInt(tcpip.IPv4TTLOption, v)
 	default:
 		return unix.ENOPROTOOPT
 	}
@@ -342,6 +346,12 @@ func (c *TCPConn) Option(level, name int) (int, error) {
 			return 0, tcpipErrno(terr)
 		}
 		return v, nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_USER_TIMEOUT:
+		var o tcpip.TCPUserTimeoutOption
+		if terr := c.ep.GetSockOpt(&o); terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return int(time.Duration(o) / time.Millisecond), nil
 	case level == unix.IPPROTO_TCP && name == unix.TCP_MAXSEG:
 		v, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption)
 		if terr != nil {

@@ -50,8 +50,11 @@ type TCPCounters struct {
 type tcpState struct {
 	ns   *nstack.Stack
 	link *tcpLink
-	stop chan struct{}
-	done chan struct{}
+	// defaults tell the options an application set on a kernel socket
+	// (copyOptions).
+	defaults optionDefaults
+	stop     chan struct{}
+	done     chan struct{}
 
 	// closing are closed connections whose steering rule and kernel
 	// socket wait for netstack to finish with them (FIN exchange,
@@ -377,6 +380,10 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 	if q == nil {
 		return nil, fmt.Errorf("tcp: no queue can transmit")
 	}
+	defaults, err := kernelOptionDefaults()
+	if err != nil {
+		return nil, err
+	}
 	link := &tcpLink{st: st, q: q}
 	ns := nstack.New(nstack.Options{
 		NetworkProtocols:   []nstack.NetworkProtocolFactory{ipv4.NewProtocol},
@@ -397,7 +404,7 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 		}
 	}
 	ns.SetRouteTable([]tcpip.Route{{Destination: gheader.IPv4EmptySubnet, NIC: tcpNIC}})
-	t := &tcpState{ns: ns, link: link, stop: make(chan struct{}), done: make(chan struct{})}
+	t := &tcpState{ns: ns, link: link, defaults: defaults, stop: make(chan struct{}), done: make(chan struct{})}
 	go st.tcpDrain(t)
 	st.tcp.Store(t)
 	return t, nil

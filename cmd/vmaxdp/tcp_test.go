@@ -82,7 +82,9 @@ func tcpTranscript(t *testing.T, b *testbed.Bed, prog string, port int, server, 
 // and EPOLLRDHUP, shutdown each way, EPIPE and SIGPIPE with and without
 // MSG_NOSIGNAL, resets by SO_LINGER 0 and by close with unread data, a
 // zero window (writes to EAGAIN, then EPOLLOUT as the reader drains), a
-// receive timeout set before connect, connect blocking and not to a
+// receive timeout and the other options (TCP_NODELAY, keepalive,
+// TCP_USER_TIMEOUT, SO_RCVBUF, SO_LINGER) set before connect, the same
+// set on the listener and inherited by what it accepts, connect blocking and not to a
 // closed port) give, line for line, what
 // they give on the kernel, with the server under vmaxdp and a kernel
 // client, the reverse, and both; on a plain bed (as `ip link add` makes

@@ -434,6 +434,9 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 		if err == nil {
 			l.accepted.Add(1)
 			l.settle() // the wake eventfd reads as no more waiting, if none
+			if err := c.InheritOptions(fd); err != nil {
+				e.Log.Printf(params.LevelInfo, "fd %d: %v; accepted without those", fd, err)
+			}
 			return e.adoptConn(c, l.ifname, flags)
 		}
 		if !errors.Is(err, unix.EAGAIN) {

@@ -95,6 +95,36 @@ static const char *evnames(unsigned ev)
 	return b;
 }
 
+/* options prints the options a socket inherits or keeps from before
+ * connect. */
+static const char *options(int fd)
+{
+	static char out[256];
+	int v[8];
+	socklen_t vl = sizeof v[0];
+	getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v[0], &vl);
+	vl = sizeof v[0];
+	getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v[1], &vl);
+	vl = sizeof v[0];
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v[2], &vl);
+	vl = sizeof v[0];
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &v[3], &vl);
+	vl = sizeof v[0];
+	getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &v[4], &vl);
+	vl = sizeof v[0];
+	getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v[5], &vl);
+	vl = sizeof v[0];
+	getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v[6], &vl);
+	struct linger lg = {0};
+	socklen_t ll = sizeof lg;
+	getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &ll);
+	snprintf(out, sizeof out,
+		 "TCP_NODELAY %d SO_KEEPALIVE %d TCP_KEEPIDLE %d TCP_KEEPINTVL %d TCP_KEEPCNT %d TCP_USER_TIMEOUT %d "
+		 "SO_RCVBUF at least 128 KB %d SO_LINGER %d %d",
+		 v[0] != 0, v[1] != 0, v[2], v[3], v[4], v[5], v[6] >= 131072, lg.l_onoff, lg.l_linger);
+	return out;
+}
+
 static int server(int port)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -104,6 +134,15 @@ static int server(int port)
 	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0)
 		die("bind");
 	res("listen", listen(l, 8));
+	/* Set on the listener after listen: its connections inherit them. */
+	int idle = 40, intvl = 8, cnt = 4, uto = 6000, rcvbuf = 65536;
+	setsockopt(l, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	setsockopt(l, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(l, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(l, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+	setsockopt(l, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+	setsockopt(l, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+	setsockopt(l, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
 	say("listening");
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
@@ -122,6 +161,7 @@ static int server(int port)
 	    (fcntl(c, F_GETFL) & O_NONBLOCK) != 0, (fcntl(c, F_GETFD) & FD_CLOEXEC) != 0);
 	struct stat st;
 	say("fstat: socket %d", fstat(c, &st) == 0 && S_ISSOCK(st.st_mode));
+	say("inherited from the listener: %s", options(c));
 	struct sockaddr_in me, pp;
 	socklen_t ml = sizeof me, pl = sizeof pp;
 	getsockname(c, (struct sockaddr *)&me, &ml);
@@ -143,7 +183,7 @@ static int server(int port)
 	vl = sizeof v;
 	getsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &v, &vl);
 	say("SO_KEEPALIVE %d", v != 0);
-	int idle = 30;
+	idle = 30;
 	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
 	vl = sizeof v;
 	getsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &v, &vl);
@@ -446,7 +486,19 @@ static int client(const char *addr, int port, int closed)
 	c = socket(AF_INET, SOCK_STREAM, 0);
 	struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	/* and the other options set before connect. */
+	int one = 1, idle = 50, intvl = 9, cnt = 5, uto = 7000, rcvbuf = 65536;
+	setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+	setsockopt(c, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+	setsockopt(c, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+	struct linger lg6 = {.l_onoff = 1, .l_linger = 3};
+	setsockopt(c, SOL_SOCKET, SO_LINGER, &lg6, sizeof lg6);
 	res("connect 6", connect(c, (struct sockaddr *)&a, sizeof a));
+	say("set before connect: %s", options(c));
 	res("recv with SO_RCVTIMEO set before connect", recv(c, b, sizeof b, 0));
 	struct timeval got;
 	socklen_t gl = sizeof got;
