@@ -689,8 +689,15 @@ int ioctl(int fd, unsigned long req, ...)
 int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	int s = state(fd);
-	if (s == VMX_OS)
-		return REAL(setsockopt)(fd, level, name, val, len);
+	if (s == VMX_OS) {
+		int r = REAL(setsockopt)(fd, level, name, val, len);
+		/* A stream socket's choice of its SO_REUSEPORT group's member,
+		 * which its listen reads. */
+		if (r == 0 && !vmx_forked && level == SOL_SOCKET &&
+		    (name == SO_ATTACH_REUSEPORT_CBPF || name == SO_ATTACH_REUSEPORT_EBPF || name == SO_INCOMING_CPU))
+			vmxgo_setsockopt(fd, level, name, (void *)val, len);
+		return r;
+	}
 	if (s == VMX_TCP) {
 		long r = vmxgo_tcp_setsockopt(fd, level, name, (void *)val, len);
 		if (r != -VMX_PASS)

@@ -33,9 +33,10 @@ import (
 var ErrShared = errors.New("port shared")
 
 // sharedCause is why the sockets on local, which who shares, go to the
-// kernel: the same words whether Adopt or the watcher finds it.
-func sharedCause(local netip.AddrPort, who string) string {
-	return fmt.Sprintf("%s is shared with %s, which vmaxdp does not serve: every socket on it goes to the kernel, which spreads datagrams over them all", local, who)
+// kernel: the same words whether Adopt, ListenNetstack or the watcher
+// finds it. what is what the kernel spreads: datagrams, connections.
+func sharedCause(local netip.AddrPort, who, what string) string {
+	return fmt.Sprintf("%s is shared with %s, which vmaxdp does not serve: every socket on it goes to the kernel, which spreads %s over them all", local, who, what)
 }
 
 // shareEvery is how often the watcher looks for sockets sharing a port
@@ -101,8 +102,16 @@ const (
 	diagV6Only   = 11 // INET_DIAG_SKV6ONLY
 )
 
-// udpOnPort lists the kernel's UDP sockets bound to port, IPv4 and IPv6.
-func (d *diag) udpOnPort(port uint16) ([]kernelSock, error) {
+// Which kernel sockets share a port: for UDP every bound one, for TCP
+// the listeners.
+const (
+	diagUDPStates = ^uint32(0)
+	diagTCPStates = 1 << 10 // TCP_LISTEN
+)
+
+// onPort lists the kernel's sockets of proto (IPPROTO_UDP, IPPROTO_TCP)
+// in states bound to port, IPv4 and IPv6.
+func (d *diag) onPort(proto uint8, states uint32, port uint16) ([]kernelSock, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []kernelSock
@@ -112,16 +121,16 @@ func (d *diag) udpOnPort(port uint16) ([]kernelSock, error) {
 		binary.NativeEndian.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
 		binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
 		r := req[unix.SizeofNlMsghdr:]
-		r[0], r[1] = family, unix.IPPROTO_UDP
-		binary.NativeEndian.PutUint32(r[4:], ^uint32(0))   // every state
-		binary.BigEndian.PutUint16(r[diagSportOff:], port) // udp_dump filters on it
+		r[0], r[1] = family, proto
+		binary.NativeEndian.PutUint32(r[4:], states)
+		binary.BigEndian.PutUint16(r[diagSportOff:], port) // udp_dump and the TCP listeners' dump filter on it
 		err := sockdiag.Dump(d.fd, req, d.buf, func(data []byte) {
 			if k, ok := parseDiagMsg(data, family, port); ok {
 				out = append(out, k)
 			}
 		})
 		if err != nil {
-			return nil, fmt.Errorf("udp port %d: %w", port, err)
+			return nil, fmt.Errorf("sock_diag protocol %d port %d: %w", proto, port, err)
 		}
 	}
 	return out, nil
@@ -188,22 +197,30 @@ func (st *Stack) shareableConns() (share []*UDPConn, served map[uint64]bool) {
 	return share, served
 }
 
-// sharedWith lists the sockets of cs, all on port, that share their
-// address and port with a kernel socket the stack does not serve, with a
+// sharedWith lists (by index) the addresses of locals, all on port, that
+// a kernel socket of proto the stack does not serve shares, with a
 // description of one such socket: one sock_diag dump for the port,
-// however many sockets of the stack are on it.
-func (st *Stack) sharedWith(port uint16, cs []*UDPConn, served map[uint64]bool) (hit []*UDPConn, who string, err error) {
-	socks, err := st.diag.udpOnPort(port)
+// however many sockets of the stack are on it. served gives the inodes
+// the stack serves, asked after the dump: a listener is the stack's
+// before its kernel socket listens, so one the dump shows listening is
+// known by then.
+func (st *Stack) sharedWith(proto uint8, port uint16, locals []netip.Addr, servedNow func() map[uint64]bool) (hit []int, who string, err error) {
+	states := uint32(diagUDPStates)
+	if proto == unix.IPPROTO_TCP {
+		states = diagTCPStates
+	}
+	socks, err := st.diag.onPort(proto, states, port)
 	if err != nil {
 		return nil, "", err
 	}
+	served := servedNow()
 	var other kernelSock
-	for _, c := range cs {
+	for i, local := range locals {
 		for _, k := range socks {
-			if served[k.inode] || (st.opts.Ours != nil && st.opts.Ours(k.inode)) || !k.overlaps(c.local.Addr()) {
+			if served[k.inode] || (st.opts.Ours != nil && st.opts.Ours(k.inode)) || !k.overlaps(local) {
 				continue
 			}
-			hit, other = append(hit, c), k
+			hit, other = append(hit, i), k
 			break
 		}
 	}
@@ -215,7 +232,7 @@ func (st *Stack) sharedWith(port uint16, cs []*UDPConn, served map[uint64]bool) 
 	// returns, after the engine forgot it: iperf3's server lost its
 	// offload to its own closed listener. One that is still there after
 	// the look at /proc is not closing.
-	again, err := st.diag.udpOnPort(port)
+	again, err := st.diag.onPort(proto, states, port)
 	if err != nil {
 		return nil, "", err
 	}
@@ -225,38 +242,62 @@ func (st *Stack) sharedWith(port uint16, cs []*UDPConn, served map[uint64]bool) 
 	return hit, who, nil
 }
 
-// checkShared sends back to the kernel every steered socket that shares
-// its address and port with a kernel socket the stack does not serve,
-// and says whether the stack still has shareable sockets to watch.
+// checkShared sends back to the kernel every steered socket and netstack
+// listener that shares its address and port with a kernel socket the
+// stack does not serve, and says whether the stack still has shareable
+// sockets to watch.
 func (st *Stack) checkShared() bool {
 	if st.diag == nil {
 		return false
 	}
-	share, served := st.shareableConns()
+	share, _ := st.shareableConns()
+	served := func() map[uint64]bool {
+		_, s := st.shareableConns()
+		return s
+	}
 	byPort := map[uint16][]*UDPConn{}
 	for _, c := range share {
 		byPort[c.local.Port()] = append(byPort[c.local.Port()], c)
 	}
-	for port, cs := range byPort {
-		hit, who, err := st.sharedWith(port, cs, served)
+	ok := forShared(st, unix.IPPROTO_UDP, "datagrams", byPort, func(c *UDPConn) netip.AddrPort { return c.local }, served,
+		func(hit []*UDPConn, reason string) {
+			if st.opts.Shared != nil {
+				st.opts.Shared(hit, reason)
+				return
+			}
+			slog.Info("stack: " + reason)
+			for _, c := range hit {
+				c.Unsteer()
+			}
+		})
+	return st.checkSharedListeners() || len(share) > 0 || !ok
+}
+
+// forShared calls back, for each port of byPort, with the sockets on it
+// that a kernel socket of proto the stack does not serve shares, and why
+// (what: what the kernel spreads); false when a port could not be looked
+// at.
+func forShared[T any](st *Stack, proto uint8, what string, byPort map[uint16][]T, local func(T) netip.AddrPort, served func() map[uint64]bool, back func(hit []T, reason string)) bool {
+	for port, group := range byPort {
+		locals := make([]netip.Addr, len(group))
+		for i, m := range group {
+			locals[i] = local(m).Addr()
+		}
+		idx, who, err := st.sharedWith(proto, port, locals, served)
 		if err != nil {
-			slog.Warn("stack: cannot list the sockets sharing a port", "interface", st.ifname, "port", port, "err", err)
-			return true
+			slog.Warn("stack: cannot list the sockets sharing a port", "interface", st.ifname, "protocol", proto, "port", port, "err", err)
+			return false
 		}
-		if len(hit) == 0 {
+		if len(idx) == 0 {
 			continue
 		}
-		reason := sharedCause(hit[0].local, who)
-		if st.opts.Shared != nil {
-			st.opts.Shared(hit, reason)
-			continue
+		hit := make([]T, len(idx))
+		for i, j := range idx {
+			hit[i] = group[j]
 		}
-		slog.Info("stack: " + reason)
-		for _, c := range hit {
-			c.Unsteer()
-		}
+		back(hit, sharedCause(local(hit[0]), who, what))
 	}
-	return len(share) > 0
+	return true
 }
 
 // describeSocket names the owner of the socket with this inode: an fd of

@@ -98,6 +98,11 @@ type Options struct {
 	// must not wait for the stack to close. When nil, the stack unsteers
 	// them itself.
 	Shared func(cs []*UDPConn, reason string)
+	// SharedListeners is Shared for netstack's SO_REUSEPORT listeners
+	// (ListenNetstack): those whose port a kernel listener the stack does
+	// not serve shares. It must close them (the kernel listeners take
+	// over); when nil, the stack closes them itself.
+	SharedListeners func(ls []*NetstackListener, reason string)
 }
 
 // ErrNotWanted is returned by Open when Options.Wanted said no.
@@ -275,6 +280,10 @@ type Stack struct {
 	waitGen   atomic.Uint32 // counts receives and waits that followed a send (waitPoint)
 	sent      atomic.Bool   // a send since the last waitPoint
 
+	// listeners are netstack's listeners, for the watcher's look at the
+	// ports SO_REUSEPORT listeners share (guarded by mu).
+	listeners map[*NetstackListener]struct{}
+
 	// tcp is netstack, once a TCP socket made it (tcpStack, under tcpMu).
 	tcp   atomic.Pointer[tcpState]
 	tcpMu sync.Mutex
@@ -348,7 +357,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
+	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
 		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]int{}, copyQ: &queue{idx: -1}}
 	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
 	st.kickTimer.Stop()

@@ -33,12 +33,23 @@ type NetstackListener struct {
 	wq    waiter.Queue
 	rule  steer.RuleID
 	once  sync.Once
+	// reusePort: the kernel listener has SO_REUSEPORT, and so has this
+	// one, which netstack puts in a group with the stack's others on its
+	// address and port. inode names the kernel listener.
+	reusePort bool
+	inode     uint64
 }
 
-// ListenNetstack listens in netstack on laddr, whose port a kernel socket
-// of the caller's holds (address unspecified: every address of the
-// interface).
-func (st *Stack) ListenNetstack(laddr netip.AddrPort) (*NetstackListener, error) {
+// ListenNetstack listens in netstack on laddr, whose port the kernel
+// socket kfd of the caller's holds (address unspecified: every address of
+// the interface; kfd -1: no socket to ask). With SO_REUSEPORT on kfd, the
+// listener joins a group with the stack's others on laddr, over which
+// netstack spreads connections by flow as the kernel spreads them; a
+// kernel listener on the port the stack does not serve (another
+// process's, or one of the caller's it was not asked to serve) would get
+// none, so then it returns ErrShared, and the watcher closes the group's
+// listeners (Options.SharedListeners) when such a listener comes later.
+func (st *Stack) ListenNetstack(laddr netip.AddrPort, kfd int) (*NetstackListener, error) {
 	if !laddr.Addr().Is4() {
 		return nil, fmt.Errorf("tcp listen %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
 	}
@@ -50,10 +61,74 @@ func (st *Stack) ListenNetstack(laddr netip.AddrPort) (*NetstackListener, error)
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
 	}
 	l := &NetstackListener{st: st, local: laddr}
+	if kfd >= 0 {
+		v, err := unix.GetsockoptInt(kfd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
+		l.reusePort = err == nil && v != 0
+		_, l.inode = shareable(kfd)
+	}
+	if l.reusePort && st.diag != nil {
+		served := func() map[uint64]bool {
+			s := st.listenerInodes()
+			s[l.inode] = true
+			return s
+		}
+		hit, who, err := st.sharedWith(unix.IPPROTO_TCP, laddr.Port(), []netip.Addr{laddr.Addr()}, served)
+		if err != nil {
+			return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+		}
+		if len(hit) > 0 {
+			st.kickShare() // the stack's listeners on the port follow
+			return nil, fmt.Errorf("tcp listen %s: %w: %s", laddr, ErrShared, sharedCause(laddr, who, "connections"))
+		}
+	}
 	if err := l.listen(t); err != nil {
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
 	}
+	st.mu.Lock()
+	st.listeners[l] = struct{}{}
+	st.mu.Unlock()
+	if l.reusePort {
+		st.kickShare() // the watcher looks at its port from now on
+	}
 	return l, nil
+}
+
+// listenerInodes are the inodes of the kernel listeners whose netstack
+// listeners the stack has.
+func (st *Stack) listenerInodes() map[uint64]bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	served := map[uint64]bool{}
+	for l := range st.listeners {
+		served[l.inode] = true
+	}
+	return served
+}
+
+// checkSharedListeners closes the SO_REUSEPORT listeners whose port a
+// kernel listener the stack does not serve shares, and says whether any
+// is left to watch.
+func (st *Stack) checkSharedListeners() bool {
+	st.mu.Lock()
+	byPort := map[uint16][]*NetstackListener{}
+	for l := range st.listeners {
+		if l.reusePort {
+			byPort[l.local.Port()] = append(byPort[l.local.Port()], l)
+		}
+	}
+	st.mu.Unlock()
+	forShared(st, unix.IPPROTO_TCP, "connections", byPort, (*NetstackListener).Addr, st.listenerInodes,
+		func(hit []*NetstackListener, reason string) {
+			if st.opts.SharedListeners != nil {
+				st.opts.SharedListeners(hit, reason)
+				return
+			}
+			slog.Info("stack: " + reason)
+			for _, l := range hit {
+				l.Close()
+			}
+		})
+	return len(byPort) > 0
 }
 
 // listen opens netstack's listening endpoint and the steering rule.
@@ -70,6 +145,7 @@ func (l *NetstackListener) listen(t *tcpState) error {
 	if terr != nil {
 		return fmt.Errorf("netstack endpoint: %s", terr)
 	}
+	ep.SocketOptions().SetReusePort(l.reusePort)
 	if terr := ep.Bind(fa); terr != nil {
 		ep.Close()
 		return fmt.Errorf("netstack bind: %s", terr)
@@ -141,6 +217,9 @@ func (l *NetstackListener) Rule() steer.RuleID { return l.rule }
 func (l *NetstackListener) Close() error {
 	var err error
 	l.once.Do(func() {
+		l.st.mu.Lock()
+		delete(l.st.listeners, l)
+		l.st.mu.Unlock()
 		l.ep.Close()
 		err = l.st.removeRule(l.rule)
 	})
@@ -180,7 +259,7 @@ func (st *Stack) ListenTCP(laddr netip.AddrPort) (*TCPListener, error) {
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
 	}
 	local := netip.AddrPortFrom(laddr.Addr(), kl.Addr().(*net.TCPAddr).AddrPort().Port())
-	nl, err := st.ListenNetstack(local)
+	nl, err := st.ListenNetstack(local, -1)
 	if err != nil {
 		kl.Close()
 		return nil, err

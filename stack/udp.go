@@ -355,15 +355,18 @@ func (c *UDPConn) attach() error {
 		return err
 	}
 	if c.shareable && st.diag != nil {
-		_, served := st.shareableConns()
-		served[c.inode] = true
-		hit, who, err := st.sharedWith(c.local.Port(), []*UDPConn{c}, served)
+		served := func() map[uint64]bool {
+			_, s := st.shareableConns()
+			s[c.inode] = true
+			return s
+		}
+		hit, who, err := st.sharedWith(unix.IPPROTO_UDP, c.local.Port(), []netip.Addr{c.local.Addr()}, served)
 		if err != nil {
 			return err
 		}
 		if len(hit) > 0 {
 			st.kickShare() // those of the stack on the port follow
-			return fmt.Errorf("%w: %s", ErrShared, sharedCause(c.local, who))
+			return fmt.Errorf("%w: %s", ErrShared, sharedCause(c.local, who, "datagrams"))
 		}
 	}
 	id, err := st.addRule(rule)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"net/netip"
@@ -40,7 +41,7 @@ func TestRunReusePort(t *testing.T) {
 		}
 		p.waitOffloaded(t)
 		before := udpInDatagrams(t, b, testbed.B)
-		sent, members := askGroup(t, b, port, true)
+		sent, members := askGroup(t, b, "udp4", port, true)
 		if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel > sent/10 {
 			t.Errorf("the kernel delivered %d of %d requests: the group was not offloaded", kernel, sent)
 		}
@@ -89,7 +90,7 @@ func TestRunReusePort(t *testing.T) {
 			}
 			p.waitOffloaded(t)
 			before := udpInDatagrams(t, b, testbed.B)
-			sent, _ := askGroup(t, b, port, false)
+			sent, _ := askGroup(t, b, "udp4", port, false)
 			if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel < sent {
 				t.Errorf("the kernel delivered %d of %d requests: the group was offloaded though %s chooses its members", kernel, sent, opt)
 			}
@@ -132,26 +133,29 @@ func TestRunReusePort(t *testing.T) {
 				t.Fatalf("%v\n%s", err, under.out.String())
 			}
 			before := udpInDatagrams(t, b, testbed.B)
-			sent, _ := askGroup(t, b, port, true)
+			sent, _ := askGroup(t, b, "udp4", port, true)
 			if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel < sent {
 				t.Errorf("the kernel delivered %d of %d requests: vmaxdp kept some though the port is shared", kernel, sent)
 			}
 			under.exited()
 			plain.exited()
-			servedBy := func(p *cProgram) (sum int) {
-				for _, l := range strings.Split(p.out.String(), "\n") {
-					var i, k int
-					if _, err := fmt.Sscanf(l, "served %d %d", &i, &k); err == nil {
-						sum += k
-					}
-				}
-				return sum
-			}
 			if u, k := servedBy(under), servedBy(plain); u == 0 || k == 0 {
 				t.Errorf("the process under vmaxdp served %d requests, the other %d: the kernel spreads flows over both", u, k)
 			}
 		})
 	}
+}
+
+// servedBy adds up the requests testdata/reuseport says its sockets
+// served ("served I N").
+func servedBy(p *cProgram) (sum int) {
+	for _, l := range strings.Split(p.out.String(), "\n") {
+		var i, k int
+		if _, err := fmt.Sscanf(l, "served %d %d", &i, &k); err == nil {
+			sum += k
+		}
+	}
+	return sum
 }
 
 // flows and perFlow shape askGroup's load.
@@ -164,14 +168,15 @@ const flows, perFlow = 64, 10
 // answered by two members (a group that chooses its members by CPU
 // moves a flow when its datagrams come in on another CPU). It returns
 // the requests sent (up to flows*perFlow: a flow stops at its first
-// failure) and the members that answered.
-func askGroup(t *testing.T, b *testbed.Bed, port int, sticky bool) (sent, members int) {
+// failure) and the members that answered. network is udp4 (a request is
+// a datagram) or tcp4 (a line on a connection per flow).
+func askGroup(t *testing.T, b *testbed.Bed, network string, port int, sticky bool) (sent, members int) {
 	t.Helper()
 	to := netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))
-	conns := make([]*net.UDPConn, flows)
+	conns := make([]net.Conn, flows)
 	err := b.Do(testbed.A, func() error {
 		for i := range conns {
-			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+			c, err := net.DialTimeout(network, to.String(), 5*time.Second)
 			if err != nil {
 				return err
 			}
@@ -200,23 +205,36 @@ func askGroup(t *testing.T, b *testbed.Bed, port int, sticky bool) (sent, member
 			defer wg.Done()
 			member := ""
 			buf := make([]byte, 256)
+			lines := bufio.NewReader(c)
 			for k := range perFlow {
 				req := fmt.Sprintf("flow %d request %d", f, k)
-				if _, err := c.Write([]byte(req)); err != nil {
+				wire := req
+				if network == "tcp4" {
+					wire += "\n"
+				}
+				if _, err := c.Write([]byte(wire)); err != nil {
 					errs <- err
 					return
 				}
 				asked.Add(1)
 				c.SetReadDeadline(time.Now().Add(time.Second))
-				m, err := c.Read(buf)
+				var answer string
+				if network == "tcp4" {
+					answer, err = lines.ReadString('\n')
+					answer = strings.TrimSuffix(answer, "\n")
+				} else {
+					var m int
+					m, err = c.Read(buf)
+					answer = string(buf[:m])
+				}
 				if err != nil {
 					errs <- fmt.Errorf("%s from %s: no answer: %w", req, c.LocalAddr(), err)
 					return
 				}
-				who, echo, _ := strings.Cut(string(buf[:m]), " ")
+				who, echo, _ := strings.Cut(answer, " ")
 				switch {
 				case echo != req:
-					errs <- fmt.Errorf("%s: answered %q", req, buf[:m])
+					errs <- fmt.Errorf("%s: answered %q", req, answer)
 					return
 				case sticky && member != "" && who != member:
 					errs <- fmt.Errorf("flow %d: answered by members %s and %s", f, member, who)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -511,44 +512,128 @@ func TestStatsTCP(t *testing.T) {
 	})
 }
 
-// TestRunTCPReusePort: listeners of a SO_REUSEPORT group stay on the
-// kernel, which spreads the connections over them (steering would take
-// every SYN to one), and say so; every connection is served.
+// TestRunTCPReusePort runs testdata/reuseport's TCP mode (a SO_REUSEPORT
+// group of listeners, a thread each, as threaded servers run) under
+// vmaxdp run (VMAXDP_TCP=1) and asks it over 64 connections from side A
+// through the kernel: every request answered, the connections spread over
+// the group. Alone, every listener is offloaded (netstack spreads the
+// connections by flow) and the kernel of side B carries almost no
+// segment; a group that chooses its members itself
+// (SO_ATTACH_REUSEPORT_CBPF, SO_INCOMING_CPU), or whose port another
+// process shares, listening before or after, stays on (or goes back to)
+// the kernel, which spreads the connections over every listener, and the
+// log says why.
 func TestRunTCPReusePort(t *testing.T) {
 	testutil.RequireRoot(t)
-	prog := buildC(t, "tcpcalls")
+	prog := buildC(t, "reuseport")
+	env := []string{"VMAXDP_TCP=1"}
+	const n, seconds = 4, "3"
+	args := func(port int, sel string) []string {
+		return []string{strconv.Itoa(port), strconv.Itoa(n), seconds, sel, "tcp"}
+	}
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
-		const port, conns = 11198, 20
-		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, "reuseport", strconv.Itoa(port), strconv.Itoa(conns))
-		if err := p.waitFor("listening\n"); err != nil {
-			t.Fatalf("%v\n%s", err, p.out.String())
-		}
-		err := b.Do(testbed.A, func() error {
-			for i := range conns {
-				c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
-				if err != nil {
-					return err
+		t.Run("offloaded", func(t *testing.T) {
+			const port = 11186
+			p := startC(t, b, prog, env, args(port, "-")...)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("the program's output:\n%s", tail(p.out.String(), 60))
 				}
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				msg := fmt.Sprintf("hello %d", i)
-				c.Write([]byte(msg))
-				got, err := io.ReadAll(c)
-				c.Close()
-				if err != nil || string(got) != msg {
-					return fmt.Errorf("connection %d: got %q, %v", i, got, err)
-				}
+			})
+			if err := p.waitFor("bound\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
 			}
-			return nil
+			before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+			sent, members := askGroup(t, b, "tcp4", port, true)
+			if kernel := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; kernel > flows/4 {
+				t.Errorf("the kernel took %d TCP segments for %d connections: the group was not offloaded", kernel, flows)
+			}
+			if members < 2 {
+				t.Errorf("%d connections went to %d listener of %d: not spread", flows, members, n)
+			}
+			if err := p.exited(); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			out := p.out.String()
+			if got := strings.Count(out, fmt.Sprintf("offloaded on %s (tcp_server 0.0.0.0:%d)", b.Link(testbed.B), port)); got != n {
+				t.Errorf("%d of the group's %d listeners were offloaded:\n%s", got, n, tail(out, 40))
+			}
+			if got := servedBy(p); got != sent {
+				t.Errorf("the group served %d of %d requests", got, sent)
+			}
 		})
-		if err != nil {
-			t.Fatalf("%v\n%s", err, p.out.String())
+		for i, sel := range []string{"cbpf", "cpu", "cbpf-late"} {
+			opt := map[string]string{"cbpf": "SO_ATTACH_REUSEPORT_CBPF", "cpu": "SO_INCOMING_CPU", "cbpf-late": "SO_ATTACH_REUSEPORT_CBPF"}[sel]
+			t.Run(sel, func(t *testing.T) {
+				port := 11187 + i
+				p := startC(t, b, prog, env, args(port, sel)...)
+				if err := p.waitFor("bound\n"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				if sel == "cbpf-late" {
+					// Attached once the group listens: that listener goes
+					// back at once, the others as the watcher sees it.
+					if err := p.waitFor("is shared with fd"); err != nil {
+						t.Fatalf("%v\n%s", err, tail(p.out.String(), 40))
+					}
+					for deadline := time.Now().Add(5 * time.Second); strings.Count(p.out.String(), "is shared with fd") < n-1 && time.Now().Before(deadline); {
+						time.Sleep(20 * time.Millisecond)
+					}
+				}
+				sent, _ := askGroup(t, b, "tcp4", port, true)
+				if err := p.exited(); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				if got := servedBy(p); got != sent {
+					t.Errorf("the group served %d of %d requests", got, sent)
+				}
+				if want := regexp.MustCompile(opt + `( \(\d+\))? chooses the socket of its SO_REUSEPORT group that gets each connection`); !want.MatchString(p.out.String()) {
+					t.Errorf("the log does not say %q:\n%s", want, tail(p.out.String(), 40))
+				}
+				if sel != "cbpf-late" && strings.Contains(p.out.String(), "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
+					t.Errorf("a listener was offloaded though %s chooses the group's members:\n%s", opt, tail(p.out.String(), 40))
+				}
+			})
 		}
-		if err := p.exited(); err != nil {
-			t.Fatalf("%v\n%s", err, p.out.String())
-		}
-		out := p.out.String()
-		if !strings.Contains(out, fmt.Sprintf("ok served %d", conns)) || !strings.Contains(out, "not offloaded: tcp_server 0.0.0.0:"+strconv.Itoa(port)+": SO_REUSEPORT") {
-			t.Errorf("want every connection served and the listeners on the kernel for SO_REUSEPORT:\n%s", out)
+		for i, vmaxdpFirst := range []bool{true, false} {
+			name := map[bool]string{true: "shared/vmaxdp_first", false: "shared/kernel_first"}[vmaxdpFirst]
+			t.Run(name, func(t *testing.T) {
+				port := 11193 + i
+				var under, plain *cProgram
+				start := func(offload bool) *cProgram {
+					var p *cProgram
+					if offload {
+						p = startC(t, b, prog, env, args(port, "-")...)
+					} else {
+						p = startArgv(t, b, nil, append([]string{prog}, args(port, "-")...)...)
+					}
+					if err := p.waitFor("bound\n"); err != nil {
+						t.Fatalf("%v\n%s", err, p.out.String())
+					}
+					return p
+				}
+				if vmaxdpFirst {
+					under = start(true)
+					plain = start(false)
+				} else {
+					plain = start(false)
+					under = start(true)
+				}
+				want := fmt.Sprintf("is shared with pid %d (reuseport)", plain.pid)
+				if err := under.waitFor(want); err != nil {
+					t.Fatalf("%v\n%s", err, tail(under.out.String(), 40))
+				}
+				before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+				sent, _ := askGroup(t, b, "tcp4", port, true)
+				if kernel := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; kernel < sent {
+					t.Errorf("the kernel took %d TCP segments for %d requests: vmaxdp kept connections though the port is shared", kernel, sent)
+				}
+				under.exited()
+				plain.exited()
+				if u, k := servedBy(under), servedBy(plain); u == 0 || k == 0 || u+k != sent {
+					t.Errorf("the process under vmaxdp served %d requests, the other %d, of %d: the kernel spreads connections over both", u, k, sent)
+				}
+			})
 		}
 	})
 }

@@ -101,17 +101,23 @@ type Engine struct {
 	// The TCP sockets by fd (tcp.go): offloaded listeners and
 	// connections; tcpWanting counts the listens waiting for a stack to
 	// open, by interface (guarded by mu).
-	listeners  []atomic.Pointer[tcpListener]
-	conns      []atomic.Pointer[tcpConn]
-	tcpWanting map[string]int
-	scratch    sync.Pool // []byte of 64 KiB, for gathers and scatters
-	mux        [numMux]muxCounters
-	muxSpin    [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
-	pub        *publisher
-	causes     sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
-	opening    map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
-	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
-	opens      sync.WaitGroup            // openStack goroutines
+	listeners []atomic.Pointer[tcpListener]
+	conns     []atomic.Pointer[tcpConn]
+	// streamSelects are the options by which stream sockets choose the
+	// member of their SO_REUSEPORT group (SetReuseportSelect), for
+	// Listen. An entry names its socket's inode: a socket the kernel
+	// serves closes without the engine's knowing, and the next socket
+	// with its fd number has another.
+	streamSelects []atomic.Pointer[streamSelect]
+	tcpWanting    map[string]int
+	scratch       sync.Pool // []byte of 64 KiB, for gathers and scatters
+	mux           [numMux]muxCounters
+	muxSpin       [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
+	pub           *publisher
+	causes        sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
+	opening       map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
+	opened        map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
+	opens         sync.WaitGroup            // openStack goroutines
 }
 
 // Socket is one application UDP socket.
@@ -209,7 +215,7 @@ func New(opts *Options) (*Engine, error) {
 	}
 	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, stacks: map[string]*stack.Stack{},
 		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD),
-		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), tcpWanting: map[string]int{}}
+		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streamSelects: make([]atomic.Pointer[streamSelect], MaxFD), tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
 	var err error
 	e.Log, err = newLog(o.Params, o.Stderr)
@@ -270,10 +276,7 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, 0)
 	}
 	s.nonblock.Store(nonblock)
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) == nil {
-		s.inode = st.Ino
-	}
+	s.inode = inodeOf(fd)
 	e.fds[fd].Store(s)
 	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
 	return StateCandidate
@@ -402,7 +405,7 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 		return e.notOffloaded(s, what, cause)
 	}
 	if s.selects != "" && reusePort(s.fd) {
-		return e.notOffloaded(s, what, selectsCause(s.selects))
+		return e.notOffloaded(s, what, selectsCause(s.selects, "datagram"))
 	}
 	if s.pending != "" {
 		return StateCandidate // its stack is opening: adopt looks at it then
@@ -450,7 +453,7 @@ func (e *Engine) ruleDecision(role rules.Role, local, remote netip.AddrPort) (by
 // adopt offloads s onto st. Caller holds s.mu.
 func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	if s.selects != "" && reusePort(s.fd) { // set while its stack opened
-		return e.notOffloaded(s, what, selectsCause(s.selects))
+		return e.notOffloaded(s, what, selectsCause(s.selects, "datagram"))
 	}
 	c, err := st.Adopt(s.fd)
 	if err != nil {
@@ -812,6 +815,7 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 		// On the stack's watcher, which must not wait for a socket's
 		// lock: a thread holding one may be closing the stack.
 		Shared:           func(cs []*stack.UDPConn, reason string) { go e.sharedToKernel(cs, reason) },
+		SharedListeners:  func(ls []*stack.NetstackListener, reason string) { go e.sharedListenersToKernel(ls, reason) },
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
 		Steer:            &steer.Options{Generic: p.XDPMode == "generic"},
 		RxPoll:           p.RxPoll,
@@ -1231,10 +1235,36 @@ func reusePort(fd int) bool {
 	return err == nil && v != 0
 }
 
+// streamSelect is the option by which the stream socket with inode
+// chooses the member of its SO_REUSEPORT group.
+type streamSelect struct {
+	opt   string
+	inode uint64
+}
+
+// streamSelect returns the option by which fd's socket chooses the
+// member of its SO_REUSEPORT group, "" if none.
+func (e *Engine) streamSelect(fd int) string {
+	if p := e.streamSelects[fd].Load(); p != nil && p.inode == inodeOf(fd) {
+		return p.opt
+	}
+	return ""
+}
+
+// inodeOf is the inode of fd's file, 0 if fstat fails.
+func inodeOf(fd int) uint64 {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return 0
+	}
+	return st.Ino
+}
+
 // selectsCause is why a socket that picks its own member of a
 // SO_REUSEPORT group, by option opt, stays on the kernel.
-func selectsCause(opt string) string {
-	return opt + " chooses the socket of its SO_REUSEPORT group that gets each datagram, which vmaxdp does not: the group stays on the kernel"
+// what is what the group's members get: datagram, connection.
+func selectsCause(opt, what string) string {
+	return opt + " chooses the socket of its SO_REUSEPORT group that gets each " + what + ", which vmaxdp does not: the group stays on the kernel"
 }
 
 // SetReuseportSelect follows an option by which a socket chooses which
@@ -1247,6 +1277,14 @@ func selectsCause(opt string) string {
 func (e *Engine) SetReuseportSelect(fd int, opt string) {
 	s := e.get(fd)
 	if s == nil {
+		// A stream socket: its listen reads it (Listen), or its listener
+		// leaves netstack's group now.
+		if fd >= 0 && fd < MaxFD && streamDomain(fd) != 0 {
+			e.streamSelects[fd].Store(&streamSelect{opt: opt, inode: inodeOf(fd)})
+			if reusePort(fd) {
+				e.listenerToKernel(fd, e.listener(fd), selectsCause(opt, "connection"))
+			}
+		}
 		return
 	}
 	s.mu.Lock()
@@ -1254,6 +1292,6 @@ func (e *Engine) SetReuseportSelect(fd int, opt string) {
 	state := s.state
 	s.mu.Unlock()
 	if state == StateOffloaded && reusePort(fd) {
-		e.toKernel(s, selectsCause(opt))
+		e.toKernel(s, selectsCause(opt, "datagram"))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -351,14 +352,11 @@ func (e *Engine) Listen(fd, backlog int) State {
 		return StateOS
 	}
 	_, cause := e.ruleDecision(rules.TCPServer, local, netip.AddrPort{})
-	switch {
-	case cause != "":
+	if cause != "" {
 		return e.tcpNotOffloaded(fd, what, cause)
-	case reusePort(fd):
-		// The steering rule would take every SYN to the port, so the
-		// kernel could no longer spread connections over the group's
-		// other listeners (other threads' or processes').
-		return e.tcpNotOffloaded(fd, what, "SO_REUSEPORT: the kernel spreads the connections over the listeners of the port, which steering to one of them would end")
+	}
+	if opt := e.streamSelect(fd); opt != "" && reusePort(fd) {
+		return e.tcpNotOffloaded(fd, what, selectsCause(opt, "connection"))
 	}
 	ifname, err := e.pickInterface(local.Addr(), netip.Addr{})
 	if err != nil {
@@ -368,7 +366,10 @@ func (e *Engine) Listen(fd, backlog int) State {
 	if err != nil {
 		return e.tcpNotOffloaded(fd, what, err.Error())
 	}
-	nl, err := st.ListenNetstack(local)
+	// A SO_REUSEPORT listener joins netstack's group on its port, unless
+	// a kernel listener the engine does not serve shares the port (then
+	// the kernel spreads the connections, over every listener).
+	nl, err := st.ListenNetstack(local, fd)
 	if err != nil {
 		return e.tcpNotOffloaded(fd, what, err.Error())
 	}
@@ -474,7 +475,9 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 			return -1, netip.AddrPort{}, errnoOf(err)
 		}
 		if e.listener(fd) != l {
-			return -1, netip.AddrPort{}, unix.EBADF // closed, or back to the kernel, meanwhile
+			// Back to the kernel meanwhile (a fork, a shared port), or
+			// closed: the kernel's accept says which.
+			return -1, netip.AddrPort{}, ErrPassOS
 		}
 	}
 }
@@ -920,17 +923,41 @@ func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 // cannot use them (the preload library tells it so).
 func (e *Engine) forkedTCP() {
 	for fd := range e.listeners {
-		l := e.listeners[fd].Swap(nil)
-		if l == nil {
-			continue
+		e.listenerToKernel(fd, nil, forkedCause)
+	}
+}
+
+// sharedListenersToKernel hands the offloaded listeners of ls back to
+// the kernel: a kernel listener the engine does not serve shares their
+// port (stack.ErrShared).
+func (e *Engine) sharedListenersToKernel(ls []*stack.NetstackListener, reason string) {
+	for fd := range e.listeners {
+		if l := e.listeners[fd].Load(); l != nil && slices.Contains(ls, l.nl) {
+			e.listenerToKernel(fd, l, reason)
 		}
-		e.onState(fd, StateKernel)
-		if l.refs.Add(-1) == 0 {
-			l.cancel()
-			l.nl.Close()
-			highfd.Close(l.wake)
-			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), forkedCause)
-		}
+	}
+}
+
+// listenerToKernel leaves the listener fd (only if it is l, when l is
+// set) to its kernel socket, for cause. netstack's connections not yet
+// accepted are reset, as a closed listener's are; an accept waiting on
+// fd goes on in the kernel.
+func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
+	if l == nil {
+		l = e.listeners[fd].Swap(nil)
+	} else if !e.listeners[fd].CompareAndSwap(l, nil) {
+		return
+	}
+	if l == nil {
+		return
+	}
+	e.onState(fd, StateKernel)
+	l.mark() // wakes the accepts waiting on fd: they go on in the kernel
+	if l.refs.Add(-1) == 0 {
+		l.cancel()
+		l.nl.Close()
+		highfd.Close(l.wake)
+		e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), cause)
 	}
 }
 

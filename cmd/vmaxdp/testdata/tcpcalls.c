@@ -2,7 +2,6 @@
  *
  *   tcpcalls server PORT
  *   tcpcalls client ADDR PORT CLOSED_PORT
- *   tcpcalls reuseport PORT N   (two SO_REUSEPORT listeners serve N)
  *   tcpcalls backlog PORT N     (backlog 4, accepts after 0.5 s, serves N)
  *
  * Each side prints what every call returned (values, errno names, event
@@ -368,32 +367,6 @@ static int backlog(int port, int n)
 	return 0;
 }
 
-/* reuseport: two listeners of a SO_REUSEPORT group serve n connections,
- * each echoing one read. */
-static int reuseport(int port, int n)
-{
-	int l[2], one = 1;
-	int ep = epoll_create1(0);
-	for (int i = 0; i < 2; i++) {
-		l[i] = socket(AF_INET, SOCK_STREAM, 0);
-		setsockopt(l[i], SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-		struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-		if (bind(l[i], (struct sockaddr *)&a, sizeof a) < 0 || listen(l[i], 64) < 0)
-			die("reuseport listen");
-		struct epoll_event ev = {.events = EPOLLIN, .data.fd = l[i]};
-		epoll_ctl(ep, EPOLL_CTL_ADD, l[i], &ev);
-	}
-	say("listening");
-	for (int i = 0; i < n; i++) {
-		struct epoll_event ev;
-		if (epoll_wait(ep, &ev, 1, 10000) != 1)
-			die("reuseport epoll_wait");
-		echo_one(ev.data.fd);
-	}
-	say("ok served %d", n);
-	return 0;
-}
-
 static int client(const char *addr, int port, int closed)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -538,10 +511,8 @@ int main(int argc, char **argv)
 		return server(atoi(argv[2]));
 	if (argc == 4 && strcmp(argv[1], "backlog") == 0)
 		return backlog(atoi(argv[2]), atoi(argv[3]));
-	if (argc == 4 && strcmp(argv[1], "reuseport") == 0)
-		return reuseport(atoi(argv[2]), atoi(argv[3]));
 	if (argc == 5 && strcmp(argv[1], "client") == 0)
 		return client(argv[2], atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | reuseport PORT N | backlog PORT N\n");
+	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | backlog PORT N\n");
 	return 2;
 }
