@@ -87,6 +87,10 @@ func (c *TCPConn) Rule() steer.RuleID { return c.rule }
 // StateName is the TCP state as the kernel names it (ESTABLISHED...).
 func (c *TCPConn) StateName() string { return c.State().String() }
 
+// TCPStateName names a kernel socket's TCP state (TCP_INFO's tcpi_state)
+// as StateName names netstack's, which numbers its states as Linux does.
+func TCPStateName(state uint8) string { return tcp.EndpointState(state).String() }
+
 // Connecting says whether the connection waits for the peer's SYN-ACK.
 func (c *TCPConn) Connecting() bool {
 	switch c.State() {

@@ -581,6 +581,22 @@ func TestRunTCPReusePort(t *testing.T) {
 					}
 				}
 				sent, _ := askGroup(t, b, "tcp4", port, true)
+				// vmaxdp stats names each listener and why the kernel
+				// serves it (the process publishes ten times a second).
+				var out []byte
+				for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+					var err error
+					out, err = exec.Command(tools(t), "stats", "-p", strconv.Itoa(p.pid), "-v", "2", "-c", "1").CombinedOutput()
+					if err != nil {
+						t.Fatalf("vmaxdp stats: %v\n%s", err, out)
+					}
+					if strings.Count(string(out), "- Not offloaded: ") == n || time.Now().After(deadline) {
+						break
+					}
+				}
+				if got := strings.Count(string(out), "- Not offloaded: "); got != n || !strings.Contains(string(out), opt) {
+					t.Errorf("vmaxdp stats -v 2 names %d listeners not offloaded, want %d with %s:\n%s", got, n, opt, out)
+				}
 				if err := p.exited(); err != nil {
 					t.Fatalf("%v\n%s", err, p.out.String())
 				}

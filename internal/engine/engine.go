@@ -109,6 +109,9 @@ type Engine struct {
 	// serves closes without the engine's knowing, and the next socket
 	// with its fd number has another.
 	streamSelects []atomic.Pointer[streamSelect]
+	// tcpLeft are the TCP sockets left on the kernel with a reason, by
+	// fd (tcpLeft), for vmaxdp stats.
+	tcpLeft sync.Map
 	tcpWanting    map[string]int
 	scratch       sync.Pool // []byte of 64 KiB, for gathers and scatters
 	mux           [numMux]muxCounters

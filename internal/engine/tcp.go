@@ -389,10 +389,20 @@ func (e *Engine) Listen(fd, backlog int) State {
 }
 
 // tcpNotOffloaded logs why a TCP socket stays on the kernel, which it
-// never left (StateOS: the engine keeps nothing of it).
+// never left (StateOS: the engine serves nothing of it), and keeps the
+// reason for vmaxdp stats.
 func (e *Engine) tcpNotOffloaded(fd int, what, cause string) State {
 	e.logNotOffloaded(fd, what, cause)
+	e.tcpLeft.Store(fd, tcpLeft{inode: inodeOf(fd), reason: cause})
 	return StateOS
+}
+
+// tcpLeft is why the TCP socket with inode, which the kernel serves, is
+// not offloaded. A socket the kernel serves closes without the engine's
+// knowing: a record whose fd names another inode is gone.
+type tcpLeft struct {
+	inode  uint64
+	reason string
 }
 
 // streamDomain is the address family of fd when it is a stream socket,
@@ -952,6 +962,7 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 		return
 	}
 	e.onState(fd, StateKernel)
+	e.tcpLeft.Store(fd, tcpLeft{inode: inodeOf(fd), reason: cause})
 	l.mark() // wakes the accepts waiting on fd: they go on in the kernel
 	if l.refs.Add(-1) == 0 {
 		l.cancel()
@@ -1065,4 +1076,41 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 		snap.Sockets = append(snap.Sockets, rec)
 		owner[ruleKey{t.ifname, uint32(t.c.Rule())}] = fd
 	}
+	var left []stats.Socket
+	e.tcpLeft.Range(func(k, v any) bool {
+		fd, l := k.(int), v.(tcpLeft)
+		if inodeOf(fd) != l.inode {
+			e.tcpLeft.CompareAndDelete(fd, v)
+			return true
+		}
+		left = append(left, kernelTCPRecord(fd, l.reason))
+		return true
+	})
+	slices.SortFunc(left, func(a, b stats.Socket) int { return a.FD - b.FD })
+	for _, rec := range left {
+		if full() {
+			break
+		}
+		snap.Sockets = append(snap.Sockets, rec)
+	}
+}
+
+// kernelTCPRecord describes the TCP socket fd, which the kernel serves
+// for reason, from the kernel's own view of it (names, TCP_INFO).
+func kernelTCPRecord(fd int, reason string) stats.Socket {
+	local, remote := sockAddrs(fd)
+	rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateKernel, Reason: reason, Local: local.String(), Blocking: true}
+	if remote.IsValid() && remote.Port() != 0 {
+		rec.Remote = remote.String()
+	}
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+		rec.Blocking = fl&unix.O_NONBLOCK == 0
+	}
+	rec.ReusePort = reusePort(fd)
+	if ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+		rec.TCP = stats.TCPSocket{State: stack.TCPStateName(ti.State), RTTMicros: uint64(ti.Rtt), Retransmits: uint64(ti.Total_retrans)}
+		rec.Counters.RxOSPackets, rec.Counters.TxOSPackets = uint64(ti.Segs_in), uint64(ti.Segs_out)
+		rec.Counters.RxOSBytes, rec.Counters.TxOSBytes = ti.Bytes_received, ti.Bytes_acked
+	}
+	return rec
 }
