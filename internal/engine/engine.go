@@ -111,16 +111,16 @@ type Engine struct {
 	streamSelects []atomic.Pointer[streamSelect]
 	// tcpLeft are the TCP sockets left on the kernel with a reason, by
 	// fd (tcpLeft), for vmaxdp stats.
-	tcpLeft sync.Map
-	tcpWanting    map[string]int
-	scratch       sync.Pool // []byte of 64 KiB, for gathers and scatters
-	mux           [numMux]muxCounters
-	muxSpin       [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
-	pub           *publisher
-	causes        sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
-	opening       map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
-	opened        map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
-	opens         sync.WaitGroup            // openStack goroutines
+	tcpLeft    sync.Map
+	tcpWanting map[string]int
+	scratch    sync.Pool // []byte of 64 KiB, for gathers and scatters
+	mux        [numMux]muxCounters
+	muxSpin    [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
+	pub        *publisher
+	causes     sync.Map                  // why sockets stayed on the kernel, each logged once at INFO
+	opening    map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
+	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
+	opens      sync.WaitGroup            // openStack goroutines
 }
 
 // Socket is one application UDP socket.
