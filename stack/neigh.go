@@ -47,24 +47,77 @@ type nextHops struct {
 
 	refreshMu  sync.Mutex
 	refreshing map[netip.Addr]bool
+	waits      int // afterHop's goroutines
 	closed     bool
 	refreshes  sync.WaitGroup
 }
 
 func (st *Stack) nextHop(dst netip.Addr) (nextHop, error) {
+	if h, ok := st.hopCached(dst); ok {
+		return h, nil
+	}
+	return st.resolve(dst, true)
+}
+
+// hopCached returns dst's next hop if the cache has it, fresh or stale
+// (then refreshed in the background).
+func (st *Stack) hopCached(dst netip.Addr) (nextHop, bool) {
 	if m := st.hops.m.Load(); m != nil {
 		if h, ok := (*m)[dst]; ok {
 			now := time.Now().UnixNano()
 			if now < h.expires {
-				return h, nil
+				return h, true
 			}
 			if now < h.expires+int64(staleTTL) {
 				st.refreshHop(dst)
-				return h, nil
+				return h, true
 			}
 		}
 	}
-	return st.resolve(dst)
+	return nextHop{}, false
+}
+
+// errNeighPending: the kernel has no neighbour entry for the next hop
+// yet, and its ARP request is on its way (hopNow).
+var errNeighPending = errors.New("neighbour not resolved yet")
+
+// hopNow is nextHop without the wait for ARP: when the kernel's tables
+// need an ARP answer first, it sends the request and returns
+// errNeighPending; afterHop waits for the answer elsewhere. netstack's
+// goroutines use it: one that waited for ARP held a listener's every
+// handshake (a SYN flood from addresses nobody holds stalled it for
+// ResolveTimeout per address).
+func (st *Stack) hopNow(dst netip.Addr) (nextHop, error) {
+	if h, ok := st.hopCached(dst); ok {
+		return h, nil
+	}
+	return st.resolve(dst, false)
+}
+
+// maxHopWaits bounds the goroutines afterHop keeps waiting for ARP.
+const maxHopWaits = 16
+
+// afterHop calls fn, on a goroutine of its own, with dst's next hop once
+// the kernel resolves it or ResolveTimeout passes (as nextHop). False,
+// and fn is never called, when maxHopWaits wait already or the stack is
+// closing.
+func (st *Stack) afterHop(dst netip.Addr, fn func(nextHop, error)) bool {
+	hs := &st.hops
+	hs.refreshMu.Lock()
+	defer hs.refreshMu.Unlock()
+	if hs.closed || hs.waits >= maxHopWaits {
+		return false
+	}
+	hs.waits++
+	hs.refreshes.Add(1)
+	go func() {
+		defer hs.refreshes.Done()
+		fn(st.nextHop(dst))
+		hs.refreshMu.Lock()
+		hs.waits--
+		hs.refreshMu.Unlock()
+	}()
+	return true
 }
 
 // refreshHop looks dst up again in the background, once at a time.
@@ -82,7 +135,7 @@ func (st *Stack) refreshHop(dst netip.Addr) {
 	hs.refreshes.Add(1)
 	go func() {
 		defer hs.refreshes.Done()
-		if _, err := st.resolve(dst); err != nil {
+		if _, err := st.resolve(dst, true); err != nil {
 			// No route any more: the next send looks it up itself and
 			// gets the error.
 			st.forgetHop(dst)
@@ -112,17 +165,33 @@ func (st *Stack) stopRefreshes() {
 }
 
 // resolve asks the kernel: the route to dst, then the neighbour entry of the
-// next hop, triggering ARP (NTF_USE) and waiting up to ResolveTimeout when
-// the kernel has none. A destination the kernel cannot resolve is sent
-// through the kernel socket for a while, so the kernel keeps trying and
-// reports errors the usual way.
-func (st *Stack) resolve(dst netip.Addr) (nextHop, error) {
-	st.hops.mu.Lock()
-	defer st.hops.mu.Unlock()
-	h, err := st.lookupHop(dst)
+// next hop, triggering ARP (NTF_USE) and, with wait, waiting up to
+// ResolveTimeout when the kernel has none (without: errNeighPending). A
+// destination the kernel cannot resolve is sent through the kernel socket
+// for a while, so the kernel keeps trying and reports errors the usual
+// way.
+func (st *Stack) resolve(dst netip.Addr, wait bool) (nextHop, error) {
+	// The lookup goes without the lock: one that waits for an ARP answer
+	// held every other destination's for up to ResolveTimeout.
+	h, err := st.lookupHop(dst, wait)
 	if err != nil {
 		return h, err
 	}
+	st.cacheHop(dst, h)
+	return h, nil
+}
+
+// unresolved caches dst as a destination the kernel could not resolve
+// (unresolvableTTL): its packets go the kernel's way, with no lookup each.
+func (st *Stack) unresolved(dst netip.Addr) {
+	st.cacheHop(dst, nextHop{viaKernel: true, expires: time.Now().Add(unresolvableTTL).UnixNano()})
+}
+
+// cacheHop puts h in the cache for dst, and drops the entries past their
+// staleness.
+func (st *Stack) cacheHop(dst netip.Addr, h nextHop) {
+	st.hops.mu.Lock()
+	defer st.hops.mu.Unlock()
 	old := st.hops.m.Load()
 	m := make(map[netip.Addr]nextHop, 1)
 	if old != nil {
@@ -135,10 +204,9 @@ func (st *Stack) resolve(dst netip.Addr) (nextHop, error) {
 	}
 	m[dst] = h
 	st.hops.m.Store(&m)
-	return h, nil
 }
 
-func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
+func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 	now := time.Now()
 	h := nextHop{expires: now.Add(nextHopTTL).UnixNano()}
 	if dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
@@ -198,6 +266,9 @@ func (st *Stack) lookupHop(dst netip.Addr) (nextHop, error) {
 			// first packet to that neighbour would.
 			nl.NeighSet(&netlink.Neigh{LinkIndex: st.ifindex, Family: unix.AF_INET, IP: hop.AsSlice(), Flags: netlink.NTF_USE})
 			triggered = true
+		}
+		if !wait {
+			return h, errNeighPending
 		}
 		if time.Now().After(deadline) {
 			st.Counters.NeighUnresolved.Add(1)

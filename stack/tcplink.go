@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -71,6 +72,10 @@ type tcpLink struct {
 	st   *Stack
 	q    *queue
 	disp atomic.Pointer[dispatcher]
+	// parked are packets waiting for their next hop's ARP answer, by
+	// destination (park).
+	parkMu sync.Mutex
+	parked map[netip.Addr][]*nstack.PacketBuffer
 
 	mu      sync.Mutex
 	onClose func()
@@ -144,27 +149,115 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 		return len(list), nil
 	}
 	var hops [rxBatch]nextHop
+	var out [rxBatch]*nstack.PacketBuffer
 	sent := 0
 	for sent < len(list) {
 		chunk := list[sent:min(len(list), sent+len(q.txBufs))]
-		for i, pkt := range chunk {
+		n := 0
+		var last netip.Addr
+		var lastHop nextHop
+		for _, pkt := range chunk {
 			dst := netip.AddrFrom4([4]byte(pkt.NetworkHeader().Slice()[16:20]))
-			if i > 0 && dst == netip.AddrFrom4([4]byte(chunk[i-1].NetworkHeader().Slice()[16:20])) {
-				hops[i] = hops[i-1]
-				continue
+			h, ok := lastHop, dst == last && n > 0
+			if !ok {
+				h, ok = st.hopCached(dst)
 			}
-			h, err := st.nextHop(dst)
-			if err != nil {
-				h.viaKernel = true
+			if !ok {
+				if l.parkBehind(dst, pkt) {
+					continue // an ARP answer is awaited for dst already
+				}
+				var err error
+				h, err = st.hopNow(dst)
+				switch {
+				case errors.Is(err, errNeighPending):
+					l.park(dst, pkt)
+					continue
+				case err != nil:
+					h.viaKernel = true
+				}
 			}
-			hops[i] = h
+			last, lastHop = dst, h
+			out[n], hops[n] = pkt, h
+			n++
 		}
-		if err := l.transmit(q, chunk, hops[:len(chunk)]); err != nil {
-			return sent, err
+		if n > 0 {
+			if err := l.transmit(q, out[:n], hops[:n]); err != nil {
+				return sent, err
+			}
 		}
 		sent += len(chunk)
 	}
 	return sent, nil
+}
+
+// parkedPerHop is how many packets wait for one next hop's ARP answer,
+// as the kernel queues a few of a neighbour's first packets (unres_qlen);
+// more are dropped and counted, for TCP to send again.
+const parkedPerHop = 4
+
+// parkBehind parks pkt if packets to dst wait for its ARP answer
+// already; false if none do.
+func (l *tcpLink) parkBehind(dst netip.Addr, pkt *nstack.PacketBuffer) bool {
+	l.parkMu.Lock()
+	defer l.parkMu.Unlock()
+	list, waiting := l.parked[dst]
+	if !waiting {
+		return false
+	}
+	if len(list) >= parkedPerHop {
+		l.st.TCPCounters.TxDropped.Add(1)
+		return true
+	}
+	pkt.IncRef()
+	l.parked[dst] = append(list, pkt)
+	return true
+}
+
+// park keeps pkt until dst's next hop is resolved, then sends it
+// (unpark): netstack's goroutine that sends it does not wait for ARP.
+// Dropped and counted when too many next hops are awaited already.
+func (l *tcpLink) park(dst netip.Addr, pkt *nstack.PacketBuffer) {
+	l.parkMu.Lock()
+	defer l.parkMu.Unlock()
+	list, waiting := l.parked[dst]
+	switch {
+	case len(list) >= parkedPerHop:
+		l.st.TCPCounters.TxDropped.Add(1)
+		return
+	case !waiting && !l.st.afterHop(dst, func(h nextHop, err error) { l.unpark(dst, h, err) }):
+		// Too many ARP answers awaited (a SYN flood from addresses
+		// nobody holds): dst's packets are dropped for a while without
+		// a lookup each.
+		l.st.unresolved(dst)
+		l.st.TCPCounters.TxDropped.Add(1)
+		return
+	}
+	if l.parked == nil {
+		l.parked = map[netip.Addr][]*nstack.PacketBuffer{}
+	}
+	pkt.IncRef()
+	l.parked[dst] = append(list, pkt)
+}
+
+// unpark sends the packets parked for dst, whose next hop is h, or drops
+// and counts them when it could not be resolved.
+func (l *tcpLink) unpark(dst netip.Addr, h nextHop, err error) {
+	l.parkMu.Lock()
+	pkts := l.parked[dst]
+	delete(l.parked, dst)
+	l.parkMu.Unlock()
+	if err != nil || h.viaKernel || l.down.Load() {
+		l.st.TCPCounters.TxDropped.Add(uint64(len(pkts)))
+	} else {
+		hops := make([]nextHop, len(pkts))
+		for i := range hops {
+			hops[i] = h
+		}
+		l.transmit(l.q, pkts, hops)
+	}
+	for _, p := range pkts {
+		p.DecRef()
+	}
 }
 
 func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop) tcpip.Error {
@@ -331,6 +424,7 @@ type NetstackCounters struct {
 	FailedConnects          uint64 // connects that failed
 	ListenOverflowSynDrop   uint64 // SYNs dropped: a listener's backlog was full
 	ListenOverflowAckDrop   uint64 // handshakes dropped: a listener's accept queue was full
+	SynCookiesSent          uint64 // SYNs answered with a cookie: too many half-open connections
 	ValidSegmentsReceived   uint64
 	InvalidSegmentsReceived uint64 // malformed
 	ChecksumErrors          uint64
@@ -354,6 +448,7 @@ func (st *Stack) Netstack() (NetstackCounters, bool) {
 		CurrentEstablished: s.CurrentEstablished.Value(), EstablishedResets: s.EstablishedResets.Value(),
 		EstablishedTimedout: s.EstablishedTimedout.Value(), FailedConnects: s.FailedConnectionAttempts.Value(),
 		ListenOverflowSynDrop: s.ListenOverflowSynDrop.Value(), ListenOverflowAckDrop: s.ListenOverflowAckDrop.Value(),
+		SynCookiesSent:        s.ListenOverflowSynCookieSent.Value(),
 		ValidSegmentsReceived: s.ValidSegmentsReceived.Value(), InvalidSegmentsReceived: s.InvalidSegmentsReceived.Value(),
 		ChecksumErrors: s.ChecksumErrors.Value(), SegmentsSent: s.SegmentsSent.Value(), SegmentSendErrors: s.SegmentSendErrors.Value(),
 		ResetsSent: s.ResetsSent.Value(), ResetsReceived: s.ResetsReceived.Value(), Retransmits: s.Retransmits.Value(),
@@ -391,6 +486,14 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 	})
 	sack := tcpip.TCPSACKEnabled(true)
 	ns.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	// No RACK: its tail loss probe pushes the retransmission timer back at
+	// every new send (schedulePTO disables it, the probe enables it again
+	// from then), so a connection that keeps sending to a peer that
+	// vanished never timed out, TCP_USER_TIMEOUT or not
+	// (TestRunTCPPeerVanishes). Loss is recovered by SACK and the
+	// retransmission timer, as RFC 6298 has it.
+	recovery := tcpip.TCPRecovery(0)
+	ns.SetTransportProtocolOption(tcp.ProtocolNumber, &recovery)
 	if err := ns.CreateNIC(tcpNIC, link); err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("tcp: netstack NIC: %s", err)

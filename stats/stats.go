@@ -201,18 +201,21 @@ type Program struct {
 // TCPCounters are stack.TCPCounters (the link's) then
 // stack.NetstackCounters (netstack's own), field for field.
 type TCPCounters struct {
-	RxSegments              uint64 `json:"rx_segments"`
-	TxSegments              uint64 `json:"tx_segments"`
-	TxDropped               uint64 `json:"tx_dropped"`
-	DrainErrors             uint64 `json:"drain_errors"`
-	ActiveOpens             uint64 `json:"active_opens"`
-	PassiveOpens            uint64 `json:"passive_opens"`
-	CurrentEstablished      uint64 `json:"current_established" stats:"gauge"`
-	EstablishedResets       uint64 `json:"established_resets"`
-	EstablishedTimedout     uint64 `json:"established_timedout"`
-	FailedConnects          uint64 `json:"failed_connects"`
-	ListenOverflowSynDrop   uint64 `json:"listen_overflow_syn_drop"`
-	ListenOverflowAckDrop   uint64 `json:"listen_overflow_ack_drop"`
+	RxSegments            uint64 `json:"rx_segments"`
+	TxSegments            uint64 `json:"tx_segments"`
+	TxDropped             uint64 `json:"tx_dropped"`
+	DrainErrors           uint64 `json:"drain_errors"`
+	ActiveOpens           uint64 `json:"active_opens"`
+	PassiveOpens          uint64 `json:"passive_opens"`
+	CurrentEstablished    uint64 `json:"current_established" stats:"gauge"`
+	EstablishedResets     uint64 `json:"established_resets"`
+	EstablishedTimedout   uint64 `json:"established_timedout"`
+	FailedConnects        uint64 `json:"failed_connects"`
+	ListenOverflowSynDrop uint64 `json:"listen_overflow_syn_drop"`
+	ListenOverflowAckDrop uint64 `json:"listen_overflow_ack_drop"`
+	// SynCookiesSent: SYNs answered with a SYN cookie, a listener's
+	// half-open connections being too many (a SYN flood).
+	SynCookiesSent          uint64 `json:"syn_cookies_sent"`
 	ValidSegmentsReceived   uint64 `json:"valid_segments_received"`
 	InvalidSegmentsReceived uint64 `json:"invalid_segments_received"`
 	ChecksumErrors          uint64 `json:"checksum_errors"`

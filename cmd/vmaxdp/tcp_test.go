@@ -654,6 +654,94 @@ func TestRunTCPReusePort(t *testing.T) {
 	})
 }
 
+// TestRunTCPPeerVanishes: a peer that disappears for good (its address
+// taken away: like a host that crashed, it answers nothing, not even a
+// reset) ends an offloaded connection as it ends the kernel's:
+// TCP_USER_TIMEOUT fails the sends with ETIMEDOUT within its bound, and
+// keepalive's probes end a read that waits. testdata/tcpcalls' vanish
+// server prints the same transcript under vmaxdp as on the kernel, with
+// a kernel client, on both beds.
+func TestRunTCPPeerVanishes(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "tcpcalls")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11185
+		cidr := netip.PrefixFrom(b.Addr(testbed.A), testbed.Prefix.Bits()).String()
+		address := func(op string) error {
+			out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.A), "ip", "addr", op, cidr, "dev", b.Link(testbed.A)).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("ip addr %s %s: %w: %s", op, cidr, err, out)
+			}
+			return nil
+		}
+		t.Cleanup(func() { address("replace") })
+		run := func(offload bool) (transcript, log string) {
+			var p *cProgram
+			if offload {
+				p = startC(t, b, prog, []string{"VMAXDP_TCP=1"}, "vanish", strconv.Itoa(port))
+			} else {
+				p = startArgv(t, b, nil, prog, "vanish", strconv.Itoa(port))
+			}
+			if err := p.waitFor("listening\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			for i := 1; i <= 2; i++ {
+				var c net.Conn
+				err := b.Do(testbed.A, func() error {
+					var err error
+					c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+					return err
+				})
+				if err != nil {
+					t.Fatalf("connection %d: %v\n%s", i, err, p.out.String())
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				var ok [2]byte
+				if _, err := c.Write([]byte("go")); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, ok[:]); err != nil {
+					t.Fatalf("connection %d: %v\n%s", i, err, p.out.String())
+				}
+				if err := address("del"); err != nil {
+					t.Fatal(err)
+				}
+				werr := p.waitFor(fmt.Sprintf("vanished %d\n", i))
+				if err := address("add"); err != nil {
+					t.Fatal(err)
+				}
+				c.Close()
+				if werr != nil {
+					t.Fatalf("%v\n%s", werr, p.out.String())
+				}
+			}
+			if err := p.exited(); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			var prog, logs strings.Builder
+			for _, line := range strings.SplitAfter(p.out.String(), "\n") {
+				if strings.HasPrefix(strings.TrimSpace(line), "vmaxdp") {
+					logs.WriteString(line)
+				} else if strings.TrimSpace(line) != "" {
+					prog.WriteString(line)
+				}
+			}
+			return prog.String(), logs.String()
+		}
+		want, _ := run(false)
+		got, logs := run(true)
+		if got != want {
+			t.Errorf("the transcript under vmaxdp differs from the kernel's:\n%s", lineDiff(want, got))
+		}
+		if !strings.Contains(logs, "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
+			t.Errorf("the server's log says nothing of offload:\n%s", tail(logs, 30))
+		}
+		if !strings.Contains(want, "send ETIMEDOUT, within 1-8 s 1") || !strings.Contains(want, "poll 1 ERR/HUP, within 2-10 s 1") {
+			t.Errorf("the kernel's transcript is not what this test expects of it:\n%s", want)
+		}
+	})
+}
+
 // redisPing sends PING on c and reads the answer.
 func redisPing(c net.Conn, timeout time.Duration) error {
 	c.SetDeadline(time.Now().Add(timeout))
@@ -868,6 +956,97 @@ func tcpSegment(src, dst netip.AddrPort, flags byte, doff int, payload []byte, b
 	return append(ip, tcp...)
 }
 
+// TestRunTCPSynFlood: a flood of 6,000 SYNs that never complete, from 200
+// addresses of the bed's subnet that nobody holds (so that no SYN-ACK is
+// ever answered, nor its ARP request), at redis-server under vmaxdp: a
+// client connecting during the flood is served at once (within a
+// retransmitted SYN); netstack answers the SYNs beyond its half-open bound
+// with SYN cookies, counted in vmaxdp stats (syn_cookies_sent), and the
+// SYN-ACKs to the addresses nobody holds are dropped and counted
+// (tx_dropped), not waited for.
+func TestRunTCPSynFlood(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		dir := t.TempDir()
+		// More half-open connections than netstack's listen queue holds
+		// (SOMAXCONN, 4096), for SYN cookies.
+		const port, sources, perSource = 11202, 200, 30
+		p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir})
+		dst := netip.AddrPortFrom(b.Addr(testbed.B), port)
+		var took time.Duration
+		err := b.Do(testbed.A, func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
+			for k := range perSource {
+				for i := range sources {
+					src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 0, byte(50 + i)}), uint16(20000+k))
+					if err := unix.Sendto(fd, tcpSegment(src, dst, 0x02, 5, nil, false), 0, to); err != nil {
+						return fmt.Errorf("SYN from %s: %w", src, err)
+					}
+					if i%20 == 19 {
+						// A burst beyond the receive ring would drop SYNs
+						// (counted as the ring's, not netstack's).
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}
+			start := time.Now()
+			c, err := net.DialTimeout("tcp4", dst.String(), 5*time.Second)
+			if err != nil {
+				return fmt.Errorf("a client during the flood: %w", err)
+			}
+			defer c.Close()
+			err = redisPing(c, 5*time.Second)
+			took = time.Since(start)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		// A second: a SYN lost in the flood is sent again after one.
+		if took > 1500*time.Millisecond {
+			t.Errorf("a client connecting during the flood was served after %v", took)
+		}
+		pr := waitProgram(t, vmaxdp, dir, p.pid, b.Link(testbed.B), func(pr *stats.Program) bool {
+			return pr.TCP.SynCookiesSent > 0 && pr.TCP.TxDropped > 0
+		})
+		t.Logf("client served in %v; netstack: SYN cookies %d, dropped sends %d, listen overflow SYN drops %d", took, pr.TCP.SynCookiesSent, pr.TCP.TxDropped, pr.TCP.ListenOverflowSynDrop)
+		if pr.TCP.SynCookiesSent == 0 || pr.TCP.TxDropped == 0 {
+			t.Errorf("the flood is not counted: %d SYN cookies, %d dropped sends", pr.TCP.SynCookiesSent, pr.TCP.TxDropped)
+		}
+	})
+}
+
+// waitProgram reads the stats of process pid's steering program on
+// ifname until done says so, for up to 3 s (the process publishes ten
+// times a second), and returns the last.
+func waitProgram(t *testing.T, vmaxdp, dir string, pid int, ifname string, done func(*stats.Program) bool) *stats.Program {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		s := snapshotJSON(t, vmaxdp, dir, pid)
+		var pr *stats.Program
+		for i := range s.Programs {
+			if s.Programs[i].Interface == ifname {
+				pr = &s.Programs[i]
+			}
+		}
+		switch {
+		case pr != nil && done(pr):
+			return pr
+		case time.Now().After(deadline):
+			if pr == nil {
+				t.Fatalf("no program for %s in the stats", ifname)
+			}
+			return pr
+		}
+	}
+}
+
 // TestRunTCPMalformed: malformed TCP segments sent at an offloaded
 // listener's port (a bad checksum, a data offset past the segment, every
 // flag at once, data without a connection, a header cut short) are
@@ -914,22 +1093,9 @@ func TestRunTCPMalformed(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
-		var pr *stats.Program
-		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			s := snapshotJSON(t, vmaxdp, dir, p.pid)
-			pr = nil
-			for i := range s.Programs {
-				if s.Programs[i].Interface == b.Link(testbed.B) {
-					pr = &s.Programs[i]
-				}
-			}
-			if pr != nil && pr.TCP.InvalidSegmentsReceived >= n || time.Now().After(deadline) {
-				break
-			}
-		}
-		if pr == nil {
-			t.Fatal("no program for the server's interface in the stats")
-		}
+		pr := waitProgram(t, vmaxdp, dir, p.pid, b.Link(testbed.B), func(pr *stats.Program) bool {
+			return pr.TCP.InvalidSegmentsReceived >= n
+		})
 		drops := map[string]uint64{}
 		for _, d := range pr.Stack.RxDropped {
 			drops[d.Reason] = d.Packets

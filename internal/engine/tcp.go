@@ -130,21 +130,33 @@ func (t *tcpConn) notify(ev stack.TCPEvents) {
 	if ev&stack.TCPReadHangup != 0 {
 		t.hangupLocked(stack.TCPReadHangup)
 	}
-	if ev&(stack.TCPReadable|stack.TCPHangup|stack.TCPError) != 0 && t.marks < maxMarks && !t.rdhup {
-		// MSG_NOSIGNAL: the mirror's writes must never raise SIGPIPE in
-		// the application.
-		if n, _ := unix.SendmsgN(t.eng, junk[:1], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); n == 1 {
-			t.marks++
-		}
-	}
 	if ev&stack.TCPWritable != 0 {
 		t.unblockLocked()
 	}
 	if ev&(stack.TCPHangup|stack.TCPError) != 0 {
 		// netstack sends these with every other event on any change of
 		// state: whether the connection ended is for its readiness to
-		// say, which only a goroutine of ours may ask.
+		// say, which only a goroutine of ours may ask. That goroutine
+		// marks app readable too, after the hangup: a waiter the byte
+		// woke first saw POLLIN without POLLHUP and POLLERR (a keepalive
+		// timeout), where the kernel reports them together.
 		go t.refresh()
+		return
+	}
+	if ev&stack.TCPReadable != 0 {
+		t.markLocked()
+	}
+}
+
+// markLocked queues a byte on app, which makes it readable.
+func (t *tcpConn) markLocked() {
+	if t.marks >= maxMarks || t.rdhup {
+		return
+	}
+	// MSG_NOSIGNAL: the mirror's writes must never raise SIGPIPE in the
+	// application.
+	if n, _ := unix.SendmsgN(t.eng, junk[:1], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); n == 1 {
+		t.marks++
 	}
 }
 
@@ -153,22 +165,29 @@ func (t *tcpConn) refresh() {
 	ev := t.c.Events()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.closed {
-		t.hangupLocked(ev)
+	if t.closed {
+		return
+	}
+	t.hangupLocked(ev)
+	if ev&(stack.TCPReadable|stack.TCPHangup|stack.TCPError) != 0 {
+		t.markLocked()
 	}
 }
 
 // hangupLocked shuts eng down for the peer's FIN (app: EPOLLRDHUP) and
 // for the end of the connection (app: POLLHUP). Caller holds t.mu.
 func (t *tcpConn) hangupLocked(ev stack.TCPEvents) {
-	if ev&(stack.TCPReadHangup|stack.TCPHangup) != 0 && !t.rdhup {
-		unix.Shutdown(t.eng, unix.SHUT_WR)
-		t.rdhup = true
-	}
-	if ev&stack.TCPHangup != 0 && !t.hangup {
+	switch {
+	case ev&stack.TCPHangup != 0 && !t.hangup:
+		// One shutdown for both: a waiter the first of two woke saw
+		// POLLRDHUP without POLLHUP (a keepalive timeout), where the
+		// kernel reports them together.
 		t.unblockLocked()
 		unix.Shutdown(t.eng, unix.SHUT_RDWR)
-		t.hangup = true
+		t.rdhup, t.hangup = true, true
+	case ev&stack.TCPReadHangup != 0 && !t.rdhup:
+		unix.Shutdown(t.eng, unix.SHUT_WR)
+		t.rdhup = true
 	}
 }
 

@@ -3,6 +3,7 @@
  *   tcpcalls server PORT
  *   tcpcalls client ADDR PORT CLOSED_PORT
  *   tcpcalls backlog PORT N     (backlog 4, accepts after 0.5 s, serves N)
+ *   tcpcalls vanish PORT        (the peer vanishes: user timeout, keepalive)
  *
  * Each side prints what every call returned (values, errno names, event
  * masks), never a time or a number that varies between runs, so that the
@@ -367,6 +368,73 @@ static int backlog(int port, int n)
 	return 0;
 }
 
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* vanish: the peer disappears for good after the first exchange of each
+ * connection (the test takes its address away when it has read "ok").
+ * Connection 1 sends with TCP_USER_TIMEOUT 1500 ms until a send fails;
+ * connection 2 waits in read with keepalive (1 s idle, 1 s interval, 2
+ * probes). Each prints the errno that ended it and whether it came
+ * within the bound (the kernel's: 1.5 s and 3 s, give or take its
+ * retransmission timer). */
+static int vanish(int port)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 4) < 0)
+		die("vanish listen");
+	say("listening");
+	char b[64];
+
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept 1");
+	readn(c, b, 2);
+	int uto = 1500;
+	res("TCP_USER_TIMEOUT", setsockopt(c, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto));
+	writen(c, "ok", 2);
+	double t0 = now();
+	int err = 0;
+	while (now() - t0 < 15) {
+		if (send(c, "x", 1, MSG_NOSIGNAL) < 0) {
+			err = errno;
+			break;
+		}
+		usleep(100000);
+	}
+	double t = now() - t0;
+	say("user timeout: send %s, within 1-8 s %d", err ? strerrorname_np(err) : "never failed", t >= 1 && t <= 8);
+	res("send after", send(c, "x", 1, MSG_NOSIGNAL));
+	close(c);
+	say("vanished 1");
+
+	c = accept(l, NULL, NULL);
+	if (c < 0)
+		die("accept 2");
+	readn(c, b, 2);
+	int idle = 1, intvl = 1, cnt = 2;
+	setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+	setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+	writen(c, "ok", 2);
+	t0 = now();
+	struct pollfd pf = {.fd = c, .events = POLLIN};
+	int n = poll(&pf, 1, 15000);
+	t = now() - t0;
+	say("keepalive: poll %d %s, within 2-10 s %d", n, (pf.revents & (POLLERR | POLLHUP)) ? "ERR/HUP" : "-", t >= 2 && t <= 10);
+	res("recv", recv(c, b, sizeof b, 0));
+	close(c);
+	say("vanished 2");
+	return 0;
+}
+
 static int client(const char *addr, int port, int closed)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -511,8 +579,10 @@ int main(int argc, char **argv)
 		return server(atoi(argv[2]));
 	if (argc == 4 && strcmp(argv[1], "backlog") == 0)
 		return backlog(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 3 && strcmp(argv[1], "vanish") == 0)
+		return vanish(atoi(argv[2]));
 	if (argc == 5 && strcmp(argv[1], "client") == 0)
 		return client(argv[2], atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | backlog PORT N\n");
+	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | backlog PORT N | vanish PORT\n");
 	return 2;
 }
