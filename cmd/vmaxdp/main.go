@@ -6,6 +6,8 @@
 //	vmaxdp stats [vma_stats options] | vmaxdp stats serve --listen ADDR
 //	vmaxdp testbed up|down|status [flags]
 //	vmaxdp bench [rxdrop|txonly|echo|xdpcost|all] [flags]
+//	vmaxdp bench floor [-tuned] [flags]
+//	vmaxdp bench apps [flags]
 package main
 
 import (
@@ -50,6 +52,8 @@ commands:
   testbed up|down|status  manage the veth test bed (two namespaces, 198.18.0.0/24)
   bench [kind...]         measure vmaxdp against the kernel on a test bed
                           kinds: rxdrop txonly echo xdpcost all (default all)
+  bench floor             the same workload at every layer, from raw AF_XDP up
+  bench apps              Debian programs under vmaxdp against the kernel
 `
 
 var errUsage = errors.New("bad usage (vmaxdp -h)")
@@ -144,6 +148,9 @@ func bedKind(b *testbed.Bed) string {
 func runBench(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) > 0 && args[0] == "apps" {
 		return runBenchApps(ctx, args[1:], out)
+	}
+	if len(args) > 0 && args[0] == "floor" {
+		return runBenchFloor(args[1:], out)
 	}
 	fs := flag.NewFlagSet("vmaxdp bench", flag.ContinueOnError)
 	d := fs.Duration("duration", 2*time.Second, "length of each measurement")

@@ -357,48 +357,6 @@ func TxOnly(bed *testbed.Bed, opts *Options) (Result, error) {
 func Echo(bed *testbed.Bed, opts *Options) (Result, error) {
 	o := opts.defaults()
 	r := Result{Name: "echo", Unit: "req/s"}
-	msg := make([]byte, o.Size)
-	type conn interface {
-		ReadFromUDPAddrPort([]byte) (int, netip.AddrPort, error)
-		WriteToUDPAddrPort([]byte, netip.AddrPort) (int, error)
-		SetReadDeadline(time.Time) error
-	}
-	run := func(server, client conn) (float64, error) {
-		dst := netip.AddrPortFrom(bed.Addr(testbed.B), o.Port)
-		return measure(o.Duration, func(ctx context.Context) error {
-			buf := make([]byte, 2048)
-			for ctx.Err() == nil {
-				server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-				n, from, err := server.ReadFromUDPAddrPort(buf)
-				if isTimeout(err) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				if _, err := server.WriteToUDPAddrPort(buf[:n], from); err != nil {
-					return err
-				}
-			}
-			return nil
-		}, func(ctx context.Context, count *atomic.Uint64) error {
-			buf := make([]byte, 2048)
-			for ctx.Err() == nil {
-				if _, err := client.WriteToUDPAddrPort(msg, dst); err != nil {
-					return err
-				}
-				client.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-				if _, _, err := client.ReadFromUDPAddrPort(buf); err != nil {
-					if isTimeout(err) {
-						continue // a lost request is resent, not counted
-					}
-					return err
-				}
-				count.Add(1)
-			}
-			return nil
-		})
-	}
 	ks, err := kernelSocket(bed, testbed.B, o.Port)
 	if err != nil {
 		return r, err
@@ -408,7 +366,7 @@ func Echo(bed *testbed.Bed, opts *Options) (Result, error) {
 		ks.Close()
 		return r, err
 	}
-	r.Kernel, err = run(ks, kc)
+	r.Kernel, err = echo(bed, o, ks, kc)
 	ks.Close()
 	kc.Close()
 	if err != nil {
@@ -432,9 +390,56 @@ func Echo(bed *testbed.Bed, opts *Options) (Result, error) {
 	if err != nil {
 		return r, err
 	}
-	r.Vmaxdp, err = run(vs, vc)
+	r.Vmaxdp, err = echo(bed, o, vs, vc)
 	if err != nil {
 		return r, fmt.Errorf("echo vmaxdp: %w", err)
 	}
 	return r, nil
+}
+
+// echoConn is a UDP socket of the kernel's or of a stack's.
+type echoConn interface {
+	ReadFromUDPAddrPort([]byte) (int, netip.AddrPort, error)
+	WriteToUDPAddrPort([]byte, netip.AddrPort) (int, error)
+	SetReadDeadline(time.Time) error
+}
+
+// echo measures round trips a second: client (side A) sends a request
+// and waits for its answer, server (side B) echoes.
+func echo(bed *testbed.Bed, o Options, server, client echoConn) (float64, error) {
+	msg := make([]byte, o.Size)
+	dst := netip.AddrPortFrom(bed.Addr(testbed.B), o.Port)
+	return measure(o.Duration, func(ctx context.Context) error {
+		buf := make([]byte, 2048)
+		for ctx.Err() == nil {
+			server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			n, from, err := server.ReadFromUDPAddrPort(buf)
+			if isTimeout(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := server.WriteToUDPAddrPort(buf[:n], from); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, func(ctx context.Context, count *atomic.Uint64) error {
+		buf := make([]byte, 2048)
+		for ctx.Err() == nil {
+			if _, err := client.WriteToUDPAddrPort(msg, dst); err != nil {
+				return err
+			}
+			client.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			if _, _, err := client.ReadFromUDPAddrPort(buf); err != nil {
+				if isTimeout(err) {
+					continue // a lost request is resent, not counted
+				}
+				return err
+			}
+			count.Add(1)
+		}
+		return nil
+	})
 }
