@@ -462,6 +462,11 @@ func WriteCloseReport(w io.Writer, s *Socket) {
 	fmt.Fprintf(w, "%s Tx OS info: %d KB / %d / %d [bytes/packets/errors]\n", p, kb(c.TxOSBytes), c.TxOSPackets, 0)
 	fmt.Fprintf(w, "%s Rx Offload: %d KB / %d / %d [bytes/packets/errors]\n", p, kb(c.RxOffloadBytes), c.RxOffloadPackets, 0)
 	fmt.Fprintf(w, "%s Rx OS info: %d KB / %d / %d [bytes/packets/errors]\n", p, kb(c.RxOSBytes), c.RxOSPackets, c.RxErrors)
+	if s.Proto == "tcp" {
+		t := &s.TCP
+		fmt.Fprintf(w, "%s TCP: %s / %d us / %d / %d / %d [state/rtt/retransmits/receive queue/accepted]\n", p, t.State, t.RTTMicros, t.Retransmits, t.RecvQueue, t.Accepted)
+		return
+	}
 	all := c.RxOffloadPackets + c.RxQueueDrops
 	fmt.Fprintf(w, "%s Rx byte: max %d / dropped %d (%.2f%%) / limit %d\n", p, c.RxQueueBytesMax, c.RxQueueDropBytes,
 		pct(c.RxQueueDropBytes, c.RxOffloadBytes+c.RxQueueDropBytes), s.RxBytesLimit)

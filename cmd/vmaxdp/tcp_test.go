@@ -9,9 +9,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -416,8 +418,9 @@ func TestStatsTCP(t *testing.T) {
 	vmaxdp := tools(t)
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		dir := t.TempDir()
+		closeFile := filepath.Join(dir, "close.txt")
 		const port, pings = 11197, 10
-		p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir}, "--tcp-backlog", "64")
+		p := startRedis(t, b, port, []string{"VMAXDP_STATS_DIR=" + dir, "VMAXDP_STATS_FILE=" + closeFile}, "--tcp-backlog", "64")
 		var conns []net.Conn
 		defer func() {
 			for _, c := range conns {
@@ -507,6 +510,27 @@ func TestStatsTCP(t *testing.T) {
 		for _, want := range []string{`vmaxdp_tcp_passive_opens_total{pid="` + strconv.Itoa(p.pid), `state="ESTABLISHED"`, "vmaxdp_socket_tcp_accepted_total"} {
 			if !strings.Contains(prom, want) {
 				t.Errorf("--prometheus lacks %q", want)
+			}
+		}
+		// VMAXDP_STATS_FILE: a connection the client closes is reported
+		// as the server closes it; the listener and the other connection
+		// as the server exits.
+		conns[0].Close()
+		var report []byte
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if report, _ = os.ReadFile(closeFile); strings.Contains(string(report), "] TCP: ") {
+				break
+			}
+		}
+		if n := strings.Count(string(report), "] TCP: "); n != 1 || strings.Contains(string(report), "TCP: ESTABLISHED") {
+			t.Errorf("%s after one close: %d TCP reports, want 1, not ESTABLISHED:\n%s", closeFile, n, report)
+		}
+		syscall.Kill(p.pid, syscall.SIGTERM)
+		p.exited()
+		report, _ = os.ReadFile(closeFile)
+		for _, want := range []string{"] TCP: LISTEN / ", "] TCP: ESTABLISHED / ", "Tx Offload: 0 KB / "} {
+			if !strings.Contains(string(report), want) {
+				t.Errorf("%s lacks %q:\n%s", closeFile, want, report)
 			}
 		}
 	})

@@ -154,6 +154,12 @@ func (e *Engine) shutdown() {
 	}
 	if pub.statsOut != nil {
 		e.eachSocket(func(s *Socket, _ int) { e.writeStatsFile(s) })
+		// And the TCP sockets open at exit (exitTCP closes them after).
+		snap := stats.Snapshot{}
+		e.tcpRecords(&snap, map[ruleKey]int{})
+		for i := range snap.Sockets {
+			e.writeCloseReport(&snap.Sockets[i])
+		}
 		pub.mu.Lock()
 		stats.CloseHigh(pub.statsOut)
 		pub.statsOut = nil
@@ -174,8 +180,18 @@ func (e *Engine) writeStatsFile(s *Socket) {
 	}
 	var rec stats.Socket
 	e.socketRecord(s, &rec)
+	e.writeCloseReport(&rec)
+}
+
+// writeCloseReport appends the record of a socket closing (or open at
+// exit) to VMAXDP_STATS_FILE.
+func (e *Engine) writeCloseReport(rec *stats.Socket) {
+	pub := e.pub
+	if pub == nil || pub.statsOut == nil {
+		return
+	}
 	var b strings.Builder
-	stats.WriteCloseReport(&b, &rec)
+	stats.WriteCloseReport(&b, rec)
 	pub.mu.Lock()
 	if pub.statsOut != nil {
 		pub.statsOut.WriteString(b.String())

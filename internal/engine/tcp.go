@@ -909,6 +909,10 @@ func (e *Engine) TCPSetTimeout(fd int, recv bool, d time.Duration) {
 func (e *Engine) closeTCP(fd int) bool {
 	if l := e.listeners[fd].Swap(nil); l != nil {
 		if l.refs.Add(-1) == 0 {
+			if e.p.StatsFile != "" {
+				rec := listenerRecord(fd, l)
+				e.writeCloseReport(&rec)
+			}
 			l.cancel()
 			l.nl.Close()
 			highfd.Close(l.wake)
@@ -917,6 +921,10 @@ func (e *Engine) closeTCP(fd int) bool {
 	}
 	if t := e.conns[fd].Swap(nil); t != nil {
 		if t.refs.Add(-1) == 0 {
+			if e.p.StatsFile != "" {
+				rec := connRecord(fd, t)
+				e.writeCloseReport(&rec)
+			}
 			t.cancel()
 			t.c.Close()
 			t.mu.Lock()
@@ -1066,15 +1074,7 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 			continue
 		}
 		seenL[l] = true
-		local := l.nl.Addr()
-		rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: l.ifname, Local: local.String(),
-			Blocking: true, Rules: []uint32{uint32(l.nl.Rule())}}
-		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
-			rec.Blocking = fl&unix.O_NONBLOCK == 0
-		}
-		rec.TCP = stats.TCPSocket{State: "LISTEN", Backlog: uint64(l.backlog), Accepted: l.accepted.Load()}
-		rec.Counters.RxOSPackets = l.acceptedOS.Load() // connections the kernel's listener took
-		snap.Sockets = append(snap.Sockets, rec)
+		snap.Sockets = append(snap.Sockets, listenerRecord(fd, l))
 		owner[ruleKey{l.ifname, uint32(l.nl.Rule())}] = fd
 	}
 	for fd := range e.conns {
@@ -1083,16 +1083,7 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 			continue
 		}
 		seenC[t] = true
-		local, remote := t.c.Addrs()
-		ti := t.c.Info()
-		rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: t.ifname,
-			Local: local.String(), Remote: remote.String(), Blocking: !t.nonblock.Load(), Rules: []uint32{uint32(t.c.Rule())}}
-		rec.TCP = stats.TCPSocket{State: t.c.StateName(), RTTMicros: uint64(ti.Rtt), Retransmits: uint64(ti.Total_retrans),
-			RecvQueue: uint64(t.c.Unread())}
-		rec.Counters = stats.SocketCounters{RxOffloadPackets: uint64(ti.Segs_in), RxOffloadBytes: t.rxBytes.Load(),
-			RxEagain: t.rxEagain.Load(), RxErrors: t.rxErrors.Load(), TxOffloadPackets: uint64(ti.Segs_out),
-			TxOffloadBytes: t.txBytes.Load(), TxErrors: t.txErrors.Load()}
-		snap.Sockets = append(snap.Sockets, rec)
+		snap.Sockets = append(snap.Sockets, connRecord(fd, t))
 		owner[ruleKey{t.ifname, uint32(t.c.Rule())}] = fd
 	}
 	var left []stats.Socket
@@ -1112,6 +1103,32 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 		}
 		snap.Sockets = append(snap.Sockets, rec)
 	}
+}
+
+// listenerRecord describes the offloaded listener l, named by fd.
+func listenerRecord(fd int, l *tcpListener) stats.Socket {
+	rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: l.ifname, Local: l.nl.Addr().String(),
+		Blocking: true, Rules: []uint32{uint32(l.nl.Rule())}}
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+		rec.Blocking = fl&unix.O_NONBLOCK == 0
+	}
+	rec.TCP = stats.TCPSocket{State: "LISTEN", Backlog: uint64(l.backlog), Accepted: l.accepted.Load()}
+	rec.Counters.RxOSPackets = l.acceptedOS.Load() // connections the kernel's listener took
+	return rec
+}
+
+// connRecord describes the offloaded connection t, named by fd.
+func connRecord(fd int, t *tcpConn) stats.Socket {
+	local, remote := t.c.Addrs()
+	ti := t.c.Info()
+	rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: t.ifname,
+		Local: local.String(), Remote: remote.String(), Blocking: !t.nonblock.Load(), Rules: []uint32{uint32(t.c.Rule())}}
+	rec.TCP = stats.TCPSocket{State: t.c.StateName(), RTTMicros: uint64(ti.Rtt), Retransmits: uint64(ti.Total_retrans),
+		RecvQueue: uint64(t.c.Unread())}
+	rec.Counters = stats.SocketCounters{RxOffloadPackets: uint64(ti.Segs_in), RxOffloadBytes: t.rxBytes.Load(),
+		RxEagain: t.rxEagain.Load(), RxErrors: t.rxErrors.Load(), TxOffloadPackets: uint64(ti.Segs_out),
+		TxOffloadBytes: t.txBytes.Load(), TxErrors: t.txErrors.Load()}
+	return rec
 }
 
 // kernelTCPRecord describes the TCP socket fd, which the kernel serves
