@@ -236,8 +236,11 @@ type Stack struct {
 	watchStop  int           // eventfd that ends the watcher
 	watchDone  chan struct{} // nil: no watcher
 	ctlFD      int           // AF_INET socket for ethtool ioctls (-1: none)
-	diag       *diag         // lists the kernel sockets on a port (nil: none)
-	shareKick  int           // eventfd: look for shared ports now (-1: none)
+	nlFD       int           // NETLINK_ROUTE socket for readLink (-1: none)
+	nlMu       sync.Mutex    // one readLink at a time on nlFD
+	nlBuf      []byte
+	diag       *diag // lists the kernel sockets on a port (nil: none)
+	shareKick  int   // eventfd: look for shared ports now (-1: none)
 
 	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
 	// demultiplexer writes each one's eventfd (muxSleeping) when it queues
@@ -357,7 +360,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
+	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, nlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
 		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]int{}, copyQ: &queue{idx: -1}}
 	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
 	st.kickTimer.Stop()
@@ -409,6 +412,13 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, fmt.Errorf("ethtool socket: %w", err)
 	}
 	st.ctlFD = highfd.Move(ctl)
+	// And one netlink socket for the watcher's reads of the interface,
+	// for the same reason (watch.go: readLink).
+	rt, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return st, fmt.Errorf("netlink socket: %w", err)
+	}
+	st.nlFD = highfd.Move(rt)
 	if st.diag, err = openDiag(); err != nil {
 		return st, err
 	}
@@ -1073,6 +1083,10 @@ func (st *Stack) Close() error {
 	if st.ctlFD >= 0 {
 		highfd.Close(st.ctlFD)
 		st.ctlFD = -1
+	}
+	if st.nlFD >= 0 {
+		highfd.Close(st.nlFD)
+		st.nlFD = -1
 	}
 	st.diag.close()
 	st.diag = nil

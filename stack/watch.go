@@ -1,21 +1,21 @@
 package stack
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"syscall"
 	"time"
 	"unsafe"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
+	"github.com/vmaxdp/vmaxdp/internal/sockdiag"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
@@ -276,40 +276,95 @@ func (st *Stack) followChannels(rx, was int) {
 
 // readLink reads the interface's state in the stack's namespace; the
 // error wraps unix.ENODEV when the interface is gone.
+// readLink reads the interface's flags, MTU, queues and IPv4 addresses
+// through the stack's own netlink socket, kept at a high fd since Open:
+// one opened here took the lowest free fd for a moment, on the watcher's
+// goroutine, while the application could be opening one of its own (an
+// XDP attach is a link event: a server's epoll fd took 5 where the kernel
+// run gave it 4, and every accept after it moved).
 func (st *Stack) readLink() (linkState, error) {
+	st.nlMu.Lock()
+	defer st.nlMu.Unlock()
+	if st.nlBuf == nil {
+		st.nlBuf = make([]byte, 1<<16)
+	}
 	var s linkState
-	err := netnsutil.Do(st.ns, func() error {
-		nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return err
+	found := false
+	var numRx, numTx int
+	err := sockdiag.Dump(st.nlFD, routeDump(unix.RTM_GETLINK, unix.SizeofIfInfomsg, unix.AF_UNSPEC), st.nlBuf, func(data []byte) {
+		if len(data) < unix.SizeofIfInfomsg || int((*unix.IfInfomsg)(ptr(data)).Index) != st.ifindex {
+			return
 		}
-		defer nl.Close()
-		links, err := nl.LinkList()
-		if err != nil {
-			return err
-		}
-		var l netlink.Link
-		for _, x := range links {
-			if x.Attrs().Index == st.ifindex {
-				l = x
+		found = true
+		s.up = (*unix.IfInfomsg)(ptr(data)).Flags&unix.IFF_UP != 0
+		attrs, _ := syscall.ParseNetlinkRouteAttr(&syscall.NetlinkMessage{Header: syscall.NlMsghdr{Type: unix.RTM_NEWLINK}, Data: data})
+		for _, a := range attrs {
+			if len(a.Value) < 4 {
+				continue
+			}
+			v := int(binary.NativeEndian.Uint32(a.Value))
+			switch a.Attr.Type {
+			case unix.IFLA_MTU:
+				s.mtu = v
+			case unix.IFLA_NUM_RX_QUEUES:
+				numRx = v
+			case unix.IFLA_NUM_TX_QUEUES:
+				numTx = v
 			}
 		}
-		if l == nil {
-			return fmt.Errorf("interface %d: %w", st.ifindex, unix.ENODEV)
-		}
-		a := l.Attrs()
-		s.up, s.mtu = a.Flags&net.FlagUp != 0, a.MTU
-		if addrs, err := ipv4Addrs(nl, l); err == nil && len(addrs) > 0 {
-			s.addr, s.addrs = addrs[0], addrs
-		}
-		ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, a.NumRxQueues, a.NumTxQueues)
-		if err != nil {
-			return err
-		}
-		s.rx = ch.Rx
-		return nil
 	})
-	return s, err
+	if err != nil {
+		return s, fmt.Errorf("interface %d: %w", st.ifindex, err)
+	}
+	if !found {
+		return s, fmt.Errorf("interface %d: %w", st.ifindex, unix.ENODEV)
+	}
+	err = sockdiag.Dump(st.nlFD, routeDump(unix.RTM_GETADDR, unix.SizeofIfAddrmsg, unix.AF_INET), st.nlBuf, func(data []byte) {
+		if len(data) < unix.SizeofIfAddrmsg || int((*unix.IfAddrmsg)(ptr(data)).Index) != st.ifindex {
+			return
+		}
+		attrs, _ := syscall.ParseNetlinkRouteAttr(&syscall.NetlinkMessage{Header: syscall.NlMsghdr{Type: unix.RTM_NEWADDR}, Data: data})
+		var local, address netip.Addr
+		for _, a := range attrs {
+			if x, ok := netip.AddrFromSlice(a.Value); ok && x.Is4() {
+				switch a.Attr.Type {
+				case unix.IFA_LOCAL:
+					local = x
+				case unix.IFA_ADDRESS:
+					address = x
+				}
+			}
+		}
+		if !local.IsValid() {
+			local = address // the local address, as netlink's own AddrList takes it
+		}
+		if local.IsValid() {
+			s.addrs = append(s.addrs, local)
+		}
+	})
+	if err != nil {
+		return s, fmt.Errorf("interface %d addresses: %w", st.ifindex, err)
+	}
+	if len(s.addrs) > 0 {
+		s.addr = s.addrs[0]
+	}
+	ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, numRx, numTx)
+	if err != nil {
+		return s, err
+	}
+	s.rx = ch.Rx
+	return s, nil
+}
+
+// routeDump is an rtnetlink dump request of type typ whose header (of
+// hdrLen bytes) starts with family.
+func routeDump(typ uint16, hdrLen int, family uint8) []byte {
+	req := make([]byte, unix.SizeofNlMsghdr+hdrLen)
+	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
+	binary.NativeEndian.PutUint16(req[4:], typ)
+	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	req[unix.SizeofNlMsghdr] = family
+	return req
 }
 
 // forgetHops drops every cached next hop: routes or source addresses

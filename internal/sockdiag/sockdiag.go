@@ -17,21 +17,21 @@ import (
 )
 
 // Dump sends req (a whole netlink message, NLM_F_DUMP set) on the
-// NETLINK_SOCK_DIAG socket fd and calls each with the payload of every
+// netlink socket fd (NETLINK_SOCK_DIAG, NETLINK_ROUTE) and calls each with the payload of every
 // answer, reading into buf, until the dump is done. An error the kernel
 // answers with is returned as its unix.Errno, wrapped.
 func Dump(fd int, req, buf []byte, each func(data []byte)) error {
 	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("sock_diag: send: %w", err)
+		return fmt.Errorf("netlink dump: send: %w", err)
 	}
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
-			return fmt.Errorf("sock_diag: receive: %w", err)
+			return fmt.Errorf("netlink dump: receive: %w", err)
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return fmt.Errorf("sock_diag: %w", err)
+			return fmt.Errorf("netlink dump: %w", err)
 		}
 		for _, m := range msgs {
 			switch m.Header.Type {
@@ -40,7 +40,7 @@ func Dump(fd int, req, buf []byte, each func(data []byte)) error {
 			case unix.NLMSG_ERROR:
 				if len(m.Data) >= 4 {
 					if e := unix.Errno(-int32(binary.NativeEndian.Uint32(m.Data))); e != 0 {
-						return fmt.Errorf("sock_diag: %w", e)
+						return fmt.Errorf("netlink dump: %w", e)
 					}
 				}
 				return nil
