@@ -4,16 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 )
 
@@ -213,58 +210,37 @@ func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.Addr()
 		return h, nil
 	}
-	// A handle per lookup: one kept open would hold a netlink socket at a
-	// low fd number, and lookups are rare (see nextHops). It is opened
-	// through netnsutil.Do, which enters the namespace only when the
-	// thread is elsewhere: netlink's NewHandleAt always calls setns, which
-	// fails once a program has dropped CAP_SYS_ADMIN (knotd does), and
-	// every send then failed with EPERM.
-	var nl *netlink.Handle
-	err := netnsutil.Do(st.ns, func() (err error) {
-		nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-		return err
-	})
+	// The stack's own netlink socket, opened in its namespace at Open:
+	// no setns here (which fails once a program dropped CAP_SYS_ADMIN, as
+	// knotd does) and no low fd taken from the application (rtnl.go).
+	r, err := st.routeGet(dst)
 	if err != nil {
-		return h, fmt.Errorf("route to %s: netlink: %w", dst, err)
-	}
-	defer nl.Close()
-	var routes []netlink.Route
-	if dst.IsMulticast() {
-		// The kernel's multicast route lookup wants an output interface.
-		routes, err = nl.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{Oif: st.ifname})
-	} else {
-		routes, err = nl.RouteGet(dst.AsSlice())
-	}
-	if err != nil || len(routes) == 0 {
 		return h, fmt.Errorf("route to %s: %w", dst, errors.Join(err, unix.ENETUNREACH))
 	}
-	r := routes[0]
-	if r.LinkIndex != st.ifindex || r.Type == unix.RTN_LOCAL {
+	if r.oif != st.ifindex || r.local {
 		h.viaKernel = true
 		return h, nil
 	}
 	h.src = st.Addr()
-	if s, ok := netip.AddrFromSlice(r.Src.To4()); ok && r.Src != nil {
-		h.src = s
+	if r.src.IsValid() {
+		h.src = r.src
 	}
 	if dst.IsMulticast() {
 		h.mac = header.MulticastMAC(dst)
 		return h, nil
 	}
 	hop := dst
-	if g, ok := netip.AddrFromSlice(r.Gw.To4()); ok && r.Gw != nil {
-		hop = g
+	if r.gw.IsValid() {
+		hop = r.gw
 	}
 	deadline := now.Add(st.opts.ResolveTimeout)
 	for triggered := false; ; {
-		if mac, ok := st.neighbour(nl, hop); ok {
+		if mac, ok := st.neighbourNow(hop); ok {
 			h.mac = mac
 			return h, nil
 		}
 		if !triggered {
-			// NTF_USE makes the kernel send its ARP request, as its own
-			// first packet to that neighbour would.
-			nl.NeighSet(&netlink.Neigh{LinkIndex: st.ifindex, Family: unix.AF_INET, IP: hop.AsSlice(), Flags: netlink.NTF_USE})
+			st.neighbourUse(hop)
 			triggered = true
 		}
 		if !wait {
@@ -276,19 +252,4 @@ func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-func (st *Stack) neighbour(nl *netlink.Handle, hop netip.Addr) (header.MAC, bool) {
-	neighs, err := nl.NeighList(st.ifindex, unix.AF_INET)
-	if err != nil {
-		return header.MAC{}, false
-	}
-	ip := net.IP(hop.AsSlice())
-	for _, n := range neighs {
-		if n.IP.Equal(ip) && len(n.HardwareAddr) == 6 &&
-			n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE|netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
-			return header.MAC(n.HardwareAddr), true
-		}
-	}
-	return header.MAC{}, false
 }

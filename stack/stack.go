@@ -236,8 +236,9 @@ type Stack struct {
 	watchStop  int           // eventfd that ends the watcher
 	watchDone  chan struct{} // nil: no watcher
 	ctlFD      int           // AF_INET socket for ethtool ioctls (-1: none)
-	nlFD       int           // NETLINK_ROUTE socket for readLink (-1: none)
-	nlMu       sync.Mutex    // one readLink at a time on nlFD
+	nlFD       int           // NETLINK_ROUTE socket for the stack's queries (rtnl.go; -1: none)
+	nlMu       sync.Mutex    // one query at a time on nlFD
+	nlSeq      uint32        // the last query's sequence number
 	nlBuf      []byte
 	diag       *diag // lists the kernel sockets on a port (nil: none)
 	shareKick  int   // eventfd: look for shared ports now (-1: none)
@@ -412,13 +413,13 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, fmt.Errorf("ethtool socket: %w", err)
 	}
 	st.ctlFD = highfd.Move(ctl)
-	// And one netlink socket for the watcher's reads of the interface,
-	// for the same reason (watch.go: readLink).
+	// And one netlink socket for the watcher's reads of the interface
+	// and the next-hop lookups, for the same reason (rtnl.go).
 	rt, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 	if err != nil {
 		return st, fmt.Errorf("netlink socket: %w", err)
 	}
-	st.nlFD = highfd.Move(rt)
+	st.nlFD, st.nlBuf = highfd.Move(rt), make([]byte, 1<<16)
 	if st.diag, err = openDiag(); err != nil {
 		return st, err
 	}
@@ -1084,10 +1085,12 @@ func (st *Stack) Close() error {
 		highfd.Close(st.ctlFD)
 		st.ctlFD = -1
 	}
+	st.nlMu.Lock() // a late query must not write to a number reused since
 	if st.nlFD >= 0 {
 		highfd.Close(st.nlFD)
 		st.nlFD = -1
 	}
+	st.nlMu.Unlock()
 	st.diag.close()
 	st.diag = nil
 	return errors.Join(errs...)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
-	"github.com/vmaxdp/vmaxdp/internal/sockdiag"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
@@ -283,15 +282,10 @@ func (st *Stack) followChannels(rx, was int) {
 // XDP attach is a link event: a server's epoll fd took 5 where the kernel
 // run gave it 4, and every accept after it moved).
 func (st *Stack) readLink() (linkState, error) {
-	st.nlMu.Lock()
-	defer st.nlMu.Unlock()
-	if st.nlBuf == nil {
-		st.nlBuf = make([]byte, 1<<16)
-	}
 	var s linkState
 	found := false
 	var numRx, numTx int
-	err := sockdiag.Dump(st.nlFD, routeDump(unix.RTM_GETLINK, unix.SizeofIfInfomsg, unix.AF_UNSPEC), st.nlBuf, func(data []byte) {
+	err := st.rtDump(routeDump(unix.RTM_GETLINK, unix.SizeofIfInfomsg, unix.AF_UNSPEC), func(data []byte) {
 		if len(data) < unix.SizeofIfInfomsg || int((*unix.IfInfomsg)(ptr(data)).Index) != st.ifindex {
 			return
 		}
@@ -319,7 +313,7 @@ func (st *Stack) readLink() (linkState, error) {
 	if !found {
 		return s, fmt.Errorf("interface %d: %w", st.ifindex, unix.ENODEV)
 	}
-	err = sockdiag.Dump(st.nlFD, routeDump(unix.RTM_GETADDR, unix.SizeofIfAddrmsg, unix.AF_INET), st.nlBuf, func(data []byte) {
+	err = st.rtDump(routeDump(unix.RTM_GETADDR, unix.SizeofIfAddrmsg, unix.AF_INET), func(data []byte) {
 		if len(data) < unix.SizeofIfAddrmsg || int((*unix.IfAddrmsg)(ptr(data)).Index) != st.ifindex {
 			return
 		}
@@ -359,10 +353,7 @@ func (st *Stack) readLink() (linkState, error) {
 // routeDump is an rtnetlink dump request of type typ whose header (of
 // hdrLen bytes) starts with family.
 func routeDump(typ uint16, hdrLen int, family uint8) []byte {
-	req := make([]byte, unix.SizeofNlMsghdr+hdrLen)
-	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
-	binary.NativeEndian.PutUint16(req[4:], typ)
-	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	req := rtMessage(typ, unix.NLM_F_DUMP, hdrLen)
 	req[unix.SizeofNlMsghdr] = family
 	return req
 }
