@@ -49,6 +49,14 @@ func rtMessage(typ, flags uint16, hdrLen int) []byte {
 	return req
 }
 
+// routeDump is an rtnetlink dump request of type typ whose header (of
+// hdrLen bytes) starts with family.
+func routeDump(typ uint16, hdrLen int, family uint8) []byte {
+	req := rtMessage(typ, unix.NLM_F_DUMP, hdrLen)
+	req[unix.SizeofNlMsghdr] = family
+	return req
+}
+
 // rtDo sends req (its length set here) and returns the payload of the
 // answer: the one message a get answers with, or nil for an ack.
 func (st *Stack) rtDo(req []byte) ([]byte, error) {

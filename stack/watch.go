@@ -350,14 +350,6 @@ func (st *Stack) readLink() (linkState, error) {
 	return s, nil
 }
 
-// routeDump is an rtnetlink dump request of type typ whose header (of
-// hdrLen bytes) starts with family.
-func routeDump(typ uint16, hdrLen int, family uint8) []byte {
-	req := rtMessage(typ, unix.NLM_F_DUMP, hdrLen)
-	req[unix.SizeofNlMsghdr] = family
-	return req
-}
-
 // forgetHops drops every cached next hop: routes or source addresses
 // changed.
 func (st *Stack) forgetHops() {

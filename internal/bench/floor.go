@@ -98,6 +98,7 @@ type rawEnd struct {
 	local netip.AddrPort
 	mac   header.MAC
 	tx    [64]backend.Buf
+	frame []byte // what send sends (to one peer)
 }
 
 func openRaw(bed *testbed.Bed, s testbed.Side, port uint16) (*rawEnd, error) {
@@ -143,8 +144,13 @@ func (e *rawEnd) send(peer *rawEnd, size int, later bool) (bool, error) {
 	if e.sock.Alloc(b[:]) == 0 {
 		return false, nil
 	}
-	f := &header.UDPFields{DstMAC: peer.mac, SrcMAC: e.mac, Src: e.local, Dst: peer.local, TTL: 64}
-	b[0].Data = b[0].Data[:header.BuildUDP(b[0].Data[:cap(b[0].Data)], f, size)]
+	if e.frame == nil {
+		// Built once: every frame of a run is the same one.
+		f := &header.UDPFields{DstMAC: peer.mac, SrcMAC: e.mac, Src: e.local, Dst: peer.local, TTL: 64}
+		e.frame = make([]byte, header.UDPHeadersLen+size)
+		header.BuildUDP(e.frame, f, size)
+	}
+	b[0].Data = b[0].Data[:copy(b[0].Data[:cap(b[0].Data)], e.frame)]
 	if later {
 		_, _, err := e.sock.TransmitLater(b[:])
 		return true, err

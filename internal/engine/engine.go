@@ -103,15 +103,11 @@ type Engine struct {
 	// open, by interface (guarded by mu).
 	listeners []atomic.Pointer[tcpListener]
 	conns     []atomic.Pointer[tcpConn]
-	// streamSelects are the options by which stream sockets choose the
-	// member of their SO_REUSEPORT group (SetReuseportSelect), for
-	// Listen. An entry names its socket's inode: a socket the kernel
-	// serves closes without the engine's knowing, and the next socket
-	// with its fd number has another.
-	streamSelects []atomic.Pointer[streamSelect]
-	// tcpLeft are the TCP sockets left on the kernel with a reason, by
-	// fd (tcpLeft), for vmaxdp stats.
-	tcpLeft    sync.Map
+	// streams are notes on stream sockets the kernel serves, by fd
+	// (kernelStream): the option a listener chooses its group's member
+	// by, and why one is not offloaded.
+	streamMu   sync.Mutex
+	streams    map[int]kernelStream
 	tcpWanting map[string]int
 	scratch    sync.Pool // []byte of 64 KiB, for gathers and scatters
 	mux        [numMux]muxCounters
@@ -218,7 +214,7 @@ func New(opts *Options) (*Engine, error) {
 	}
 	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, stacks: map[string]*stack.Stack{},
 		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD),
-		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streamSelects: make([]atomic.Pointer[streamSelect], MaxFD), tcpWanting: map[string]int{}}
+		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
 	var err error
 	e.Log, err = newLog(o.Params, o.Stderr)
@@ -1238,20 +1234,41 @@ func reusePort(fd int) bool {
 	return err == nil && v != 0
 }
 
-// streamSelect is the option by which the stream socket with inode
-// chooses the member of its SO_REUSEPORT group.
-type streamSelect struct {
-	opt   string
+// kernelStream is what the engine notes of a stream socket the kernel
+// serves. It names the socket's inode: such a socket closes without the
+// engine's knowing, and the next socket with its fd number has another.
+type kernelStream struct {
 	inode uint64
+	// selects is the option by which the socket chooses the member of
+	// its SO_REUSEPORT group (SetReuseportSelect), for Listen.
+	selects string
+	// reason is why it is not offloaded, for vmaxdp stats.
+	reason string
 }
 
-// streamSelect returns the option by which fd's socket chooses the
-// member of its SO_REUSEPORT group, "" if none.
-func (e *Engine) streamSelect(fd int) string {
-	if p := e.streamSelects[fd].Load(); p != nil && p.inode == inodeOf(fd) {
-		return p.opt
+// stream returns fd's note, if fd still names the socket it was taken of.
+func (e *Engine) stream(fd int) (kernelStream, bool) {
+	e.streamMu.Lock()
+	n, ok := e.streams[fd]
+	e.streamMu.Unlock()
+	if !ok || n.inode != inodeOf(fd) {
+		return kernelStream{}, false
 	}
-	return ""
+	return n, true
+}
+
+// noteStream changes fd's note with fn, starting from an empty one when
+// fd names another socket now.
+func (e *Engine) noteStream(fd int, fn func(*kernelStream)) {
+	ino := inodeOf(fd)
+	e.streamMu.Lock()
+	defer e.streamMu.Unlock()
+	n := e.streams[fd]
+	if n.inode != ino {
+		n = kernelStream{inode: ino}
+	}
+	fn(&n)
+	e.streams[fd] = n
 }
 
 // inodeOf is the inode of fd's file, 0 if fstat fails.
@@ -1283,7 +1300,7 @@ func (e *Engine) SetReuseportSelect(fd int, opt string) {
 		// A stream socket: its listen reads it (Listen), or its listener
 		// leaves netstack's group now.
 		if fd >= 0 && fd < MaxFD && streamDomain(fd) != 0 {
-			e.streamSelects[fd].Store(&streamSelect{opt: opt, inode: inodeOf(fd)})
+			e.noteStream(fd, func(n *kernelStream) { n.selects = opt })
 			if reusePort(fd) {
 				e.listenerToKernel(fd, e.listener(fd), selectsCause(opt, "connection"))
 			}

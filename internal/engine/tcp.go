@@ -374,8 +374,8 @@ func (e *Engine) Listen(fd, backlog int) State {
 	if cause != "" {
 		return e.tcpNotOffloaded(fd, what, cause)
 	}
-	if opt := e.streamSelect(fd); opt != "" && reusePort(fd) {
-		return e.tcpNotOffloaded(fd, what, selectsCause(opt, "connection"))
+	if n, _ := e.stream(fd); n.selects != "" && reusePort(fd) {
+		return e.tcpNotOffloaded(fd, what, selectsCause(n.selects, "connection"))
 	}
 	ifname, err := e.pickInterface(local.Addr(), netip.Addr{})
 	if err != nil {
@@ -412,16 +412,8 @@ func (e *Engine) Listen(fd, backlog int) State {
 // reason for vmaxdp stats.
 func (e *Engine) tcpNotOffloaded(fd int, what, cause string) State {
 	e.logNotOffloaded(fd, what, cause)
-	e.tcpLeft.Store(fd, tcpLeft{inode: inodeOf(fd), reason: cause})
+	e.noteStream(fd, func(n *kernelStream) { n.reason = cause })
 	return StateOS
-}
-
-// tcpLeft is why the TCP socket with inode, which the kernel serves, is
-// not offloaded. A socket the kernel serves closes without the engine's
-// knowing: a record whose fd names another inode is gone.
-type tcpLeft struct {
-	inode  uint64
-	reason string
 }
 
 // streamDomain is the address family of fd when it is a stream socket,
@@ -989,7 +981,7 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 		return
 	}
 	e.onState(fd, StateKernel)
-	e.tcpLeft.Store(fd, tcpLeft{inode: inodeOf(fd), reason: cause})
+	e.noteStream(fd, func(n *kernelStream) { n.reason = cause })
 	l.mark() // wakes the accepts waiting on fd: they go on in the kernel
 	if l.refs.Add(-1) == 0 {
 		l.cancel()
@@ -1086,22 +1078,28 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 		snap.Sockets = append(snap.Sockets, connRecord(fd, t))
 		owner[ruleKey{t.ifname, uint32(t.c.Rule())}] = fd
 	}
-	var left []stats.Socket
-	e.tcpLeft.Range(func(k, v any) bool {
-		fd, l := k.(int), v.(tcpLeft)
-		if inodeOf(fd) != l.inode {
-			e.tcpLeft.CompareAndDelete(fd, v)
-			return true
+	// The notes of sockets gone are dropped here, where all are read.
+	type leftOn struct {
+		fd     int
+		reason string
+	}
+	var left []leftOn
+	e.streamMu.Lock()
+	for fd, n := range e.streams {
+		switch {
+		case inodeOf(fd) != n.inode:
+			delete(e.streams, fd)
+		case n.reason != "":
+			left = append(left, leftOn{fd, n.reason})
 		}
-		left = append(left, kernelTCPRecord(fd, l.reason))
-		return true
-	})
-	slices.SortFunc(left, func(a, b stats.Socket) int { return a.FD - b.FD })
-	for _, rec := range left {
+	}
+	e.streamMu.Unlock()
+	slices.SortFunc(left, func(a, b leftOn) int { return a.fd - b.fd })
+	for _, l := range left {
 		if full() {
 			break
 		}
-		snap.Sockets = append(snap.Sockets, rec)
+		snap.Sockets = append(snap.Sockets, kernelTCPRecord(l.fd, l.reason))
 	}
 }
 

@@ -95,33 +95,48 @@ static const char *evnames(unsigned ev)
 	return b;
 }
 
+static void setint(int fd, int level, int name, int v)
+{
+	setsockopt(fd, level, name, &v, sizeof v);
+}
+
+static int getint(int fd, int level, int name)
+{
+	int v = 0;
+	socklen_t vl = sizeof v;
+	getsockopt(fd, level, name, &v, &vl);
+	return v;
+}
+
+/* set_options sets the options options() prints (keepalive idle,
+ * interval and count, user timeout in ms) and TCP_NODELAY, SO_KEEPALIVE,
+ * a 64 KB SO_RCVBUF. */
+static void set_options(int fd, int idle, int intvl, int cnt, int uto)
+{
+	setint(fd, IPPROTO_TCP, TCP_NODELAY, 1);
+	setint(fd, SOL_SOCKET, SO_KEEPALIVE, 1);
+	setint(fd, IPPROTO_TCP, TCP_KEEPIDLE, idle);
+	setint(fd, IPPROTO_TCP, TCP_KEEPINTVL, intvl);
+	setint(fd, IPPROTO_TCP, TCP_KEEPCNT, cnt);
+	setint(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, uto);
+	setint(fd, SOL_SOCKET, SO_RCVBUF, 65536);
+}
+
 /* options prints the options a socket inherits or keeps from before
  * connect. */
 static const char *options(int fd)
 {
 	static char out[256];
-	int v[8];
-	socklen_t vl = sizeof v[0];
-	getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v[0], &vl);
-	vl = sizeof v[0];
-	getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v[1], &vl);
-	vl = sizeof v[0];
-	getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &v[2], &vl);
-	vl = sizeof v[0];
-	getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &v[3], &vl);
-	vl = sizeof v[0];
-	getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &v[4], &vl);
-	vl = sizeof v[0];
-	getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &v[5], &vl);
-	vl = sizeof v[0];
-	getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v[6], &vl);
 	struct linger lg = {0};
 	socklen_t ll = sizeof lg;
 	getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &ll);
 	snprintf(out, sizeof out,
 		 "TCP_NODELAY %d SO_KEEPALIVE %d TCP_KEEPIDLE %d TCP_KEEPINTVL %d TCP_KEEPCNT %d TCP_USER_TIMEOUT %d "
 		 "SO_RCVBUF at least 128 KB %d SO_LINGER %d %d",
-		 v[0] != 0, v[1] != 0, v[2], v[3], v[4], v[5], v[6] >= 131072, lg.l_onoff, lg.l_linger);
+		 getint(fd, IPPROTO_TCP, TCP_NODELAY) != 0, getint(fd, SOL_SOCKET, SO_KEEPALIVE) != 0,
+		 getint(fd, IPPROTO_TCP, TCP_KEEPIDLE), getint(fd, IPPROTO_TCP, TCP_KEEPINTVL),
+		 getint(fd, IPPROTO_TCP, TCP_KEEPCNT), getint(fd, IPPROTO_TCP, TCP_USER_TIMEOUT),
+		 getint(fd, SOL_SOCKET, SO_RCVBUF) >= 131072, lg.l_onoff, lg.l_linger);
 	return out;
 }
 
@@ -135,14 +150,7 @@ static int server(int port)
 		die("bind");
 	res("listen", listen(l, 8));
 	/* Set on the listener after listen: its connections inherit them. */
-	int idle = 40, intvl = 8, cnt = 4, uto = 6000, rcvbuf = 65536;
-	setsockopt(l, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-	setsockopt(l, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-	setsockopt(l, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-	setsockopt(l, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-	setsockopt(l, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-	setsockopt(l, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
-	setsockopt(l, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+	set_options(l, 40, 8, 4, 6000);
 	say("listening");
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
@@ -183,7 +191,7 @@ static int server(int port)
 	vl = sizeof v;
 	getsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &v, &vl);
 	say("SO_KEEPALIVE %d", v != 0);
-	idle = 30;
+	int idle = 30;
 	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
 	vl = sizeof v;
 	getsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &v, &vl);
@@ -420,11 +428,10 @@ static int vanish(int port)
 	if (c < 0)
 		die("accept 2");
 	readn(c, b, 2);
-	int idle = 1, intvl = 1, cnt = 2;
-	setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-	setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-	setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+	setint(c, SOL_SOCKET, SO_KEEPALIVE, 1);
+	setint(c, IPPROTO_TCP, TCP_KEEPIDLE, 1);
+	setint(c, IPPROTO_TCP, TCP_KEEPINTVL, 1);
+	setint(c, IPPROTO_TCP, TCP_KEEPCNT, 2);
 	writen(c, "ok", 2);
 	t0 = now();
 	struct pollfd pf = {.fd = c, .events = POLLIN};
@@ -530,14 +537,7 @@ static int client(const char *addr, int port, int closed)
 	struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	/* and the other options set before connect. */
-	int one = 1, idle = 50, intvl = 9, cnt = 5, uto = 7000, rcvbuf = 65536;
-	setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-	setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-	setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-	setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-	setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-	setsockopt(c, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
-	setsockopt(c, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+	set_options(c, 50, 9, 5, 7000);
 	struct linger lg6 = {.l_onoff = 1, .l_linger = 3};
 	setsockopt(c, SOL_SOCKET, SO_LINGER, &lg6, sizeof lg6);
 	res("connect 6", connect(c, (struct sockaddr *)&a, sizeof a));
