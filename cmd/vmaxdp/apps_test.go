@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -39,6 +41,51 @@ func TestRunApps(t *testing.T) {
 	})
 }
 
+// TestRunSharedEphemeralPort: a program whose UDP sockets set
+// SO_REUSEADDR and send without binding (memcaslap's 16) gets a port of
+// its own for each under vmaxdp, where the kernel's autobind may give
+// two of them one port and deliver the answers of both to one socket
+// (memcaslap then aborts on an answer it did not ask for). The client's
+// namespace has 16 ephemeral ports, so the kernel would share one almost
+// surely; under vmaxdp every socket must be offloaded and the run
+// complete.
+func TestRunSharedEphemeralPort(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	a, _ := apps.ByName("memcached")
+	installed(t, []*apps.App{a})
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	const low, high = 40000, 40015
+	if out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.A), "sysctl", "-w",
+		fmt.Sprintf("net.ipv4.ip_local_port_range=%d %d", low, high)).CombinedOutput(); err != nil {
+		t.Fatalf("sysctl in %s: %v: %s", b.NSName(testbed.A), err, out)
+	}
+	run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ClientOffload: true,
+		Duration: time.Second, Paced: true, Env: []string{"VMAXDP_TRACELEVEL=4"}}
+	res, _, err := run.Do(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%.0f %s, sent %d, lost %d", res.Rate, a.Unit, res.Sent, res.Lost)
+	if strings.Contains(res.Output, "not offloaded") {
+		t.Errorf("a socket of the client stayed on the kernel:\n%s", tail(res.Output, 30))
+	}
+	ports := map[string]bool{}
+	for _, m := range reSender.FindAllStringSubmatch(res.Output, -1) {
+		if ports[m[1]] {
+			t.Errorf("two sockets offloaded on port %s", m[1])
+		}
+		ports[m[1]] = true
+	}
+	if len(ports) != 16 {
+		t.Errorf("%d sockets offloaded with a port of their own, want memcaslap's 16:\n%s", len(ports), tail(res.Output, 40))
+	}
+}
+
+// reSender finds the port of each socket the engine offloaded at its
+// first send.
+var reSender = regexp.MustCompile(`offloaded on \S+ \(udp_sender 0\.0\.0\.0:(\d+)>`)
+
 // installed are the applications of list whose programs are installed;
 // the test skips when there are none.
 func installed(t *testing.T, list []*apps.App) []*apps.App {
@@ -67,6 +114,9 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.Repeated != "" {
+		t.Log(res.Repeated)
 	}
 	kernel := [2]int{udpInDatagrams(t, b, testbed.A) - before[0], udpInDatagrams(t, b, testbed.B) - before[1]}
 	t.Logf("%.0f %s, sent %d, lost %d; the kernel delivered %d datagrams on the client's side, %d on the server's", res.Rate, a.Unit, res.Sent, res.Lost, kernel[0], kernel[1])

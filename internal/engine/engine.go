@@ -345,7 +345,7 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 		return StateCandidate // the kernel answers (EDESTADDRREQ and the like)
 	}
 	if local.Port() == 0 {
-		if err := unix.Bind(fd, &unix.SockaddrInet4{}); err != nil {
+		if err := bindEphemeral(fd); err != nil {
 			return e.notOffloaded(s, "bind before first send", err.Error())
 		}
 		local, _ = sockAddrs(fd)
@@ -1226,6 +1226,31 @@ func (e *Engine) sharedToKernel(cs []*stack.UDPConn, reason string) {
 			e.toKernel(s, reason)
 		}
 	}
+}
+
+// bindEphemeral binds fd to an ephemeral port of its own, as the
+// kernel's autobind at a first send would, except that a socket with
+// SO_REUSEADDR (and not SO_REUSEPORT) is bound with the option off for
+// the moment: the kernel would let it share a port other such sockets
+// hold, at random, and then every unicast answer of both goes to one of
+// them (memcaslap, whose 16 sockets set SO_REUSEADDR, aborts on it under
+// the kernel too). If no port is free on those terms, it binds as the
+// kernel would.
+func bindEphemeral(fd int) error {
+	addr := &unix.SockaddrInet4{}
+	reuse, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR)
+	if err != nil || reuse == 0 || reusePort(fd) {
+		return unix.Bind(fd, addr)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 0); err != nil {
+		return unix.Bind(fd, addr)
+	}
+	err = unix.Bind(fd, addr)
+	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, reuse)
+	if errors.Is(err, unix.EADDRINUSE) {
+		return unix.Bind(fd, addr)
+	}
+	return err
 }
 
 // reusePort reads whether the kernel socket fd has SO_REUSEPORT.
