@@ -86,6 +86,17 @@ func TestRunSharedEphemeralPort(t *testing.T) {
 // first send.
 var reSender = regexp.MustCompile(`offloaded on \S+ \(udp_sender 0\.0\.0\.0:(\d+)>`)
 
+// nonZero counts the fds of m with a count above zero.
+func nonZero(m map[int]int64) int {
+	n := 0
+	for _, v := range m {
+		if v > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // installed are the applications of list whose programs are installed;
 // the test skips when there are none.
 func installed(t *testing.T, list []*apps.App) []*apps.App {
@@ -158,14 +169,8 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 		}
 		// A SO_REUSEPORT group: every thread's socket served its share.
 		if a.Group > 1 {
-			serving := 0
-			for _, n := range res.ServerRx {
-				if n > 0 {
-					serving++
-				}
-			}
 			t.Logf("offloaded datagrams per fd of the server: %v", res.ServerRx)
-			if serving < a.Group {
+			if serving := nonZero(res.ServerRx); serving < a.Group {
 				t.Errorf("%d sockets of the server received offloaded datagrams (per fd: %v), want all %d of its SO_REUSEPORT group", serving, res.ServerRx, a.Group)
 			}
 		}

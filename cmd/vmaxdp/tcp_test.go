@@ -200,6 +200,14 @@ func TestRunTCPApps(t *testing.T) {
 						if n := after[1] - before[1]; n > exitSegments {
 							t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
 						}
+						// A SO_REUSEPORT group: every listener accepted
+						// its share of the connections.
+						if a.Group > 1 {
+							t.Logf("connections accepted offloaded per listening fd of the server: %v", res.ServerAccepted)
+							if serving := nonZero(res.ServerAccepted); serving < a.Group {
+								t.Errorf("%d listeners of the server accepted offloaded connections (per fd: %v), want all %d of its SO_REUSEPORT group", serving, res.ServerAccepted, a.Group)
+							}
+						}
 					}
 					if p.client {
 						if !strings.Contains(res.Output, "offloaded on "+b.Link(testbed.A)+" (tcp_client") {
@@ -483,6 +491,11 @@ func TestStatsTCP(t *testing.T) {
 			if c.RxOffloadBytes != 6*pings || c.TxOffloadBytes != 7*pings || c.RxOffloadPackets < pings || c.TxOffloadPackets < pings || len(sk.Rules) != 1 {
 				t.Errorf("fd %d: read %d bytes in %d segments, wrote %d in %d, rules %v; want %d read, %d written, at least %d segments each way, its rule",
 					sk.FD, c.RxOffloadBytes, c.RxOffloadPackets, c.TxOffloadBytes, c.TxOffloadPackets, sk.Rules, 6*pings, 7*pings, pings)
+			}
+			// redis reads without blocking: every read that got a ping
+			// is a hit, none slept.
+			if c.RxPollHit != pings || c.RxPollMiss != 0 {
+				t.Errorf("fd %d: rx poll hit %d, miss %d; want %d, 0", sk.FD, c.RxPollHit, c.RxPollMiss, pings)
 			}
 		}
 		var pr *stats.Program

@@ -41,6 +41,10 @@ type Result struct {
 	// (its VMAXDP_STATS_FILE, written as it exits), when it ran under
 	// vmaxdp.
 	ServerRx map[int]int64
+	// ServerAccepted are the connections each listening fd of the server
+	// accepted offloaded (its VMAXDP_STATS_FILE), when it ran under
+	// vmaxdp.
+	ServerAccepted map[int]int64
 	// Repeated says why the load generator ran a second time: on the
 	// kernel, it failed on a defect of its own (App.Defect).
 	Repeated string
@@ -165,7 +169,8 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		}
 		serverLog = srvOut.String() + readLogs(dir, "server-vmaxdp.*.log")
 		if r.ServerOffload {
-			res.ServerRx = parseServerRx(readLogs(dir, "server-stats.txt"))
+			report := readLogs(dir, "server-stats.txt")
+			res.ServerRx, res.ServerAccepted = perFD(reServerRx, report), perFD(reServerAccepted, report)
 		}
 	}()
 	if err := r.waitListening(ctx); err != nil {
@@ -302,18 +307,22 @@ func dnsperfFlows(dir, addr string, d time.Duration, paced bool) []string {
 	return append(dnsperfClient(dir, addr, d, paced), "-c", "32")
 }
 
-var reServerRx = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx Offload: \d+ KB / (\d+) /`)
+var (
+	reServerRx       = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx Offload: \d+ KB / (\d+) /`)
+	reServerAccepted = regexp.MustCompile(`(?m)\[fd=(\d+)\] TCP: LISTEN / .* / (\d+) \[state/`)
+)
 
-// parseServerRx reads the offloaded datagrams of each fd from the
-// socket reports of a VMAXDP_STATS_FILE.
-func parseServerRx(report string) map[int]int64 {
-	rx := map[int]int64{}
-	for _, m := range reServerRx.FindAllStringSubmatch(report, -1) {
+// perFD sums, per fd, the counts re finds in the socket reports of a
+// VMAXDP_STATS_FILE (re's groups: the fd, the count): datagrams received
+// offloaded (reServerRx), connections accepted (reServerAccepted).
+func perFD(re *regexp.Regexp, report string) map[int]int64 {
+	sum := map[int]int64{}
+	for _, m := range re.FindAllStringSubmatch(report, -1) {
 		fd, _ := strconv.Atoi(m[1])
 		n, _ := strconv.ParseInt(m[2], 10, 64)
-		rx[fd] += n
+		sum[fd] += n
 	}
-	return rx
+	return sum
 }
 
 var (
@@ -406,24 +415,46 @@ func knot(workers int) *App {
 		Name: name, Unit: "queries/s", Programs: []string{"knotd", "dnsperf"}, Package: "knot dnsperf",
 		Proto: "udp", Port: 53, Group: workers,
 		Server: func(dir, addr string) []string {
-			write(dir, map[string]string{"zone.db": zoneFile, "knot.conf": fmt.Sprintf(`server:
-    listen: %s@53
-    udp-workers: %d
-    tcp-workers: 1
+			return knotServer(dir, fmt.Sprintf("%s@53\n    udp-workers: %d\n    tcp-workers: 1", addr, workers))
+		},
+		Client: client, Parse: parseDnsperf,
+	}
+}
+
+// knotServer writes knot's configuration into dir and returns its argv;
+// server is its server section from the value of listen on.
+func knotServer(dir, server string) []string {
+	write(dir, map[string]string{"zone.db": zoneFile, "knot.conf": fmt.Sprintf(`server:
+    listen: %s
     background-workers: 1
-    rundir: %[3]s
+    rundir: %[2]s
 log:
   - target: stderr
     any: warning
 database:
-    storage: %[3]s/db
+    storage: %[2]s/db
 zone:
-  - domain: %[4]s
-    file: %[3]s/zone.db
-`, addr, workers, dir, zoneName)})
-			return []string{"knotd", "-c", filepath.Join(dir, "knot.conf")}
+  - domain: %[3]s
+    file: %[2]s/zone.db
+`, server, dir, zoneName)})
+	return []string{"knotd", "-c", filepath.Join(dir, "knot.conf")}
+}
+
+// knotTCP is Knot DNS answering over TCP with workers TCP workers, each
+// listening on its own socket (tcp-reuseport: on), the sockets a
+// SO_REUSEPORT group on port 53; dnsperf queries over 32 TCP
+// connections, which the group spreads over its members by hash.
+func knotTCP(workers int) *App {
+	return &App{
+		Name: fmt.Sprintf("knot-tcp-%dworkers", workers), Unit: "queries/s", Programs: []string{"knotd", "dnsperf"}, Package: "knot dnsperf",
+		Proto: "tcp", Port: 53, Group: workers,
+		Server: func(dir, addr string) []string {
+			return knotServer(dir, fmt.Sprintf("%s@53\n    udp-workers: 1\n    tcp-workers: %d\n    tcp-reuseport: on", addr, workers))
 		},
-		Client: client, Parse: parseDnsperf,
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			return append(dnsperfFlows(dir, addr, d, paced), "-m", "tcp")
+		},
+		Parse: parseDnsperf,
 	}
 }
 
@@ -569,6 +600,7 @@ redis-benchmark -h %[1]s -p 6379 -c 10 -n %[2]d -t set,get -q
 	iperfTCP("iperf3-tcp-R", "-R"),
 	sockperfTCP("pp"),
 	sockperfTCP("tp"),
+	knotTCP(2),
 }
 
 // sockperfTCP is sockperf --tcp with 64-byte messages, blocking calls:
