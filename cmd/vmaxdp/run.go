@@ -5,15 +5,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/rules"
+	"github.com/vmaxdp/vmaxdp/verbs"
 )
 
 // libName is the preload library, built from ./preload.
@@ -89,6 +92,11 @@ func runRun(args []string, out io.Writer) error {
 	if _, err := rules.Load(p.ConfigFile); err != nil && !(errors.Is(err, os.ErrNotExist) && p.ConfigFile == params.Defaults().ConfigFile) {
 		return err
 	}
+	if p.Backend == "verbs" {
+		if err := verbsUsable(p.Interface); err != nil {
+			return err
+		}
+	}
 	path := *lib
 	if path == "" {
 		if path, err = findLib(); err != nil {
@@ -114,6 +122,45 @@ func runRun(args []string, out io.Writer) error {
 		fmt.Fprintf(os.Stderr, "vmaxdp run: %v\n", err)
 	}
 	return syscall.Exec(prog, fs.Args(), env)
+}
+
+// verbsUsable checks, before the program starts, that the verbs backend
+// can serve ifname, or when it is "" some up interface with an IPv4
+// address: otherwise every socket would stay on the kernel.
+func verbsUsable(ifname string) error {
+	var names []string
+	if ifname != "" {
+		names = []string{ifname}
+	} else {
+		ifs, err := net.Interfaces()
+		if err != nil {
+			return err
+		}
+		for _, ifc := range ifs {
+			addrs, _ := ifc.Addrs()
+			if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 || !slices.ContainsFunc(addrs, isIPv4) {
+				continue
+			}
+			names = append(names, ifc.Name)
+		}
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("%sBACKEND=verbs: no interface is up with an IPv4 address", params.Prefix)
+	}
+	var why []string
+	for _, name := range names {
+		_, err := verbs.Probe(name)
+		if err == nil {
+			return nil
+		}
+		why = append(why, err.Error())
+	}
+	return fmt.Errorf("%sBACKEND=verbs: no interface can use it: %s", params.Prefix, strings.Join(why, "; "))
+}
+
+func isIPv4(a net.Addr) bool {
+	ip, ok := a.(*net.IPNet)
+	return ok && ip.IP.To4() != nil
 }
 
 func setEnv(env []string, k, v string) []string {

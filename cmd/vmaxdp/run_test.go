@@ -190,6 +190,8 @@ func TestRunRefusesBadInput(t *testing.T) {
 		{nil, []string{"-config", conf, "true"}, conf + `:3: syntax error: transport "fast"`},
 		{nil, []string{"-config", "/nonexistent/rules.conf", "true"}, "no such file"},
 		{[]string{"VMAXDP_LIB=/nonexistent/lib.so"}, []string{"true"}, "preload library"},
+		{[]string{"VMAXDP_BACKEND=dpdk"}, []string{"true"}, `VMAXDP_BACKEND: "dpdk": want auto, xdp or verbs`},
+		{[]string{"VMAXDP_BACKEND=verbs"}, []string{"-interface", "lo", "true"}, "VMAXDP_BACKEND=verbs: no interface can use it: interface lo: no RDMA device behind it"},
 		{nil, []string{"/nonexistent/program"}, "no such file"},
 	} {
 		cmd := exec.Command(vmaxdp, append([]string{"run"}, c.args...)...)
@@ -350,6 +352,42 @@ func TestRunRuleKeepsSocketOnKernel(t *testing.T) {
 	}
 	if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel < res.Sent/2 {
 		t.Errorf("the kernel delivered %d of %d datagrams: the rule did not keep the socket on the kernel", kernel, res.Sent)
+	}
+}
+
+// TestRunBackend: VMAXDP_BACKEND on a bed with no RDMA device (none
+// here, nor an RDMA subsystem). auto serves the sockets with AF_XDP and
+// its log says why not verbs; verbs stops vmaxdp run before the program
+// starts, naming the interface and what is missing; the engine preloaded
+// without vmaxdp run leaves the socket on the kernel with that reason.
+func TestRunBackend(t *testing.T) {
+	requireSockperf(t)
+	vmaxdp := tools(t)
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	srv := []string{"-i", b.Addr(testbed.B).String(), "-p", "11119"}
+	run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: true, Server: srv,
+		Client: append([]string{"pp"}, append(srv, "-t", "1", "-m", "64")...), Env: []string{"VMAXDP_BACKEND=auto", "VMAXDP_TRACELEVEL=4"}}
+	res, srvLog, err := run.Do(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "backend AF_XDP (auto; verbs: interface " + b.Link(testbed.B) + ": no RDMA device behind it"
+	if !strings.Contains(srvLog, want) || !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)) {
+		t.Errorf("server log lacks %q or the offload:\n%s", want, tail(srvLog, 20))
+	}
+	if res.Observations == 0 || res.Dropped != 0 {
+		t.Errorf("%d observations, %d dropped", res.Observations, res.Dropped)
+	}
+
+	out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "env", "VMAXDP_BACKEND=verbs", vmaxdp, "run", "--", "true").CombinedOutput()
+	if want := "VMAXDP_BACKEND=verbs: no interface can use it: interface " + b.Link(testbed.B) + ": no RDMA device behind it"; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("vmaxdp run with VMAXDP_BACKEND=verbs: %v, %q; want it to stop saying %q", err, out, want)
+	}
+
+	p := startArgv(t, b, []string{"VMAXDP_BACKEND=verbs", "LD_PRELOAD=" + filepath.Join(toolsDir, libName)}, append([]string{"sockperf", "sr"}, srv...)...)
+	want = "not offloaded: udp_receiver " + b.Addr(testbed.B).String() + ":11119: VMAXDP_BACKEND=verbs: interface " + b.Link(testbed.B) + ": no RDMA device behind it"
+	if err := p.waitFor(want); err != nil {
+		t.Errorf("%v:\n%s", err, p.out.String())
 	}
 }
 

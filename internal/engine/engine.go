@@ -41,6 +41,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/rules"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/verbs"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
@@ -842,6 +843,10 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 	if p.RxUDPPollOSRatio == 0 {
 		o.RxPollOSRatio = stack.OSPollBeforeSleep
 	}
+	chosen, err := chooseBackend(p.Backend, ifname)
+	if err != nil {
+		return nil, err
+	}
 	began := time.Now()
 	st, err := stack.Open(ifname, o)
 	if err == nil && p.XDPMode == "native" && st.Program().Mode() != steer.ModeNative {
@@ -857,11 +862,24 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 	if bes := st.Backends(); len(bes) > 0 && bes[0].TxChecksum() {
 		csum = "by the kernel (TX metadata)"
 	}
-	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues, open in %v, UDP checksums of sent datagrams completed %s", ifname, st.Program().Mode(), len(st.Backends()), time.Since(began).Round(time.Millisecond), csum)
+	e.Log.Printf(params.LevelDebug, "%s: XDP %s, %d queues, open in %v, UDP checksums of sent datagrams completed %s, backend %s", ifname, st.Program().Mode(), len(st.Backends()), time.Since(began).Round(time.Millisecond), csum, chosen)
 	for _, u := range st.UnservedQueues() {
 		e.Log.Printf(params.LevelInfo, "%s: %v: not served, its datagrams reach the sockets through the kernel", ifname, u)
 	}
 	return st, nil
+}
+
+// chooseBackend applies VMAXDP_BACKEND to ifname: it says which backend
+// serves it and, for auto, why, or why verbs, asked for, cannot.
+func chooseBackend(backend, ifname string) (string, error) {
+	if backend == "xdp" {
+		return "AF_XDP", nil
+	}
+	_, err := verbs.Probe(ifname)
+	if backend == "verbs" {
+		return "", fmt.Errorf("%sBACKEND=verbs: %w", params.Prefix, err)
+	}
+	return fmt.Sprintf("AF_XDP (auto; verbs: %v)", err), nil
 }
 
 // Close forgets fd. Its socket's offload ends when no other fd names it

@@ -41,6 +41,7 @@ type Params struct {
 	MTU               int
 	Interface         string
 	XDPMode           string
+	Backend           string
 	StatsFile         string
 	StatsFDNum        int
 	StatsDir          string
@@ -146,6 +147,7 @@ var All = []Param{
 	intParam("MTU", "MTU", "0", "Largest IP datagram the engine sends itself (0: the interface's MTU); larger ones go through the kernel, which fragments them.", 0, 9000, func(p *Params) *int { return &p.MTU }),
 	stringParam("INTERFACE", "Interface", "", "Interface serving sockets bound to 0.0.0.0 (default: the only up interface with an IPv4 address other than lo).", nil, func(p *Params) *string { return &p.Interface }),
 	stringParam("XDP_MODE", "XDP Mode", "auto", "auto (native, else generic), native or generic.", checkXDPMode, func(p *Params) *string { return &p.XDPMode }),
+	stringParam("BACKEND", "Backend", "auto", "auto (RDMA verbs where a device with raw packet QPs backs the interface, else AF_XDP; the log says why), xdp or verbs. The verbs datapath is not built yet: verbs stops vmaxdp run with what is missing.", checkBackend, func(p *Params) *string { return &p.Backend }),
 	stringParam("STATS_FILE", "Stats File", "", "At close, write each socket's counters to this file.", nil, func(p *Params) *string { return &p.StatsFile }),
 	intParam("STATS_FD_NUM", "Stats FD Num (max)", "0", "Most sockets whose counters are published (0: all).", 0, 1<<20, func(p *Params) *int { return &p.StatsFDNum }),
 	stringParam("STATS_DIR", "Stats Dir", "/dev/shm", "Directory of the shared-memory counters that vmaxdp stats reads.", nil, func(p *Params) *string { return &p.StatsDir }),
@@ -199,6 +201,14 @@ func checkXDPMode(v string) error {
 		return nil
 	}
 	return fmt.Errorf("%q: want auto, native or generic", v)
+}
+
+func checkBackend(v string) error {
+	switch v {
+	case "auto", "xdp", "verbs":
+		return nil
+	}
+	return fmt.Errorf("%q: want auto, xdp or verbs", v)
 }
 
 // Defaults returns the parameters at their defaults.
