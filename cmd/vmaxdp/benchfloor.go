@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -21,11 +22,15 @@ func runBenchFloor(args []string, out io.Writer) error {
 	d := fs.Duration("duration", 2*time.Second, "length of each measurement")
 	size := fs.Int("size", 64, "UDP payload bytes")
 	tuned := fs.Bool("tuned", false, "run on a tuned bed (TX checksum offload off) instead of a plain one")
+	rounds := fs.Int("rounds", 3, "rounds of every layer, interleaved; the table has each figure's median")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench floor: unexpected %q: %w", fs.Arg(0), errUsage)
+	}
+	if *rounds < 1 {
+		return fmt.Errorf("bench floor: -rounds %d: want at least 1: %w", *rounds, errUsage)
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -36,13 +41,33 @@ func runBenchFloor(args []string, out io.Writer) error {
 		return err
 	}
 	defer bed.Down()
-	fmt.Fprintf(out, "vmaxdp %s bench floor: %s bed, %d B payload, %s per measurement, every layer in one run\n", version, bedKind(bed), *size, *d)
-	lines, err := bench.Floor(bed, self, &bench.Options{Duration: *d, Size: *size})
-	if err != nil {
-		return err
+	fmt.Fprintf(out, "vmaxdp %s bench floor: %s bed, %d B payload, %s per measurement, every layer in one run; medians of %d interleaved rounds\n",
+		version, bedKind(bed), *size, *d, *rounds)
+	var all [][]bench.FloorLine
+	for range *rounds {
+		lines, err := bench.Floor(bed, self, &bench.Options{Duration: *d, Size: *size})
+		if err != nil {
+			return err
+		}
+		all = append(all, lines)
 	}
-	writeFloor(out, lines)
+	writeFloor(out, medianFloor(all))
 	return nil
+}
+
+// medianFloor is, per layer, the median of the rounds' figures. Where
+// two spinning processes share this machine's two CPUs, one round's
+// figure can be half another's.
+func medianFloor(rounds [][]bench.FloorLine) []bench.FloorLine {
+	lines := slices.Clone(rounds[0])
+	for i := range lines {
+		var pp, oneWay []float64
+		for _, r := range rounds {
+			pp, oneWay = append(pp, r[i].PingPong), append(oneWay, r[i].OneWay)
+		}
+		lines[i].PingPong, lines[i].OneWay = median(pp), median(oneWay)
+	}
+	return lines
 }
 
 // writeFloor prints Floor's lines: ping-pong as the average round trip,
