@@ -67,7 +67,7 @@ bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by s
 
 FUZZTIME ?= 60s
 # package:target pairs, every parser of untrusted input.
-FUZZ := ./stack/header:FuzzParse ./stack:FuzzParseDiagMsg ./tracefile:FuzzReader ./tracefile:FuzzEvents ./tracefile:FuzzEventsRoundTrip ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse ./stats:FuzzDecode
+FUZZ := ./stack/header:FuzzParse ./stack:FuzzParseDiagMsg ./stack:FuzzNetstack ./tracefile:FuzzReader ./tracefile:FuzzEvents ./tracefile:FuzzEventsRoundTrip ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse ./stats:FuzzDecode
 
 fuzz: ## fuzz every parser (FUZZTIME each, default 60s)
 	@for f in $(FUZZ); do \

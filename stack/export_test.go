@@ -3,6 +3,8 @@ package stack
 import (
 	"net/netip"
 	"time"
+
+	"github.com/vmaxdp/vmaxdp/stack/header"
 )
 
 // CallsInside is how many calls are using c's descriptors now.
@@ -22,3 +24,17 @@ func ExpireNextHops(st *Stack) {
 
 // WaitNextHopRefreshes waits for the background next-hop lookups.
 func WaitNextHopRefreshes(st *Stack) { st.hops.refreshes.Wait() }
+
+// DeliverFrame hands frame to st as its queues hand what they receive
+// (Stack.demuxLocked), for TCP: parsed, then given to netstack. It
+// reports whether the frame was TCP over IPv4 that parsed.
+func DeliverFrame(st *Stack, frame []byte) bool {
+	var p header.Packet
+	if r := header.Parse(frame, &p); r != header.NotUDP || p.IP.Protocol() != header.ProtocolTCP {
+		return false
+	}
+	st.rxMu.Lock()
+	defer st.rxMu.Unlock()
+	st.deliverTCP(p.IP)
+	return true
+}

@@ -42,7 +42,7 @@ func echoTCP(l net.Listener) *sync.WaitGroup {
 }
 
 // listenTCP listens on laddr with the stack on side B of bed.
-func listenTCP(t *testing.T, bed *testbed.Bed, st *stack.Stack, laddr netip.AddrPort) *stack.TCPListener {
+func listenTCP(t testing.TB, bed *testbed.Bed, st *stack.Stack, laddr netip.AddrPort) *stack.TCPListener {
 	t.Helper()
 	var l *stack.TCPListener
 	if err := bed.Do(testbed.B, func() (err error) {
