@@ -23,7 +23,7 @@ func sample() *Snapshot {
 				Counters: SocketCounters{RxOffloadPackets: 140479898, RxOffloadBytes: 280959796, RxPollHit: 9}},
 			{FD: 15, Proto: "udp", State: StateKernel, Reason: "udp_receiver 0.0.0.0:5001: rule /etc/libvmaxdp.conf:3: use os udp_receiver * *:5001"},
 		},
-		Queues: []Queue{{Interface: "vx0", Queue: 0, XDPMode: "native", RingSize: 2048, FillRing: 2048,
+		Queues: []Queue{{Interface: "vx0", Queue: 0, Backend: "AF_XDP", XDPMode: "native", RingSize: 2048, FillRing: 2048,
 			Counters: QueueCounters{RxPackets: 10, MaxRxBatch: 3}, Statistics: XDPStatistics{RxRingFull: 2}}},
 		Programs: []Program{{Interface: "vx0", XDPMode: "native", Counters: steer.ProgCounters{Redirected: 10, Passed: 4},
 			Stack: StackCounters{RxFrames: 10, RxDropped: []Drop{{"bad_udp_checksum", 1}}}}},

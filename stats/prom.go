@@ -103,7 +103,7 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 		for i := range s.Queues {
 			q := &s.Queues[i]
 			l := []string{"pid", pid, "ifname", q.Interface, "queue", strconv.Itoa(q.Queue)}
-			f.add("vmaxdp_queue_info", "An AF_XDP queue.", gauge, 1, append(l, "xdp_mode", q.XDPMode, "zero_copy", strconv.FormatBool(q.ZeroCopy))...)
+			f.add("vmaxdp_queue_info", "An AF_XDP queue.", gauge, 1, append(l, "backend", q.Backend, "xdp_mode", q.XDPMode, "zero_copy", strconv.FormatBool(q.ZeroCopy))...)
 			for _, g := range []struct {
 				name string
 				v    uint64

@@ -138,6 +138,7 @@ type SocketCounters struct {
 type Queue struct {
 	Interface string `json:"ifname"`
 	Queue     int    `json:"queue"`
+	Backend   string `json:"backend"`  // AF_XDP (VMAXDP_BACKEND)
 	XDPMode   string `json:"xdp_mode"` // native or generic
 	ZeroCopy  bool   `json:"zero_copy"`
 	RingSize  uint64 `json:"ring_size"` // entries of each ring

@@ -296,6 +296,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		}
 		fmt.Fprintln(w, block)
 		fmt.Fprintf(w, "\tQUEUE=[%s]\n", name)
+		line(w, "Backend", "%s", q.Backend)
 		line(w, "XDP mode", "%s, %s", q.XDPMode, copyMode)
 		line(w, "Rx packets"+per, "%d", q.Counters.RxPackets)
 		line(w, "Tx packets"+per, "%d", q.Counters.TxPackets)

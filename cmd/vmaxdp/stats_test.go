@@ -202,7 +202,7 @@ func TestStatsSockperf(t *testing.T) {
 		// Views 2 to 5, and -s selecting nothing.
 		for _, v := range []struct{ args, want []string }{
 			{[]string{"-v", "2"}, []string{"Fd=[" + fd + "]", "- Offloaded on " + b.Link(testbed.B), "Rx poll:"}},
-			{[]string{"-v", "3"}, []string{"QUEUE=[" + b.Link(testbed.B) + "/q0]", "BUFFER_POOL(RX)", "BUFFER_POOL(TX)", "STEER=[" + b.Link(testbed.B) + "]", "[matched/redirected/redirect failures/too long]"}},
+			{[]string{"-v", "3"}, []string{"QUEUE=[" + b.Link(testbed.B) + "/q0]", "Backend:              AF_XDP", "BUFFER_POOL(RX)", "BUFFER_POOL(TX)", "STEER=[" + b.Link(testbed.B) + "]", "[matched/redirected/redirect failures/too long]"}},
 			{[]string{"-v", "4"}, []string{"Group Membership Information"}},
 			{[]string{"-v", "5"}, []string{"udp   Yes       " + b.Addr(testbed.B).String() + ":11140"}},
 			{[]string{"-d", "2", "-i", "0.3"}, []string{"pkt/s Kbyte/s eagain/s"}},

@@ -386,7 +386,7 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 			continue
 		}
 		pools, occ := x.Pools(), x.Occupancy()
-		q := stats.Queue{Interface: st.Interface(), Queue: x.Queue(), XDPMode: mode, ZeroCopy: x.ZeroCopy(),
+		q := stats.Queue{Interface: st.Interface(), Queue: x.Queue(), Backend: "AF_XDP", XDPMode: mode, ZeroCopy: x.ZeroCopy(),
 			RingSize: uint64(pools.RingSize), RxRing: uint64(occ.Rx), TxRing: uint64(occ.Tx),
 			FillRing: uint64(occ.Fill), CompletionRing: uint64(occ.Completion),
 			RxPoolSize: uint64(pools.RxSize), RxPoolFree: uint64(pools.RxFree),
