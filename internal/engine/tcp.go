@@ -1207,8 +1207,7 @@ func connRecord(fd int, t *tcpConn) stats.Socket {
 		RecvQueue: uint64(t.c.Unread())}
 	rec.Counters = stats.SocketCounters{RxOffloadPackets: uint64(ti.Segs_in), RxOffloadBytes: t.rxBytes.Load(),
 		RxEagain: t.rxEagain.Load(), RxErrors: t.rxErrors.Load(), RxPollHit: t.rxPollHit.Load(), RxPollMiss: t.rxPollMiss.Load(),
-		TxOffloadPackets: uint64(ti.Segs_out),
-		TxOffloadBytes:   t.txBytes.Load(), TxErrors: t.txErrors.Load()}
+		TxOffloadPackets: uint64(ti.Segs_out), TxOffloadBytes: t.txBytes.Load(), TxErrors: t.txErrors.Load()}
 	return rec
 }
 
