@@ -76,17 +76,17 @@ func (st *Stack) waitPoint() {
 
 // flushTx kicks what sends left on the TX rings. Without wait it passes
 // over a queue whose lock another thread holds: that thread is sending,
-// and kicks or arms the timer itself. It reports whether it passed one
-// over (the timer stays armed then).
-func (st *Stack) flushTx(wait bool) (pending bool) {
+// and kicks or arms the timer itself.
+func (st *Stack) flushTx(wait bool) {
 	if !st.kickArmed.Load() {
-		return false
+		return
 	}
+	pending := false
 	for _, q := range st.queueList() {
 		pending = !st.flushQueue(q, wait, 0) || pending
 	}
 	if pending {
-		return true
+		return
 	}
 	// Nothing left: stop the timer, which would wake a goroutine for
 	// nothing, and look again for a send that deferred meanwhile and
@@ -97,10 +97,9 @@ func (st *Stack) flushTx(wait bool) (pending bool) {
 	for _, q := range st.queueList() {
 		if q.unkicked.Load() {
 			st.armKick()
-			return false
+			return
 		}
 	}
-	return false
 }
 
 // flushAged kicks the queues whose unkicked frames have waited at least
@@ -149,13 +148,5 @@ func (st *Stack) armKick() {
 	}
 }
 
-// kickFired is kickTimer's function. It never waits for a queue's lock:
-// the thread holding it is sending, and the timer looks again one delay
-// later. Waiting made every send of a stream that found the timer's
-// goroutine parked on the lock wake it (sockperf tp under vmaxdp: 4% of
-// the sender's CPU in futex wake-ups from the send's unlock).
-func (st *Stack) kickFired() {
-	if st.flushTx(false) {
-		st.kickTimer.Reset(st.opts.TxKickDelay)
-	}
-}
+// kickFired is kickTimer's function.
+func (st *Stack) kickFired() { st.flushTx(true) }
