@@ -161,11 +161,8 @@ func tcpPair(b *testing.B, server string, port uint16) (*stack.Stack, net.Conn, 
 		c, _ := l.Accept()
 		accepted <- c
 	}()
-	var c net.Conn
-	if err := bed.Do(testbed.A, func() (err error) {
-		c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
-		return err
-	}); err != nil {
+	c, err := dialFromA(bed, laddr)
+	if err != nil {
 		b.Fatal(err)
 	}
 	c.(*net.TCPConn).SetNoDelay(true)

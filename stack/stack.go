@@ -609,6 +609,26 @@ func ipv4Addrs(nl *netlink.Handle, l netlink.Link) ([]netip.Addr, error) {
 	return addrs, nil
 }
 
+// IPv4Interfaces names the interfaces of the calling thread's network
+// namespace a stack could serve: up, not loopback, with an IPv4 address.
+func IPv4Interfaces() ([]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("interfaces: %w", err)
+	}
+	var names []string
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&net.FlagLoopback != 0 || a.Flags&net.FlagUp == 0 {
+			continue
+		}
+		if addrs, err := netlink.AddrList(l, netlink.FAMILY_V4); err == nil && len(addrs) > 0 {
+			names = append(names, a.Name)
+		}
+	}
+	return names, nil
+}
+
 // HasAddr says whether a is one of the interface's IPv4 addresses.
 func (st *Stack) HasAddr(a netip.Addr) bool {
 	if p := st.addrs.Load(); p != nil {

@@ -54,6 +54,17 @@ func listenTCP(t testing.TB, bed *testbed.Bed, st *stack.Stack, laddr netip.Addr
 	return l
 }
 
+// dialFromA connects a kernel client of bed's side A to addr. The socket
+// is made in A's namespace; its I/O may then run on any goroutine.
+func dialFromA(bed *testbed.Bed, addr netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := bed.Do(testbed.A, func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr.String(), 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
 // exchange writes size bytes in chunks of chunk on c and reads them back.
 func exchange(c net.Conn, size, chunk, seed int) error {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -261,11 +272,8 @@ func TestTCPConnsOutliveListener(t *testing.T) {
 			}
 			close(accepted)
 		}()
-		var c net.Conn
-		if err := bed.Do(testbed.A, func() (err error) {
-			c, err = net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
-			return err
-		}); err != nil {
+		c, err := dialFromA(bed, laddr)
+		if err != nil {
 			t.Fatal(err)
 		}
 		s, ok := <-accepted
@@ -295,7 +303,7 @@ func TestTCPConnsOutliveListener(t *testing.T) {
 		served := echoTCP(l)
 		goroutines := runtime.NumGoroutine()
 		const cycles = 300
-		err := bed.Do(testbed.A, func() error {
+		err = bed.Do(testbed.A, func() error {
 			for i := range cycles {
 				c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
 				if err != nil {

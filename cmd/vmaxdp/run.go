@@ -5,17 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/rules"
+	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/verbs"
 )
 
@@ -128,20 +127,11 @@ func runRun(args []string, out io.Writer) error {
 // can serve ifname, or when it is "" some up interface with an IPv4
 // address: otherwise every socket would stay on the kernel.
 func verbsUsable(ifname string) error {
-	var names []string
-	if ifname != "" {
-		names = []string{ifname}
-	} else {
-		ifs, err := net.Interfaces()
-		if err != nil {
+	names := []string{ifname}
+	if ifname == "" {
+		var err error
+		if names, err = stack.IPv4Interfaces(); err != nil {
 			return err
-		}
-		for _, ifc := range ifs {
-			addrs, _ := ifc.Addrs()
-			if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 || !slices.ContainsFunc(addrs, isIPv4) {
-				continue
-			}
-			names = append(names, ifc.Name)
 		}
 	}
 	if len(names) == 0 {
@@ -156,11 +146,6 @@ func verbsUsable(ifname string) error {
 		why = append(why, err.Error())
 	}
 	return fmt.Errorf("%sBACKEND=verbs: no interface can use it: %s", params.Prefix, strings.Join(why, "; "))
-}
-
-func isIPv4(a net.Addr) bool {
-	ip, ok := a.(*net.IPNet)
-	return ok && ip.IP.To4() != nil
 }
 
 func setEnv(env []string, k, v string) []string {

@@ -950,6 +950,18 @@ func TestRunTCPBacklogFull(t *testing.T) {
 	})
 }
 
+// rawTCP opens a raw IPv4 socket in the calling thread's namespace (call
+// it inside Bed.Do) whose send puts a whole datagram (tcpSegment's) on
+// the wire towards dst.
+func rawTCP(dst netip.Addr) (send func(datagram []byte) error, done func(), err error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+	if err != nil {
+		return nil, nil, err
+	}
+	to := &unix.SockaddrInet4{Addr: dst.As4()}
+	return func(d []byte) error { return unix.Sendto(fd, d, 0, to) }, func() { unix.Close(fd) }, nil
+}
+
 // tcpSegment builds an IPv4 packet from src to dst carrying a TCP header
 // with flags and data offset doff (words), payload, and a checksum that
 // is right unless badSum.
@@ -1013,16 +1025,15 @@ func TestRunTCPSynFlood(t *testing.T) {
 		dst := netip.AddrPortFrom(b.Addr(testbed.B), port)
 		var took time.Duration
 		err := b.Do(testbed.A, func() error {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+			send, done, err := rawTCP(dst.Addr())
 			if err != nil {
 				return err
 			}
-			defer unix.Close(fd)
-			to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
+			defer done()
 			for k := range perSource {
 				for i := range sources {
 					src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 0, byte(50 + i)}), uint16(20000+k))
-					if err := unix.Sendto(fd, tcpSegment(src, dst, 0x02, 5, nil, false), 0, to); err != nil {
+					if err := send(tcpSegment(src, dst, 0x02, 5, nil, false)); err != nil {
 						return fmt.Errorf("SYN from %s: %w", src, err)
 					}
 					if i%20 == 19 {
@@ -1107,15 +1118,14 @@ func TestRunTCPMalformed(t *testing.T) {
 			"cut short":           tcpSegment(src, dst, 0x02, 5, nil, false)[:30],
 		}
 		err := b.Do(testbed.A, func() error {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+			send, done, err := rawTCP(dst.Addr())
 			if err != nil {
 				return err
 			}
-			defer unix.Close(fd)
-			to := &unix.SockaddrInet4{Addr: dst.Addr().As4()}
+			defer done()
 			for name, seg := range segs {
 				for range n {
-					if err := unix.Sendto(fd, seg, 0, to); err != nil {
+					if err := send(seg); err != nil {
 						return fmt.Errorf("%s: %w", name, err)
 					}
 				}

@@ -786,19 +786,9 @@ func ifaceNamed(ifaddr netip.Addr, ifindex int) (string, error) {
 }
 
 func onlyInterface() (string, error) {
-	links, err := netlink.LinkList()
+	names, err := stack.IPv4Interfaces()
 	if err != nil {
-		return "", fmt.Errorf("interfaces: %w", err)
-	}
-	var names []string
-	for _, l := range links {
-		a := l.Attrs()
-		if a.Flags&net.FlagLoopback != 0 || a.Flags&net.FlagUp == 0 {
-			continue
-		}
-		if addrs, err := netlink.AddrList(l, netlink.FAMILY_V4); err == nil && len(addrs) > 0 {
-			names = append(names, a.Name)
-		}
+		return "", err
 	}
 	if len(names) != 1 {
 		return "", fmt.Errorf("bound to 0.0.0.0 and %d interfaces have IPv4 addresses (%s): set %sINTERFACE", len(names), strings.Join(names, ", "), params.Prefix)

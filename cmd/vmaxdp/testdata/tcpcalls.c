@@ -361,15 +361,23 @@ static void echo_one(int l)
 	close(c);
 }
 
-/* backlog: a listener with a backlog of 4 accepts nothing for half a
- * second, then serves n connections, each echoing one read. */
-static int backlog(int port, int n)
+/* listener: a listening socket on port with backlog, or the program
+ * dies. */
+static int listener(int port, int backlog)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 4) < 0)
-		die("backlog listen");
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, backlog) < 0)
+		die("listen");
+	return l;
+}
+
+/* backlog: a listener with a backlog of 4 accepts nothing for half a
+ * second, then serves n connections, each echoing one read. */
+static int backlog(int port, int n)
+{
+	int l = listener(port, 4);
 	say("listening");
 	usleep(500000);
 	for (int i = 0; i < n; i++)
@@ -394,11 +402,7 @@ static double now(void)
  * retransmission timer). */
 static int vanish(int port)
 {
-	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 4) < 0)
-		die("vanish listen");
+	int l = listener(port, 4);
 	say("listening");
 	char b[64];
 
