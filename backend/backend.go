@@ -42,13 +42,17 @@ type Backend interface {
 	Alloc(bufs []Buf) int
 	// Transmit queues the frames for sending and owns them afterwards; it
 	// returns how many were queued (the rest still belong to the caller).
+	// A device that stays busy may keep some queued: Unsent says so.
 	Transmit(bufs []Buf) (int, error)
 	// TransmitLater queues the frames as Transmit does, but may leave
-	// them for a later Transmit or Flush to send; it reports whether it
-	// did (unsent).
-	TransmitLater(bufs []Buf) (n int, unsent bool, err error)
-	// Flush sends what TransmitLater left.
+	// them for a later Transmit or Flush to send.
+	TransmitLater(bufs []Buf) (int, error)
+	// Flush sends what TransmitLater, or a busy device, left.
 	Flush() error
+	// Unsent reports whether frames queued by the calls above still wait
+	// for a Transmit or Flush: TransmitLater left them, or the device
+	// stayed busy.
+	Unsent() bool
 	// TxChecksum reports whether Transmit completes checksums that
 	// Buf.CsumStart asks for.
 	TxChecksum() bool

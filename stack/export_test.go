@@ -2,7 +2,6 @@ package stack
 
 import (
 	"net/netip"
-	"time"
 
 	"github.com/vmaxdp/vmaxdp/stack/header"
 )
@@ -16,7 +15,7 @@ func ExpireNextHops(st *Stack) {
 	defer st.hops.mu.Unlock()
 	m := map[netip.Addr]nextHop{}
 	for k, v := range *st.hops.m.Load() {
-		v.expires = time.Now().UnixNano() - 1
+		v.expires = monoNow() - 1
 		m[k] = v
 	}
 	st.hops.m.Store(&m)

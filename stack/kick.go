@@ -19,8 +19,9 @@ import (
 // ping-pong when every send armed it).
 
 // transmit sends bufs on q, at once or (Options.TxKickDelay, when the
-// send follows another) at the next flush. Caller holds q.txMu.
-func (st *Stack) transmit(q *queue, bufs []backend.Buf) (int, error) {
+// send follows another) at the next flush. now is monoNow's, or 0 for
+// read when needed. Caller holds q.txMu.
+func (st *Stack) transmit(q *queue, bufs []backend.Buf, now int64) (int, error) {
 	if !st.sent.Load() {
 		st.sent.Store(true)
 	}
@@ -28,29 +29,29 @@ func (st *Stack) transmit(q *queue, bufs []backend.Buf) (int, error) {
 	follows := gen == q.sendGen
 	q.sendGen = gen
 	if !follows && !q.unkicked.Load() {
-		return q.be.Transmit(bufs)
+		return st.transmitNow(q, bufs)
 	}
-	return st.transmitLater(q, bufs)
+	return st.transmitLater(q, bufs, now)
 }
 
-// transmitLater sends bufs on q at the next flush (Options.TxKickDelay).
-// Caller holds q.txMu.
-func (st *Stack) transmitLater(q *queue, bufs []backend.Buf) (int, error) {
+// transmitLater sends bufs on q at the next flush (Options.TxKickDelay);
+// now as for transmit. Caller holds q.txMu.
+func (st *Stack) transmitLater(q *queue, bufs []backend.Buf, now int64) (int, error) {
 	if st.opts.TxKickDelay == 0 {
-		return q.be.Transmit(bufs)
+		return st.transmitNow(q, bufs)
 	}
-	n, unsent, err := q.be.TransmitLater(bufs)
-	switch {
-	case err != nil || !unsent:
-		q.unkicked.Store(false)
-	case !q.unkicked.Load():
-		q.unkickedAt = time.Now().UnixNano()
-		q.unkicked.Store(true)
-		st.armKick()
-	case time.Now().UnixNano()-q.unkickedAt >= int64(st.opts.TxKickDelay):
-		err = q.be.Flush()
-		q.unkicked.Store(false)
+	n, err := q.be.TransmitLater(bufs)
+	if q.unkicked.Load() && q.be.Unsent() {
+		if now == 0 {
+			now = monoNow()
+		}
+		if now-q.unkickedAt >= int64(st.opts.TxKickDelay) {
+			if ferr := q.be.Flush(); err == nil {
+				err = ferr
+			}
+		}
 	}
+	st.noteUnsent(q, now)
 	return n, err
 }
 
@@ -58,8 +59,27 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf) (int, error) {
 // holds q.txMu.
 func (st *Stack) transmitNow(q *queue, bufs []backend.Buf) (int, error) {
 	n, err := q.be.Transmit(bufs)
-	q.unkicked.Store(false)
+	if q.unkicked.Load() || q.be.Unsent() {
+		st.noteUnsent(q, 0)
+	}
 	return n, err
+}
+
+// noteUnsent marks q unkicked, and arms kickTimer, while its backend
+// holds frames back: a send deferred them, or the device stayed busy
+// (or failed) through the kick; now as for transmit. Caller holds q.txMu.
+func (st *Stack) noteUnsent(q *queue, now int64) {
+	switch {
+	case !q.be.Unsent():
+		q.unkicked.Store(false)
+	case !q.unkicked.Load():
+		if now == 0 {
+			now = monoNow()
+		}
+		q.unkickedAt = now
+		q.unkicked.Store(true)
+		st.armKick()
+	}
 }
 
 // waitPoint marks a receive or wait of the stack: the next send kicks at
@@ -74,32 +94,52 @@ func (st *Stack) waitPoint() {
 	st.flushTx(false)
 }
 
+// txBusyRetry is how long the kick timer waits before it kicks again a
+// queue whose device stayed busy, or failed, through a kick (the
+// backend's Unsent): a link that is down answers every kick at once,
+// and retrying at the coalescing delay would cost a core.
+const txBusyRetry = time.Millisecond
+
 // flushTx kicks what sends left on the TX rings. Without wait it passes
 // over a queue whose lock another thread holds: that thread is sending,
-// and kicks or arms the timer itself.
-func (st *Stack) flushTx(wait bool) {
+// and kicks or arms the timer itself. It returns when the timer should
+// look again (0: nothing is left): one coalescing delay for a queue it
+// passed over, txBusyRetry when only busy devices hold frames.
+func (st *Stack) flushTx(wait bool) (again time.Duration) {
 	if !st.kickArmed.Load() {
-		return
+		return 0
 	}
-	pending := false
 	for _, q := range st.queueList() {
-		pending = !st.flushQueue(q, wait, 0) || pending
+		switch st.flushQueue(q, wait, 0) {
+		case flushPassed:
+			again = st.kickDelay()
+		case flushBusy:
+			if again == 0 {
+				again = txBusyRetry
+			}
+		}
 	}
-	if pending {
-		return
+	if again > 0 {
+		return again
 	}
 	// Nothing left: stop the timer, which would wake a goroutine for
-	// nothing, and look again for a send that deferred meanwhile and
-	// found the timer still armed.
+	// nothing. A send may arm it between the swap and the stop (which
+	// then undoes that), or defer while it still looked armed: look
+	// again for both.
 	if st.kickArmed.Swap(false) {
 		st.kickTimer.Stop()
+	}
+	if st.kickArmed.Load() {
+		st.kickTimer.Reset(st.kickDelay())
+		return 0
 	}
 	for _, q := range st.queueList() {
 		if q.unkicked.Load() {
 			st.armKick()
-			return
+			return 0
 		}
 	}
+	return 0
 }
 
 // flushAged kicks the queues whose unkicked frames have waited at least
@@ -114,39 +154,69 @@ func (st *Stack) flushAged(age time.Duration) {
 	}
 }
 
+// flushResult is what flushQueue did with a queue's unkicked frames.
+type flushResult uint8
+
+const (
+	flushDone   flushResult = iota // none are left
+	flushPassed                    // left: the queue's lock was taken, or they are younger than asked
+	flushBusy                      // left: the device stayed busy, or failed, through the kick
+)
+
 // flushQueue kicks what sends left on q, if they have waited at least
-// age; false when it left them there: q's lock was taken (and not wait),
-// or they are younger.
-func (st *Stack) flushQueue(q *queue, wait bool, age time.Duration) bool {
+// age. Without wait it passes over q when its lock is taken.
+func (st *Stack) flushQueue(q *queue, wait bool, age time.Duration) flushResult {
 	if !q.unkicked.Load() {
-		return true
+		return flushDone
 	}
 	if wait {
 		q.txMu.Lock()
 	} else if !q.txMu.TryLock() {
-		return false
+		return flushPassed
 	}
 	defer q.txMu.Unlock()
 	// unkickedAt is written under txMu.
 	if !q.unkicked.Load() || q.closed {
-		return true
+		return flushDone
 	}
-	if age > 0 && time.Now().UnixNano()-q.unkickedAt < int64(age) {
-		return false
+	if age > 0 && monoNow()-q.unkickedAt < int64(age) {
+		return flushPassed
 	}
-	// A failed kick leaves the frames on the ring for the next one; the
-	// backend counts it (xsk: TxKickErrs).
+	// A failed kick leaves the frames for the next one; the backend
+	// counts it (xsk: TxKickErrs, TxBacklog).
 	q.be.Flush()
+	if q.be.Unsent() {
+		return flushBusy
+	}
 	q.unkicked.Store(false)
-	return true
+	return flushDone
 }
 
-// armKick starts kickTimer unless it runs already.
+// armKick starts kickTimer unless it runs already. With coalescing off
+// only a busy device's frames (noteUnsent) arm it.
 func (st *Stack) armKick() {
 	if !st.kickArmed.Swap(true) {
-		st.kickTimer.Reset(st.opts.TxKickDelay)
+		st.kickTimer.Reset(st.kickDelay())
 	}
 }
 
-// kickFired is kickTimer's function.
-func (st *Stack) kickFired() { st.flushTx(true) }
+// kickDelay is kickTimer's delay: Options.TxKickDelay, or with
+// coalescing off (where only a busy device's frames arm the timer)
+// txBusyRetry.
+func (st *Stack) kickDelay() time.Duration {
+	if st.opts.TxKickDelay == 0 {
+		return txBusyRetry
+	}
+	return st.opts.TxKickDelay
+}
+
+// kickFired is kickTimer's function. It never waits for a queue's lock:
+// the thread holding it is sending, and the timer looks again one delay
+// later. Waiting made every send of a stream that found the timer's
+// goroutine parked on the lock wake it (sockperf tp under vmaxdp: 4% of
+// the sender's CPU in futex wake-ups from the send's unlock).
+func (st *Stack) kickFired() {
+	if again := st.flushTx(false); again > 0 {
+		st.kickTimer.Reset(again)
+	}
+}

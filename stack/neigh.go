@@ -19,7 +19,7 @@ type nextHop struct {
 	viaKernel bool // not behind our interface, or not resolvable: the kernel sends it
 	mac       header.MAC
 	src       netip.Addr
-	expires   int64 // unix nanoseconds
+	expires   int64 // monoNow nanoseconds
 }
 
 // How long a resolved next hop is trusted before the kernel's tables are
@@ -49,19 +49,20 @@ type nextHops struct {
 	refreshes  sync.WaitGroup
 }
 
-func (st *Stack) nextHop(dst netip.Addr) (nextHop, error) {
-	if h, ok := st.hopCached(dst); ok {
+// nextHop returns dst's next hop; now is monoNow's, read by the caller
+// (a send reads the clock once).
+func (st *Stack) nextHop(dst netip.Addr, now int64) (nextHop, error) {
+	if h, ok := st.hopCached(dst, now); ok {
 		return h, nil
 	}
 	return st.resolve(dst, true)
 }
 
-// hopCached returns dst's next hop if the cache has it, fresh or stale
-// (then refreshed in the background).
-func (st *Stack) hopCached(dst netip.Addr) (nextHop, bool) {
+// hopCached returns dst's next hop if the cache has it at now (monoNow),
+// fresh or stale (then refreshed in the background).
+func (st *Stack) hopCached(dst netip.Addr, now int64) (nextHop, bool) {
 	if m := st.hops.m.Load(); m != nil {
 		if h, ok := (*m)[dst]; ok {
-			now := time.Now().UnixNano()
 			if now < h.expires {
 				return h, true
 			}
@@ -85,7 +86,7 @@ var errNeighPending = errors.New("neighbour not resolved yet")
 // handshake (a SYN flood from addresses nobody holds stalled it for
 // ResolveTimeout per address).
 func (st *Stack) hopNow(dst netip.Addr) (nextHop, error) {
-	if h, ok := st.hopCached(dst); ok {
+	if h, ok := st.hopCached(dst, monoNow()); ok {
 		return h, nil
 	}
 	return st.resolve(dst, false)
@@ -109,7 +110,7 @@ func (st *Stack) afterHop(dst netip.Addr, fn func(nextHop, error)) bool {
 	hs.refreshes.Add(1)
 	go func() {
 		defer hs.refreshes.Done()
-		fn(st.nextHop(dst))
+		fn(st.nextHop(dst, monoNow()))
 		hs.refreshMu.Lock()
 		hs.waits--
 		hs.refreshMu.Unlock()
@@ -181,7 +182,7 @@ func (st *Stack) resolve(dst netip.Addr, wait bool) (nextHop, error) {
 // unresolved caches dst as a destination the kernel could not resolve
 // (unresolvableTTL): its packets go the kernel's way, with no lookup each.
 func (st *Stack) unresolved(dst netip.Addr) {
-	st.cacheHop(dst, nextHop{viaKernel: true, expires: time.Now().Add(unresolvableTTL).UnixNano()})
+	st.cacheHop(dst, nextHop{viaKernel: true, expires: monoNow() + int64(unresolvableTTL)})
 }
 
 // cacheHop puts h in the cache for dst, and drops the entries past their
@@ -192,7 +193,7 @@ func (st *Stack) cacheHop(dst netip.Addr, h nextHop) {
 	old := st.hops.m.Load()
 	m := make(map[netip.Addr]nextHop, 1)
 	if old != nil {
-		now := time.Now().UnixNano()
+		now := monoNow()
 		for k, v := range *old {
 			if now < v.expires+int64(staleTTL) {
 				m[k] = v
@@ -204,8 +205,7 @@ func (st *Stack) cacheHop(dst netip.Addr, h nextHop) {
 }
 
 func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
-	now := time.Now()
-	h := nextHop{expires: now.Add(nextHopTTL).UnixNano()}
+	h := nextHop{expires: monoNow() + int64(nextHopTTL)}
 	if dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
 		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.Addr()
 		return h, nil
@@ -233,7 +233,7 @@ func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 	if r.gw.IsValid() {
 		hop = r.gw
 	}
-	deadline := now.Add(st.opts.ResolveTimeout)
+	deadline := time.Now().Add(st.opts.ResolveTimeout)
 	for triggered := false; ; {
 		if mac, ok := st.neighbourNow(hop); ok {
 			h.mac = mac
@@ -248,7 +248,7 @@ func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 		}
 		if time.Now().After(deadline) {
 			st.Counters.NeighUnresolved.Add(1)
-			return nextHop{viaKernel: true, expires: time.Now().Add(unresolvableTTL).UnixNano()}, nil
+			return nextHop{viaKernel: true, expires: monoNow() + int64(unresolvableTTL)}, nil
 		}
 		time.Sleep(time.Millisecond)
 	}

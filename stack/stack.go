@@ -162,7 +162,7 @@ type queue struct {
 	// queue's socket has a TX ring.
 	canTx bool
 	// unkicked: a send left frames on the TX ring (Options.TxKickDelay),
-	// since unkickedAt (unix nanoseconds). Both guarded by txMu; unkicked
+	// since unkickedAt (monoNow nanoseconds). Both guarded by txMu; unkicked
 	// is read without it to skip queues with nothing to flush.
 	unkicked   atomic.Bool
 	unkickedAt int64

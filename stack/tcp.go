@@ -440,7 +440,7 @@ func (st *Stack) ConnectTCP(kfd int, raddr netip.AddrPort) (*TCPConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
 	}
-	hop, err := st.nextHop(raddr.Addr())
+	hop, err := st.nextHop(raddr.Addr(), monoNow())
 	if err != nil {
 		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
 	}

@@ -160,7 +160,7 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 			dst := netip.AddrFrom4([4]byte(pkt.NetworkHeader().Slice()[16:20]))
 			h, ok := lastHop, dst == last && n > 0
 			if !ok {
-				h, ok = st.hopCached(dst)
+				h, ok = st.hopCached(dst, monoNow())
 			}
 			if !ok {
 				if l.parkBehind(dst, pkt) {
@@ -313,9 +313,9 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	var err error
 	switch {
 	case allBareAcks(pkts):
-		m, err = st.transmitLater(q, q.txBufs[:got])
+		m, err = st.transmitLater(q, q.txBufs[:got], 0)
 	case st.tcpAppSends.Load() > 0:
-		m, err = st.transmit(q, q.txBufs[:got])
+		m, err = st.transmit(q, q.txBufs[:got], 0)
 	default:
 		m, err = st.transmitNow(q, q.txBufs[:got])
 	}

@@ -1126,14 +1126,15 @@ func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (i
 	return c.sendBatch(msgs, addr, netip.Addr{})
 }
 
-func (c *UDPConn) hopTo(to netip.AddrPort) (nextHop, error) {
+// hopTo returns the next hop to to at now (monoNow).
+func (c *UDPConn) hopTo(to netip.AddrPort, now int64) (nextHop, error) {
 	if to != c.remote {
-		return c.st.nextHop(to.Addr())
+		return c.st.nextHop(to.Addr(), now)
 	}
-	if h := c.hop.Load(); h != nil && time.Now().UnixNano() < h.expires {
+	if h := c.hop.Load(); h != nil && now < h.expires {
 		return *h, nil
 	}
-	h, err := c.st.nextHop(to.Addr())
+	h, err := c.st.nextHop(to.Addr(), now)
 	if err == nil {
 		c.hop.Store(&h)
 	}
@@ -1159,10 +1160,13 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 	}
 	st := c.st
 	var hop nextHop
+	// The send's one clock read: the next hop's expiry and the deferred
+	// kick's age (kick.go).
+	now := monoNow()
 	kernel := st.kernelOnly.Load() != nil // the interface is down or gone
 	if !kernel {
 		var err error
-		if hop, err = c.hopTo(to); err != nil {
+		if hop, err = c.hopTo(to, now); err != nil {
 			return 0, c.sendErr(to, err)
 		}
 		// Not behind our interface, or multicast the kernel must loop back.
@@ -1228,7 +1232,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 			}
 			bytes += len(b)
 		}
-		k, err := st.transmit(q, q.txBufs[:got])
+		k, err := st.transmit(q, q.txBufs[:got], now)
 		c.Counters.TxOffloadPackets.Add(uint64(k))
 		c.Counters.TxOffloadBytes.Add(uint64(bytes))
 		sent += k

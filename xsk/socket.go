@@ -142,6 +142,7 @@ type Socket struct {
 	rxDescs, txDescs     []unix.XDPDesc
 	txFree               []uint64      // stack of free transmit frame addresses
 	txOutstanding        uint32        // frames on the TX or completion ring
+	txUnsent             bool          // frames on the TX ring wait for a kick (Unsent)
 	txFreeN              atomic.Uint32 // len(txFree), for Pools from other goroutines
 	txSize               uint32        // the transmit half of the UMEM, in frames
 	fillHeld             []uint64      // RX frames waiting for room on the fill ring
@@ -457,19 +458,20 @@ const txKickBatch = 32
 
 // TransmitLater implements backend.Backend: the frames go on the TX
 // ring, and the kick waits for a full batch, a Transmit or a Flush.
-func (s *Socket) TransmitLater(bufs []backend.Buf) (int, bool, error) {
+func (s *Socket) TransmitLater(bufs []backend.Buf) (int, error) {
 	n, err := s.enqueue(bufs)
 	if err != nil {
-		return 0, false, err
+		return 0, err
 	}
 	if s.tx.occupancy() >= txKickBatch {
 		if err := s.drainTx(); err != nil {
-			return n, false, fmt.Errorf("xsk %s: transmit: %w", s, err)
+			return n, fmt.Errorf("xsk %s: transmit: %w", s, err)
 		}
-		return n, false, nil
+		return n, nil
 	}
+	s.txUnsent = true
 	s.Counters.TxDeferred.Add(uint64(n))
-	return n, true, nil
+	return n, nil
 }
 
 // Flush implements backend.Backend. An empty ring needs no kick: the
@@ -477,6 +479,7 @@ func (s *Socket) TransmitLater(bufs []backend.Buf) (int, bool, error) {
 // sends its TX ring too).
 func (s *Socket) Flush() error {
 	if s.tx.occupancy() == 0 {
+		s.txUnsent = false
 		return nil
 	}
 	if err := s.drainTx(); err != nil {
@@ -484,6 +487,9 @@ func (s *Socket) Flush() error {
 	}
 	return nil
 }
+
+// Unsent implements backend.Backend.
+func (s *Socket) Unsent() bool { return s.txUnsent }
 
 // enqueue puts the frames on the TX ring.
 func (s *Socket) enqueue(bufs []backend.Buf) (int, error) {
@@ -526,14 +532,18 @@ const txDrainWait = time.Millisecond
 // ring. In copy mode the kernel sends only inside a kick, at most 32
 // frames a kick, and leaves the rest when the device is busy (a veth
 // peer's ring full): with one kick per Transmit, a batch of 64 left 32
-// on the ring until the next send, and the last batch's for good.
+// on the ring until the next send, and the last batch's for good. What
+// a busy device or a failed kick leaves is Unsent, for the owner's
+// next Flush.
 func (s *Socket) drainTx() error {
 	var deadline time.Time
+	s.txUnsent = true
 	for {
 		if err := s.kick(); err != nil {
 			return err
 		}
 		if s.tx.occupancy() == 0 || !s.tx.needWakeup() {
+			s.txUnsent = false
 			return nil
 		}
 		switch now := time.Now(); {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -211,18 +212,7 @@ func TestTxChecksum(t *testing.T) {
 			t.Fatal(err)
 		}
 		csumErrs := testutil.UDPStat(t, bed, testbed.A, "InCsumErrors")
-		var srcMAC, dstMAC header.MAC
-		for side, m := range map[testbed.Side]*header.MAC{testbed.A: &dstMAC, testbed.B: &srcMAC} {
-			if err := bed.Do(side, func() error {
-				ifi, err := net.InterfaceByName(bed.Link(side))
-				if err == nil {
-					copy(m[:], ifi.HardwareAddr)
-				}
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		srcMAC, dstMAC := macs(t, bed)
 		const n = 20
 		for i := range n {
 			bufs := make([]backend.Buf, 1)
@@ -279,6 +269,79 @@ func TestTxChecksum(t *testing.T) {
 			seen++
 		}
 	})
+}
+
+// macs reads side B's and side A's MAC addresses.
+func macs(t *testing.T, bed *testbed.Bed) (b, a header.MAC) {
+	t.Helper()
+	for side, m := range map[testbed.Side]*header.MAC{testbed.A: &a, testbed.B: &b} {
+		if err := bed.Do(side, func() error {
+			ifi, err := net.InterfaceByName(bed.Link(side))
+			if err == nil {
+				copy(m[:], ifi.HardwareAddr)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b, a
+}
+
+// TestUnsent: a frame that a kick could not send (its interface is down)
+// stays on the TX ring and Unsent, and the first Flush after the link
+// comes back sends it. The stack's kick timer relies on this to send
+// what a busy or failing device left (stack: noteUnsent).
+func TestUnsent(t *testing.T) {
+	bed, s, _ := open(t, 7005)
+	const port = 9305
+	var rx *net.UDPConn
+	if err := bed.Do(testbed.A, func() error {
+		var err error
+		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: bed.Addr(testbed.A).AsSlice(), Port: port})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	srcMAC, dstMAC := macs(t, bed)
+	link := func(state string) error {
+		return exec.Command("ip", "-n", bed.NSName(testbed.B), "link", "set", bed.Link(testbed.B), state).Run()
+	}
+	if err := link("down"); err != nil {
+		t.Fatal(err)
+	}
+	defer link("up")
+
+	bufs := make([]backend.Buf, 1)
+	if s.Alloc(bufs) != 1 {
+		t.Fatal("no transmit frame")
+	}
+	payload := []byte("unsent")
+	copy(bufs[0].Data[header.UDPHeadersLen:], payload)
+	f := header.UDPFields{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64,
+		Src: netip.AddrPortFrom(bed.Addr(testbed.B), 7005), Dst: netip.AddrPortFrom(bed.Addr(testbed.A), port)}
+	bufs[0].Data = bufs[0].Data[:header.BuildUDP(bufs[0].Data, &f, len(payload))]
+	if k, err := s.Transmit(bufs); k != 1 || !errors.Is(err, unix.ENETDOWN) {
+		t.Fatalf("transmit with the link down: %d, %v; want 1, ENETDOWN", k, err)
+	}
+	if !s.Unsent() {
+		t.Fatal("a frame the kick could not send is not Unsent")
+	}
+	if err := link("up"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); s.Unsent(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still Unsent 2 s after the link came up: %v", s.Flush())
+		}
+		s.Flush()
+	}
+	buf := make([]byte, 64)
+	rx.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := rx.Read(buf); err != nil || string(buf[:n]) != string(payload) {
+		t.Fatalf("kernel socket got %q, %v; want %q", buf[:n], err, payload)
+	}
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

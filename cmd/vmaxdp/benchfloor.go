@@ -71,15 +71,19 @@ func medianFloor(rounds [][]bench.FloorLine) []bench.FloorLine {
 }
 
 // writeFloor prints Floor's lines: ping-pong as the average round trip,
-// one-way as messages a second, each with its ratios.
+// one-way as messages a second, each with its ratios. One-way has a
+// ratio to the blocking kernel too: sockperf's receiver blocks unless
+// told otherwise, so it is the kernel's rate for the same command.
 func writeFloor(out io.Writer, lines []bench.FloorLine) {
-	var raw, kernel bench.FloorLine
+	var raw, kernel, block bench.FloorLine
 	for _, l := range lines {
 		switch l.Layer {
 		case bench.LayerRaw:
 			raw = l
 		case bench.LayerKernelSpin:
 			kernel = l
+		case bench.LayerKernelBlock:
+			block = l
 		}
 	}
 	rtt := func(pp float64) float64 {
@@ -95,11 +99,11 @@ func writeFloor(out io.Writer, lines []bench.FloorLine) {
 		return fmt.Sprintf("%.2fx", a/b)
 	}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "layer\tround trip (us)\tx raw\tx kernel spin\tover the layer below\tone-way (msg/s)\tx raw\tx kernel spin\t")
+	fmt.Fprintln(w, "layer\tround trip (us)\tx raw\tx kernel spin\tover the layer below\tone-way (msg/s)\tx raw\tx kernel spin\tx kernel blocking\t")
 	var prev float64
 	for _, l := range lines {
 		if l.Note != "" {
-			fmt.Fprintf(w, "%s\t%s\t\t\t\t\t\t\t\n", l.Layer, l.Note)
+			fmt.Fprintf(w, "%s\t%s\t\t\t\t\t\t\t\t\n", l.Layer, l.Note)
 			continue
 		}
 		r := rtt(l.PingPong)
@@ -110,8 +114,8 @@ func writeFloor(out io.Writer, lines []bench.FloorLine) {
 		if l.Layer != bench.LayerKernelSpin && l.Layer != bench.LayerKernelBlock {
 			prev = r
 		}
-		fmt.Fprintf(w, "%s\t%.2f\t%s\t%s\t%s\t%.0f\t%s\t%s\t\n", l.Layer, r, ratio(r, rtt(raw.PingPong)), ratio(r, rtt(kernel.PingPong)), over,
-			l.OneWay, ratio(l.OneWay, raw.OneWay), ratio(l.OneWay, kernel.OneWay))
+		fmt.Fprintf(w, "%s\t%.2f\t%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", l.Layer, r, ratio(r, rtt(raw.PingPong)), ratio(r, rtt(kernel.PingPong)), over,
+			l.OneWay, ratio(l.OneWay, raw.OneWay), ratio(l.OneWay, kernel.OneWay), ratio(l.OneWay, block.OneWay))
 	}
 	w.Flush()
 }

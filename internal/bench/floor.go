@@ -152,7 +152,7 @@ func (e *rawEnd) send(peer *rawEnd, size int, later bool) (bool, error) {
 	}
 	b[0].Data = b[0].Data[:copy(b[0].Data[:cap(b[0].Data)], e.frame)]
 	if later {
-		_, _, err := e.sock.TransmitLater(b[:])
+		_, err := e.sock.TransmitLater(b[:])
 		return true, err
 	}
 	_, err := e.sock.Transmit(b[:])
