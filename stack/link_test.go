@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -109,6 +110,66 @@ func TestChannelsGrow(t *testing.T) {
 	echo(t, kernelConn(t, bed, "198.18.0.1:0"), c, "two queues")
 }
 
+// TestTxSoftSum: on a plain bed the stack has the kernel finish the UDP
+// checksum of a large datagram (TX metadata; a packet socket on the
+// peer's link sees the pseudo-header sum), and sums a small one itself
+// (it crosses complete); the kernel receiver takes both without a
+// checksum error.
+func TestTxSoftSum(t *testing.T) {
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, nil)
+	if !st.Backends()[0].TxChecksum() {
+		t.Skip("the kernel takes no AF_XDP TX metadata (Linux 6.11+): every checksum is summed in the stack")
+	}
+	var pkt *os.File
+	if err := bed.Do(testbed.A, func() (err error) {
+		pkt, err = rawSocket(bed.Link(testbed.A), unix.ETH_P_IP)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer pkt.Close()
+	a := kernelConn(t, bed, "198.18.0.1:9103")
+	c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9103"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	csumErrs := testutil.UDPStat(t, bed, testbed.A, "InCsumErrors")
+	buf := make([]byte, 2048)
+	for _, tc := range []struct {
+		size int
+		want header.Result
+	}{{64, header.Ok}, {256, header.Ok}, {257, header.PartialUDPChecksum}, {1400, header.PartialUDPChecksum}} {
+		p := payload(tc.size, tc.size)
+		if _, err := c.Write(p); err != nil {
+			t.Fatal(err)
+		}
+		a.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := a.Read(buf); err != nil || string(buf[:n]) != string(p) {
+			t.Fatalf("%d bytes: the kernel receiver got %d, %v", tc.size, n, err)
+		}
+		pkt.SetReadDeadline(time.Now().Add(2 * time.Second))
+		for {
+			n, err := pkt.Read(buf)
+			if err != nil {
+				t.Fatalf("%d bytes: the packet socket saw no frame of it: %v", tc.size, err)
+			}
+			var pp header.Packet
+			r := header.Parse(buf[:n], &pp)
+			if r == header.NotUDP || pp.UDP == nil || pp.UDP.DstPort() != 9103 {
+				continue
+			}
+			if r != tc.want {
+				t.Errorf("%d bytes crossed as %s, want %s", tc.size, r, tc.want)
+			}
+			break
+		}
+	}
+	if d := testutil.UDPStat(t, bed, testbed.A, "InCsumErrors") - csumErrs; d != 0 {
+		t.Errorf("the kernel receiver counted %d checksum errors", d)
+	}
+}
+
 // TestPartialChecksum: on a veth with TX checksum offload on (a plain
 // bed, and every container network), the kernel's UDP arrives with the
 // pseudo-header sum in its checksum field. The kernel receiving it would
@@ -147,7 +208,7 @@ func TestPartialChecksum(t *testing.T) {
 		Dst: netip.MustParseAddrPort("198.18.0.2:9102"), TTL: 64}, 8)]
 	f[len(f)-1] ^= 0xff
 	err = bed.Do(testbed.A, func() error {
-		fd, err := rawSocket(bed.Link(testbed.A))
+		fd, err := rawSocket(bed.Link(testbed.A), 0)
 		if err != nil {
 			return err
 		}

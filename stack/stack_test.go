@@ -490,7 +490,7 @@ func TestMalformedFramesCounted(t *testing.T) {
 	truncated := good()[:14+20+4]
 	frames := [][]byte{badUDP, badIP, badIHL, truncated, good()}
 	err = bed.Do(testbed.A, func() error {
-		fd, err := rawSocket(bed.Link(testbed.A))
+		fd, err := rawSocket(bed.Link(testbed.A), 0)
 		if err != nil {
 			return err
 		}

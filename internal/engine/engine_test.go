@@ -18,8 +18,11 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/bench"
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
 func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
@@ -576,6 +579,33 @@ func burstWhileStackOpens(t *testing.T, bed *testbed.Bed) {
 	c := e.Conn(fd).Counters
 	if os, off := c.RxOSPackets.Load(), c.RxOffloadPackets.Load(); os+off != n {
 		t.Errorf("counted %d through the kernel and %d offloaded, want %d in all", os, off, n)
+	}
+	if t.Failed() {
+		logDrops(t, bed, e.Conn(fd))
+	}
+}
+
+// logDrops logs where a test's lost datagrams may have gone: the
+// socket's and stack's drop counters, the AF_XDP sockets' statistics and
+// the kernel's UDP counters on the receiving side.
+func logDrops(t *testing.T, bed *testbed.Bed, c *stack.UDPConn) {
+	t.Helper()
+	t.Logf("socket: rx queue drops %d, rx eagain %d", c.Counters.RxQueueDrops.Load(), c.Counters.RxEagain.Load())
+	st := c.Stack()
+	t.Logf("stack: rx frames %d, no socket %d", st.Counters.RxFrames.Load(), st.Counters.RxNoSocket.Load())
+	for r := range st.Counters.RxDropped {
+		if v := st.Counters.RxDropped[r].Load(); v > 0 {
+			t.Logf("stack: dropped %s: %d", header.Result(r), v)
+		}
+	}
+	for _, be := range st.Backends() {
+		if x, ok := be.(*xsk.Socket); ok {
+			s, err := x.Statistics()
+			t.Logf("%s: %+v %v", x, s, err)
+		}
+	}
+	for _, k := range []string{"InDatagrams", "RcvbufErrors", "InErrors", "NoPorts"} {
+		t.Logf("kernel Udp%s on side B: %d", k, testutil.UDPStat(t, bed, testbed.B, k))
 	}
 }
 
