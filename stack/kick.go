@@ -49,6 +49,9 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf, now int64) (int, er
 			if ferr := q.be.Flush(); err == nil {
 				err = ferr
 			}
+			// A device still busy gets the next try a delay later, not
+			// at every send (each kick of a busy one waits up to 1 ms).
+			q.unkickedAt = now
 		}
 	}
 	st.noteUnsent(q, now)
