@@ -315,7 +315,7 @@ func stackPingPong(bed *testbed.Bed, o Options) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return echo(bed, o, vs, vc)
+	return echo(bed, o, vs, vc, true)
 }
 
 // stackOneWay: side A's stack sends batches of 32; side B's receives.
