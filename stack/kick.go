@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"slices"
 	"time"
 
 	"github.com/vmaxdp/vmaxdp/backend"
@@ -46,15 +47,13 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf, now int64) (int, er
 			now = monoNow()
 		}
 		if now-q.unkickedAt >= int64(st.opts.TxKickDelay) {
-			if ferr := q.be.Flush(); err == nil {
+			if ferr := st.kickLocked(q, now); err == nil {
 				err = ferr
 			}
-			// A device still busy gets the next try a delay later, not
-			// at every send (each kick of a busy one waits up to 1 ms).
-			q.unkickedAt = now
+			return n, err
 		}
 	}
-	st.noteUnsent(q, now)
+	st.noteUnsent(q, now, false)
 	return n, err
 }
 
@@ -63,22 +62,41 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf, now int64) (int, er
 func (st *Stack) transmitNow(q *queue, bufs []backend.Buf) (int, error) {
 	n, err := q.be.Transmit(bufs)
 	if q.unkicked.Load() || q.be.Unsent() {
-		st.noteUnsent(q, 0)
+		st.noteUnsent(q, 0, true)
 	}
 	return n, err
 }
 
-// noteUnsent marks q unkicked, and arms kickTimer, while its backend
-// holds frames back: a send deferred them, or the device stayed busy
-// (or failed) through the kick; now as for transmit. Caller holds q.txMu.
-func (st *Stack) noteUnsent(q *queue, now int64) {
-	switch {
-	case !q.be.Unsent():
+// kickLocked kicks what q holds back, unless a kick found its device busy
+// or failing less than txBusyRetry ago: a busy device's kick spins up to
+// 1 ms (xsk's drainTx), and every wait point and drain would pay it.
+// Caller holds q.txMu.
+func (st *Stack) kickLocked(q *queue, now int64) error {
+	if q.busyAt != 0 && now-q.busyAt < int64(txBusyRetry) {
+		return nil
+	}
+	err := q.be.Flush()
+	st.noteUnsent(q, now, true)
+	return err
+}
+
+// noteUnsent records what q's backend holds back after a send or a kick
+// and arms kickTimer for it: frames a send deferred, or, when the call
+// kicked, frames a busy or failing device kept (busyAt). now as for
+// transmit. Caller holds q.txMu.
+func (st *Stack) noteUnsent(q *queue, now int64, kicked bool) {
+	if !q.be.Unsent() {
 		q.unkicked.Store(false)
-	case !q.unkicked.Load():
-		if now == 0 {
-			now = monoNow()
-		}
+		q.busyAt = 0
+		return
+	}
+	if now == 0 {
+		now = monoNow()
+	}
+	if kicked {
+		q.busyAt = now
+	}
+	if !q.unkicked.Load() {
 		q.unkickedAt = now
 		q.unkicked.Store(true)
 		st.armKick()
@@ -132,15 +150,11 @@ func (st *Stack) flushTx(wait bool) (again time.Duration) {
 	if st.kickArmed.Swap(false) {
 		st.kickTimer.Stop()
 	}
-	if st.kickArmed.Load() {
+	switch {
+	case st.kickArmed.Load():
 		st.kickTimer.Reset(st.kickDelay())
-		return 0
-	}
-	for _, q := range st.queueList() {
-		if q.unkicked.Load() {
-			st.armKick()
-			return 0
-		}
+	case slices.ContainsFunc(st.queueList(), func(q *queue) bool { return q.unkicked.Load() }):
+		st.armKick()
 	}
 	return 0
 }
@@ -182,16 +196,16 @@ func (st *Stack) flushQueue(q *queue, wait bool, age time.Duration) flushResult 
 	if !q.unkicked.Load() || q.closed {
 		return flushDone
 	}
-	if age > 0 && monoNow()-q.unkickedAt < int64(age) {
+	now := monoNow()
+	if age > 0 && now-q.unkickedAt < int64(age) {
 		return flushPassed
 	}
 	// A failed kick leaves the frames for the next one; the backend
 	// counts it (xsk: TxKickErrs, TxBacklog).
-	q.be.Flush()
-	if q.be.Unsent() {
+	st.kickLocked(q, now)
+	if q.unkicked.Load() {
 		return flushBusy
 	}
-	q.unkicked.Store(false)
 	return flushDone
 }
 

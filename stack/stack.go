@@ -166,6 +166,7 @@ type queue struct {
 	// is read without it to skip queues with nothing to flush.
 	unkicked   atomic.Bool
 	unkickedAt int64
+	busyAt     int64                // monoNow when a kick last left frames (device busy or failing; 0: none), guarded by txMu
 	sendGen    uint32               // Stack.waitGen at the last send, guarded by txMu
 	closed     bool                 // the backend is closed (Stack.Close), guarded by txMu
 	rx         [rxBatch]backend.Buf // guarded by Stack.rxMu

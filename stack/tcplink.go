@@ -150,6 +150,7 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 	}
 	var hops [rxBatch]nextHop
 	var out [rxBatch]*nstack.PacketBuffer
+	now := monoNow() // one clock read: the next hops' expiry, the kick's age
 	sent := 0
 	for sent < len(list) {
 		chunk := list[sent:min(len(list), sent+len(q.txBufs))]
@@ -160,7 +161,7 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 			dst := netip.AddrFrom4([4]byte(pkt.NetworkHeader().Slice()[16:20]))
 			h, ok := lastHop, dst == last && n > 0
 			if !ok {
-				h, ok = st.hopCached(dst, monoNow())
+				h, ok = st.hopCached(dst, now)
 			}
 			if !ok {
 				if l.parkBehind(dst, pkt) {
@@ -181,7 +182,7 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 			n++
 		}
 		if n > 0 {
-			if err := l.transmit(q, out[:n], hops[:n]); err != nil {
+			if err := l.transmit(q, out[:n], hops[:n], now); err != nil {
 				return sent, err
 			}
 		}
@@ -253,14 +254,16 @@ func (l *tcpLink) unpark(dst netip.Addr, h nextHop, err error) {
 		for i := range hops {
 			hops[i] = h
 		}
-		l.transmit(l.q, pkts, hops)
+		l.transmit(l.q, pkts, hops, 0)
 	}
 	for _, p := range pkts {
 		p.DecRef()
 	}
 }
 
-func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop) tcpip.Error {
+// transmit puts pkts, whose next hops are hops, on q as frames; now is
+// monoNow's, or 0 (Stack.transmit).
+func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop, now int64) tcpip.Error {
 	st := l.st
 	// Packets with no next hop behind the interface, or too long for a
 	// frame, are dropped before frames are taken for them: a transmit
@@ -313,9 +316,9 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	var err error
 	switch {
 	case allBareAcks(pkts):
-		m, err = st.transmitLater(q, q.txBufs[:got], 0)
+		m, err = st.transmitLater(q, q.txBufs[:got], now)
 	case st.tcpAppSends.Load() > 0:
-		m, err = st.transmit(q, q.txBufs[:got], 0)
+		m, err = st.transmit(q, q.txBufs[:got], now)
 	default:
 		m, err = st.transmitNow(q, q.txBufs[:got])
 	}

@@ -20,10 +20,12 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
 
-// open binds an AF_XDP socket on side B of a fresh bed behind the steering
-// program with one port rule.
-func open(t *testing.T, port uint16) (*testbed.Bed, *xsk.Socket, *steer.Program) {
-	bed := testutil.Bed(t, nil)
+// open binds an AF_XDP socket on side B of bed (nil: a fresh tuned one)
+// behind the steering program with one port rule.
+func open(t *testing.T, bed *testbed.Bed, port uint16) (*testbed.Bed, *xsk.Socket, *steer.Program) {
+	if bed == nil {
+		bed = testutil.Bed(t, nil)
+	}
 	var s *xsk.Socket
 	var p *steer.Program
 	err := bed.Do(testbed.B, func() error {
@@ -71,7 +73,7 @@ func sendUDP(t *testing.T, bed *testbed.Bed, port uint16, n int) {
 }
 
 func TestReceiveSteered(t *testing.T) {
-	bed, s, p := open(t, 7000)
+	bed, s, p := open(t, nil, 7000)
 	const n = 100
 	sendUDP(t, bed, 7000, n)
 	bufs := make([]backend.Buf, 64)
@@ -109,7 +111,7 @@ func TestReceiveSteered(t *testing.T) {
 }
 
 func TestQueueBusy(t *testing.T) {
-	bed, _, _ := open(t, 7001)
+	bed, _, _ := open(t, nil, 7001)
 	err := bed.Do(testbed.B, func() error {
 		s, err := xsk.Open(bed.Link(testbed.B), 0, &xsk.Options{NoHugePages: true})
 		if err == nil {
@@ -127,7 +129,7 @@ func TestQueueBusy(t *testing.T) {
 // socket, here for a queue whose frames are never given back, so that the
 // kernel runs out of fill-ring buffers and drops.
 func TestSocketsDiag(t *testing.T) {
-	bed, s, _ := open(t, 7002)
+	bed, s, _ := open(t, nil, 7002)
 	const n = 2300 // more than the 2048 frames primed on the fill ring
 	sendUDP(t, bed, 7002, n)
 	var diag []xsk.SocketDiag
@@ -293,55 +295,57 @@ func macs(t *testing.T, bed *testbed.Bed) (b, a header.MAC) {
 // comes back sends it. The stack's kick timer relies on this to send
 // what a busy or failing device left (stack: noteUnsent).
 func TestUnsent(t *testing.T) {
-	bed, s, _ := open(t, 7005)
-	const port = 9305
-	var rx *net.UDPConn
-	if err := bed.Do(testbed.A, func() error {
-		var err error
-		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: bed.Addr(testbed.A).AsSlice(), Port: port})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer rx.Close()
-	srcMAC, dstMAC := macs(t, bed)
-	link := func(state string) error {
-		return exec.Command("ip", "-n", bed.NSName(testbed.B), "link", "set", bed.Link(testbed.B), state).Run()
-	}
-	if err := link("down"); err != nil {
-		t.Fatal(err)
-	}
-	defer link("up")
-
-	bufs := make([]backend.Buf, 1)
-	if s.Alloc(bufs) != 1 {
-		t.Fatal("no transmit frame")
-	}
-	payload := []byte("unsent")
-	copy(bufs[0].Data[header.UDPHeadersLen:], payload)
-	f := header.UDPFields{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64,
-		Src: netip.AddrPortFrom(bed.Addr(testbed.B), 7005), Dst: netip.AddrPortFrom(bed.Addr(testbed.A), port)}
-	bufs[0].Data = bufs[0].Data[:header.BuildUDP(bufs[0].Data, &f, len(payload))]
-	if k, err := s.Transmit(bufs); k != 1 || !errors.Is(err, unix.ENETDOWN) {
-		t.Fatalf("transmit with the link down: %d, %v; want 1, ENETDOWN", k, err)
-	}
-	if !s.Unsent() {
-		t.Fatal("a frame the kick could not send is not Unsent")
-	}
-	if err := link("up"); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(2 * time.Second); s.Unsent(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still Unsent 2 s after the link came up: %v", s.Flush())
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, s, _ := open(t, bed, 7005)
+		const port = 9305
+		var rx *net.UDPConn
+		if err := bed.Do(testbed.A, func() error {
+			var err error
+			rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: bed.Addr(testbed.A).AsSlice(), Port: port})
+			return err
+		}); err != nil {
+			t.Fatal(err)
 		}
-		s.Flush()
-	}
-	buf := make([]byte, 64)
-	rx.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if n, err := rx.Read(buf); err != nil || string(buf[:n]) != string(payload) {
-		t.Fatalf("kernel socket got %q, %v; want %q", buf[:n], err, payload)
-	}
+		defer rx.Close()
+		srcMAC, dstMAC := macs(t, bed)
+		link := func(state string) error {
+			return exec.Command("ip", "-n", bed.NSName(testbed.B), "link", "set", bed.Link(testbed.B), state).Run()
+		}
+		if err := link("down"); err != nil {
+			t.Fatal(err)
+		}
+		defer link("up")
+
+		bufs := make([]backend.Buf, 1)
+		if s.Alloc(bufs) != 1 {
+			t.Fatal("no transmit frame")
+		}
+		payload := []byte("unsent")
+		copy(bufs[0].Data[header.UDPHeadersLen:], payload)
+		f := header.UDPFields{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64,
+			Src: netip.AddrPortFrom(bed.Addr(testbed.B), 7005), Dst: netip.AddrPortFrom(bed.Addr(testbed.A), port)}
+		bufs[0].Data = bufs[0].Data[:header.BuildUDP(bufs[0].Data, &f, len(payload))]
+		if k, err := s.Transmit(bufs); k != 1 || !errors.Is(err, unix.ENETDOWN) {
+			t.Fatalf("transmit with the link down: %d, %v; want 1, ENETDOWN", k, err)
+		}
+		if !s.Unsent() {
+			t.Fatal("a frame the kick could not send is not Unsent")
+		}
+		if err := link("up"); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(2 * time.Second); s.Unsent(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("still Unsent 2 s after the link came up: %v", s.Flush())
+			}
+			s.Flush()
+		}
+		buf := make([]byte, 64)
+		rx.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := rx.Read(buf); err != nil || string(buf[:n]) != string(payload) {
+			t.Fatalf("kernel socket got %q, %v; want %q", buf[:n], err, payload)
+		}
+	})
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -415,46 +414,39 @@ type echoConn interface {
 func echo(bed *testbed.Bed, o Options, server, client echoConn, spinning bool) (float64, error) {
 	msg := make([]byte, o.Size)
 	dst := netip.AddrPortFrom(bed.Addr(testbed.B), o.Port)
-	lock := func() func() {
-		if !spinning {
-			return func() {}
-		}
-		runtime.LockOSThread()
-		return runtime.UnlockOSThread
+	run := loop
+	if spinning {
+		run = spin
 	}
 	return measure(o.Duration, func(ctx context.Context) error {
-		defer lock()()
 		buf := make([]byte, 2048)
-		for ctx.Err() == nil {
+		return run(ctx, func() error {
 			server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 			n, from, err := server.ReadFromUDPAddrPort(buf)
-			if isTimeout(err) {
-				continue
-			}
-			if err != nil {
+			switch {
+			case isTimeout(err):
+				return nil
+			case err != nil:
 				return err
 			}
-			if _, err := server.WriteToUDPAddrPort(buf[:n], from); err != nil {
-				return err
-			}
-		}
-		return nil
+			_, err = server.WriteToUDPAddrPort(buf[:n], from)
+			return err
+		})
 	}, func(ctx context.Context, count *atomic.Uint64) error {
-		defer lock()()
 		buf := make([]byte, 2048)
-		for ctx.Err() == nil {
+		return run(ctx, func() error {
 			if _, err := client.WriteToUDPAddrPort(msg, dst); err != nil {
 				return err
 			}
 			client.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			if _, _, err := client.ReadFromUDPAddrPort(buf); err != nil {
 				if isTimeout(err) {
-					continue // a lost request is resent, not counted
+					return nil // a lost request is resent, not counted
 				}
 				return err
 			}
 			count.Add(1)
-		}
-		return nil
+			return nil
+		})
 	})
 }

@@ -217,16 +217,21 @@ func openStackPair(bed *testbed.Bed) (a, b *stack.Stack, err error) {
 	return a, b, nil
 }
 
-// spin runs fn on a thread of its own until ctx ends or fn fails.
-func spin(ctx context.Context, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+// loop runs fn until ctx ends or fn fails.
+func loop(ctx context.Context, fn func() error) error {
 	for ctx.Err() == nil {
 		if err := fn(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// spin is loop on a thread of its own.
+func spin(ctx context.Context, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return loop(ctx, fn)
 }
 
 // rawPingPong: side A sends one frame and spins until side B's echo comes
