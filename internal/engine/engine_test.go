@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -500,6 +501,77 @@ func TestCloseCandidate(t *testing.T) {
 	}
 	if _, errno := e.Send(dup, make([]byte, 64), to, netip.Addr{}, 0); errno != 0 {
 		t.Fatalf("send on the offloaded dup: %v", errno)
+	}
+}
+
+// TestEpollWaitWhileDecided: an epoll_wait that sleeps while its socket
+// is a candidate, the goroutine opening the stack adopting it between the
+// wait's two looks at it, wakes for the socket's first datagram. Before,
+// the wait slept on its kernel socket alone (unbound with two threads
+// answered nothing on one of them, one run in twenty).
+func TestEpollWaitWhileDecided(t *testing.T) {
+	const port = 9410
+	bed, e := newEngine(t)
+	fd := socketB(t, bed, e, true)
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(epfd)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll {
+		t.Fatal("epoll set not the engine's")
+	}
+	var between atomic.Bool
+	testHookWatch = func(w int) {
+		if w == fd && e.State(fd) == StateCandidate && !between.Swap(true) {
+			settled(e, fd) // the decision, between the looks
+		}
+	}
+	defer func() { testHookWatch = func(int) {} }()
+	err = bed.Do(testbed.B, func() error {
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: bed.Addr(testbed.B).As4(), Port: port}); err != nil {
+			return err
+		}
+		e.Bind(fd)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State(fd) != StateCandidate {
+		t.Skipf("the stack opened within Bind (state %d): no window to test", e.State(fd))
+	}
+	got := make(chan int, 1)
+	go func() {
+		n, _ := e.EpollWait(epfd, make([]unix.EpollEvent, 4), 5*time.Second, nil, nil)
+		got <- n
+	}()
+	if st := settled(e, fd); st != StateOffloaded {
+		t.Fatalf("state %d, reason %q", st, e.Reason(fd))
+	}
+	time.Sleep(20 * time.Millisecond) // into its sleep
+	if !between.Load() {
+		t.Skip("the wait looked at the socket only once it was offloaded: no window to test")
+	}
+	err = bed.Do(testbed.A, func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(bed.Addr(testbed.B), port)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("decided"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	if n := <-got; n != 1 || time.Since(sent) > time.Second {
+		t.Fatalf("epoll_wait returned %d events %v after the datagram, want its 1 at once: it slept on the kernel socket alone", n, time.Since(sent).Round(time.Millisecond))
 	}
 }
 

@@ -130,12 +130,12 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 	}
 }
 
-// sleepOn sleeps in ppoll on pfds, the candidates' decision eventfds
-// and what the stacks need watched; after a sleep, pfds hold the revents
-// it gave them (not when ready found work first, or on error).
-func sleepOn(pfds []unix.PollFd, wakes []int, stacks []*stack.Stack, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) (slept bool, errno unix.Errno) {
+// sleepOn sleeps in ppoll on pfds and what w watches; after a sleep,
+// pfds hold the revents it gave them (not when ready found work first, or
+// on error).
+func sleepOn(pfds []unix.PollFd, w *sleepWatch, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) (slept bool, errno unix.Errno) {
 	all := slices.Clone(pfds)
-	for _, fd := range wakes {
+	for _, fd := range w.wakes {
 		all = append(all, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 	}
 	var began []*stack.Stack
@@ -144,7 +144,7 @@ func sleepOn(pfds []unix.PollFd, wakes []int, stacks []*stack.Stack, deadline ti
 			st.EndWait(all)
 		}
 	}()
-	for _, st := range stacks {
+	for _, st := range w.stacks {
 		var err error
 		if all, err = st.BeginWait(all); err != nil {
 			return false, errnoOf(err)
@@ -168,27 +168,60 @@ func sleepOn(pfds []unix.PollFd, wakes []int, stacks []*stack.Stack, deadline ti
 	return true, 0
 }
 
-// candidateWake returns the decision eventfd of fd's socket while it is a
-// candidate (a multiplexer sleeping on it wakes when it is decided), and
-// -1 when it is not one.
-func (e *Engine) candidateWake(fd int) int {
-	s := e.get(fd)
-	if s == nil {
-		return -1
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.state != StateCandidate {
-		return -1
-	}
-	if d := s.decidedFD(); d >= 0 {
-		return d
-	}
-	return -2 // no eventfd to be had: the sleep is cut to candidateSlice
+// sleepWatch is what a multiplexer's sleep watches besides its fds: the
+// stacks of its offloaded sockets and the wake eventfds of its listeners
+// and candidates. slice cuts the sleep to candidateSlice (a candidate
+// with no eventfd to be had).
+type sleepWatch struct {
+	stacks []*stack.Stack
+	wakes  []int
+	slice  bool
 }
 
-// sliceDeadline cuts a sleep to candidateSlice.
-func sliceDeadline(deadline time.Time, infinite bool) (time.Time, bool) {
+// testHookWatch runs between watch's first look at an fd and its look
+// under the socket's lock: a test decides the socket there.
+var testHookWatch = func(fd int) {}
+
+// watch adds to w what a sleep must watch for fd. A socket neither
+// offloaded nor listening at the first look is looked at again under its
+// lock, which its decision holds, so that one the goroutine opening its
+// stack adopted in between is watched as offloaded. (Looked at without
+// the lock, it was watched as neither, and the sleep was on its kernel
+// socket alone, which gets nothing once the socket is steered: unbound's
+// second thread slept for good, 100 datagrams queued on its socket.)
+func (e *Engine) watch(fd int, w *sleepWatch) {
+	if c := e.Conn(fd); c != nil {
+		w.stacks = appendStack(w.stacks, c.Stack())
+		return
+	}
+	if l := e.listener(fd); l != nil {
+		l.settle()
+		w.wakes = append(w.wakes, l.wake)
+		return
+	}
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	testHookWatch(fd)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch c := s.conn.Load(); {
+	case c != nil:
+		w.stacks = appendStack(w.stacks, c.Stack())
+	case s.state != StateCandidate:
+	case s.decidedFD() >= 0:
+		w.wakes = append(w.wakes, s.decided)
+	default:
+		w.slice = true
+	}
+}
+
+// deadline is the sleep's deadline: cut to candidateSlice for w.slice.
+func (w *sleepWatch) deadline(deadline time.Time, infinite bool) (time.Time, bool) {
+	if !w.slice {
+		return deadline, infinite
+	}
 	cut := time.Now().Add(candidateSlice)
 	if infinite || cut.Before(deadline) {
 		return cut, false
@@ -290,21 +323,12 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 		return n, os, 0
 	}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
-		var stacks []*stack.Stack
-		var wakes []int
+		var w sleepWatch
 		for _, p := range pfds {
-			if c := e.Conn(int(p.Fd)); c != nil {
-				stacks = appendStack(stacks, c.Stack())
-			} else if l := e.listener(int(p.Fd)); l != nil {
-				l.settle()
-				wakes = append(wakes, l.wake)
-			} else if w := e.candidateWake(int(p.Fd)); w >= 0 {
-				wakes = append(wakes, w)
-			} else if w == -2 {
-				deadline, infinite = sliceDeadline(deadline, infinite)
-			}
+			e.watch(int(p.Fd), &w)
 		}
-		slept, errno := sleepOn(pfds, wakes, stacks, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
+		deadline, infinite = w.deadline(deadline, infinite)
+		slept, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
 		known = slept
 		return errno
 	}
@@ -523,23 +547,14 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	}
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
-		var stacks []*stack.Stack
-		var wakes []int
+		var w sleepWatch
 		set.mu.Lock()
 		for _, m := range set.list {
-			if c := e.Conn(m.fd); c != nil {
-				stacks = appendStack(stacks, c.Stack())
-			} else if l := e.listener(m.fd); l != nil {
-				l.settle()
-				wakes = append(wakes, l.wake)
-			} else if w := e.candidateWake(m.fd); w >= 0 {
-				wakes = append(wakes, w)
-			} else if w == -2 {
-				deadline, infinite = sliceDeadline(deadline, infinite)
-			}
+			e.watch(m.fd, &w)
 		}
 		set.mu.Unlock()
-		_, errno := sleepOn(pfds, wakes, stacks, deadline, infinite, sw, func() bool {
+		deadline, infinite = w.deadline(deadline, infinite)
+		_, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool {
 			set.mu.Lock()
 			defer set.mu.Unlock()
 			var polled polledStacks
