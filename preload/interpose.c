@@ -353,6 +353,19 @@ static struct sigaction vmx_app_action[_NSIG];
 /* initial-exec: the library is loaded at start-up, and the engine's calls
  * read it without a call to __tls_get_addr. */
 static __thread struct vmx_signals vmx_sig __attribute__((tls_model("initial-exec")));
+static __thread int vmx_thread_known __attribute__((tls_model("initial-exec")));
+
+/* Every data call into the engine comes through here: a thread's first
+ * tells the engine, which gives each such thread a P of Go's (vmxgo_thread).
+ * It returns the thread's signal counts, which blocking calls take. */
+static inline struct vmx_signals *vmx_thread(void)
+{
+	if (__builtin_expect(!vmx_thread_known, 0)) {
+		vmx_thread_known = 1;
+		vmxgo_thread();
+	}
+	return &vmx_sig;
+}
 
 static void vmx_on_signal(int sig, siginfo_t *info, void *uc)
 {
@@ -438,7 +451,7 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	 * may connect through netstack (VMAXDP_TCP=1). */
 	if ((s == VMX_OS || s == VMX_TCP) && !vmx_forked && addr && len >= sizeof(struct sockaddr_in) &&
 	    addr->sa_family == AF_INET) {
-		long t = vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, &vmx_sig);
+		long t = vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, vmx_thread());
 		if (t != -VMX_PASS)
 			return (int)ret(t);
 	}
@@ -474,7 +487,7 @@ int listen(int fd, int backlog)
 int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
 {
 	if (state(fd) == VMX_OFFLOADED) {
-		long r = vmxgo_accept(fd, addr, alen, flags, &vmx_sig);
+		long r = vmxgo_accept(fd, addr, alen, flags, vmx_thread());
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
@@ -724,12 +737,12 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
  * MSG_NOSIGNAL. */
 static long tcp_recv(int fd, const struct iovec *iov, int n, int flags)
 {
-	return vmxgo_tcp_recv(fd, (struct iovec *)iov, n, flags, &vmx_sig);
+	return vmxgo_tcp_recv(fd, (struct iovec *)iov, n, flags, vmx_thread());
 }
 
 static long tcp_send(int fd, const struct iovec *iov, int n, int flags)
 {
-	long r = vmxgo_tcp_send(fd, (struct iovec *)iov, n, flags, &vmx_sig);
+	long r = vmxgo_tcp_send(fd, (struct iovec *)iov, n, flags, vmx_thread());
 	if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
 		raise(SIGPIPE);
 	return r;
@@ -749,7 +762,7 @@ ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src,
 		}
 	}
 	if (engine(fd)) {
-		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen, &vmx_sig);
+		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen, vmx_thread());
 		if (r != -VMX_PASS)
 			return ret(r);
 	}
@@ -786,7 +799,7 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		}
 	}
 	if (engine(fd)) {
-		long r = vmxgo_recvmsg(fd, msg, flags, &vmx_sig);
+		long r = vmxgo_recvmsg(fd, msg, flags, vmx_thread());
 		if (r != -VMX_PASS)
 			return ret(r);
 	}
@@ -813,7 +826,7 @@ int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timesp
 		return 1;
 	}
 	if (engine(fd)) {
-		long r = vmxgo_recvmmsg(fd, v, n, flags, timeout, &vmx_sig);
+		long r = vmxgo_recvmmsg(fd, v, n, flags, timeout, vmx_thread());
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
@@ -855,6 +868,7 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 			return ret(r);
 	}
 	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
+		vmx_thread();
 		long r = vmxgo_sendto(fd, (void *)buf, len, flags, (struct sockaddr *)to, alen);
 		if (r != -VMX_PASS)
 			return ret(r);
@@ -891,6 +905,7 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 			return ret(r);
 	}
 	if (s == VMX_OFFLOADED || s == VMX_CANDIDATE) {
+		vmx_thread();
 		long r = vmxgo_sendmsg(fd, (struct msghdr *)msg, flags);
 		if (r != -VMX_PASS)
 			return ret(r);
@@ -925,6 +940,7 @@ int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 		return REAL(sendmmsg)(fd, v, n, flags);
 	unsigned int i;
 	for (i = 0; i < n; i++) {
+		vmx_thread();
 		long r = vmxgo_sendmsg(fd, &v[i].msg_hdr, flags);
 		if (r == -VMX_PASS)
 			return i ? (int)i : REAL(sendmmsg)(fd, v, n, flags);
@@ -985,7 +1001,7 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	if (!any_engine_fd(fds, n))
 		return REAL(poll)(fds, n, timeout);
-	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, &vmx_sig));
+	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, vmx_thread()));
 }
 
 static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 1000000000LL + ts->tv_nsec : -1; }
@@ -994,7 +1010,7 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_
 {
 	if (!any_engine_fd(fds, n))
 		return REAL(ppoll)(fds, n, ts, mask);
-	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, &vmx_sig));
+	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, vmx_thread()));
 }
 
 /* select and pselect go through poll when an engine socket is in a set. */
@@ -1026,7 +1042,7 @@ static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long ti
 		res = -2; /* not ours */
 		goto out;
 	}
-	res = (int)ret(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask, &vmx_sig));
+	res = (int)ret(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask, vmx_thread()));
 	if (res < 0)
 		goto out;
 	if (r) FD_ZERO(r);
@@ -1082,7 +1098,7 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
 {
 	if (state(epfd) == VMX_EPOLL) {
-		long r = vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask, &vmx_sig);
+		long r = vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask, vmx_thread());
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}

@@ -30,6 +30,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -60,15 +61,42 @@ var (
 
 func main() {}
 
-// appThreadPs is the least GOMAXPROCS the engine runs with. Each of the
-// application's threads that calls into the engine holds one of Go's Ps
-// while it is back in C (in a "system call", to Go). When no P is left
-// idle, Go's sysmon takes them back at every one of its ticks, which it
-// then makes every 20 us, and the threads' next calls must find a P
-// again: with dnsperf's two threads on a two-CPU machine, sysmon alone
-// used 12% of a CPU and the client lost 8% of its queries per second
-// against GOMAXPROCS=32 (3.5%). Ps that no goroutine runs on cost nothing.
-const appThreadPs = 32
+// Go's Ps, sized by the application's threads. Each application thread
+// that calls into the engine holds one of Go's Ps while it is back in C
+// (in a "system call", to Go). When no P is left idle, Go's sysmon takes
+// them back at every one of its ticks, which it then makes every 20 us,
+// and the threads' next calls must find a P again: with dnsperf's two
+// threads on a two-CPU machine, sysmon alone used 12% of a CPU and the
+// client lost 8% of its queries per second against a P to spare (3.5%).
+// A P too many costs as well: while one is idle, every goroutine the
+// engine readies (netstack's processor, a queue's drain) first wakes
+// another thread to look for work, which on a busy machine takes the
+// CPU the application's own thread needs (sockperf --tcp ping-pong, one
+// thread on two CPUs: 0.61-0.89x the kernel with 3 or 32 Ps, 1.58-1.69x
+// with 2). So the engine runs with one P for each thread that made a data
+// call and one for its goroutines, never fewer than Go's default (the
+// CPUs) nor more than maxPs. A GOMAXPROCS the user set holds.
+var ps struct {
+	sync.Mutex
+	auto    bool
+	threads int
+}
+
+// maxPs bounds the Ps a process of many threads (one per connection, say)
+// gets: beyond it, threads share.
+const maxPs = 32
+
+// vmxgo_thread is a thread's first data call: it gets a P of its own.
+//
+//export vmxgo_thread
+func vmxgo_thread() {
+	ps.Lock()
+	defer ps.Unlock()
+	ps.threads++
+	if want := min(ps.threads+1, max(maxPs, runtime.NumCPU())); ps.auto && want > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(want)
+	}
+}
 
 // vmxgo_init starts the engine. nofile, when not nil, is the fd limit the
 // process was started with, which the Go runtime raised as it started: it
@@ -77,9 +105,7 @@ const appThreadPs = 32
 //
 //export vmxgo_init
 func vmxgo_init(nofile *C.struct_rlimit) C.int {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(max(runtime.NumCPU(), appThreadPs))
-	}
+	ps.auto = os.Getenv("GOMAXPROCS") == ""
 	if nofile != nil {
 		lim := unix.Rlimit{Cur: uint64(nofile.rlim_cur), Max: uint64(nofile.rlim_max)}
 		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {

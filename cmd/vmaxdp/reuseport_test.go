@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,13 +36,25 @@ func TestRunReusePort(t *testing.T) {
 	const n, seconds = 4, "4"
 	t.Run("offloaded", func(t *testing.T) {
 		const port = 11180
-		p := startC(t, b, prog, nil, fmt.Sprint(port), fmt.Sprint(n), seconds)
+		// Go's scheduler says how many Ps it runs with (preload's ps).
+		p := startC(t, b, prog, []string{"GODEBUG=schedtrace=100"}, fmt.Sprint(port), fmt.Sprint(n), seconds)
 		if err := p.waitFor("bound\n"); err != nil {
 			t.Fatalf("%v\n%s", err, p.out.String())
 		}
 		p.waitOffloaded(t)
 		before := udpInDatagrams(t, b, testbed.B)
 		sent, members := askGroup(t, b, "udp4", port, true)
+		// Each thread that receives holds a P while back in C, and the
+		// engine's goroutines need one: n+1, and no more, lest every
+		// goroutine readied wake a thread to look for work on the rest.
+		ps := 0
+		for _, m := range regexp.MustCompile(`gomaxprocs=(\d+)`).FindAllStringSubmatch(p.out.String(), -1) {
+			k, _ := strconv.Atoi(m[1])
+			ps = max(ps, k)
+		}
+		if want := max(n+1, runtime.NumCPU()); ps != want {
+			t.Errorf("Go ran with at most %d Ps, want %d: one for each of the %d threads that receive and one for the engine's goroutines", ps, want, n)
+		}
 		if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel > sent/10 {
 			t.Errorf("the kernel delivered %d of %d requests: the group was not offloaded", kernel, sent)
 		}
