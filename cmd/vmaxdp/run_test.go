@@ -16,8 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/sockperf"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -112,7 +114,14 @@ func startArgv(t *testing.T, b *testbed.Bed, env []string, argv ...string) *cPro
 	}
 	p.pid = cmd.Process.Pid
 	go func() { p.done <- cmd.Wait() }()
-	t.Cleanup(func() { cancel(); <-p.done; p.done <- nil })
+	t.Cleanup(func() {
+		cancel()
+		<-p.done
+		p.done <- nil
+		// A program killed here leaves its stats file behind: only its
+		// own exit removes it.
+		os.Remove(filepath.Join(params.Defaults().StatsDir, stats.FileName(p.pid)))
+	})
 	return p
 }
 
