@@ -355,9 +355,10 @@ static struct sigaction vmx_app_action[_NSIG];
 static __thread struct vmx_signals vmx_sig __attribute__((tls_model("initial-exec")));
 static __thread int vmx_thread_known __attribute__((tls_model("initial-exec")));
 
-/* Every data call into the engine comes through here: a thread's first
- * tells the engine, which gives each such thread a P of Go's (vmxgo_thread).
- * It returns the thread's signal counts, which blocking calls take. */
+/* Every data call into the engine (receive, send, accept, poll, select,
+ * epoll_wait) comes through here: a thread's first tells the engine, which
+ * gives each such thread a P of Go's (vmxgo_thread). It returns the
+ * thread's signal counts, which blocking calls take. */
 static inline struct vmx_signals *vmx_thread(void)
 {
 	if (__builtin_expect(!vmx_thread_known, 0)) {
@@ -451,7 +452,7 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	 * may connect through netstack (VMAXDP_TCP=1). */
 	if ((s == VMX_OS || s == VMX_TCP) && !vmx_forked && addr && len >= sizeof(struct sockaddr_in) &&
 	    addr->sa_family == AF_INET) {
-		long t = vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, vmx_thread());
+		long t = vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, &vmx_sig);
 		if (t != -VMX_PASS)
 			return (int)ret(t);
 	}
@@ -939,8 +940,8 @@ int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 	if (s != VMX_OFFLOADED && s != VMX_CANDIDATE)
 		return REAL(sendmmsg)(fd, v, n, flags);
 	unsigned int i;
+	vmx_thread();
 	for (i = 0; i < n; i++) {
-		vmx_thread();
 		long r = vmxgo_sendmsg(fd, &v[i].msg_hdr, flags);
 		if (r == -VMX_PASS)
 			return i ? (int)i : REAL(sendmmsg)(fd, v, n, flags);
