@@ -53,6 +53,33 @@ func ParsePinDirName(name string) (netns uint32, ifindex int, ok bool) {
 // DefaultPinDir is where programs and maps are pinned.
 const DefaultPinDir = "/sys/fs/bpf/vmaxdp"
 
+// RemoveNetnsPins removes the pins of every interface of the network
+// namespace whose inode is netns, under pinDir (DefaultPinDir when
+// empty), for a namespace that is going away: an engine killed there left
+// them (a clean exit removes its own), and no engine would ever start in
+// that namespace again to clear them.
+func RemoveNetnsPins(pinDir string, netns uint32) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	ents, err := os.ReadDir(pinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("steer: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if ns, _, ok := ParsePinDirName(e.Name()); ok && ns == netns {
+			if err := os.RemoveAll(filepath.Join(pinDir, e.Name())); err != nil {
+				errs = append(errs, fmt.Errorf("steer: remove pins: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // MaxRules is the capacity of each rule map (MAX_RULES in steer.c).
 const MaxRules = 4096
 

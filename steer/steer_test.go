@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -198,6 +200,35 @@ func ifindex(t *testing.T, name string) int {
 		t.Fatal(err)
 	}
 	return int(ifr.Uint32())
+}
+
+// TestRemoveNetnsPins: a namespace's pins go, every interface's, and
+// another namespace's and whatever is not a pin directory stay.
+func TestRemoveNetnsPins(t *testing.T) {
+	dir := t.TempDir()
+	names := []string{steer.PinDirName(7, 2), steer.PinDirName(7, 5), steer.PinDirName(8, 2), "7_x", "other"}
+	for _, n := range names {
+		if err := os.MkdirAll(filepath.Join(dir, n, "link"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := steer.RemoveNetnsPins(dir, 7); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if want := []string{"7_x", steer.PinDirName(8, 2), "other"}; !slices.Equal(left, want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+	if err := steer.RemoveNetnsPins(filepath.Join(dir, "absent"), 7); err != nil {
+		t.Fatalf("no pin directory: %v", err)
+	}
 }
 
 func TestPinDirName(t *testing.T) {

@@ -20,11 +20,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
+	"github.com/vmaxdp/vmaxdp/steer"
 )
 
 const nsDir = "/var/run/netns"
@@ -231,13 +233,20 @@ func (b *Bed) Down() error {
 	return Down(b.Name)
 }
 
-// Down removes the bed called name, if there is one.
+// Down removes the bed called name, if there is one, and the steering
+// pins that engines killed in its namespaces left behind.
 func Down(name string) error {
 	var errs []error
 	for _, s := range []Side{A, B} {
 		n := nsName(name, s)
-		if _, err := os.Stat(filepath.Join(nsDir, n)); err != nil {
+		fi, err := os.Stat(filepath.Join(nsDir, n))
+		if err != nil {
 			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			if err := steer.RemoveNetnsPins("", uint32(st.Ino)); err != nil {
+				errs = append(errs, fmt.Errorf("namespace %s: %w", n, err))
+			}
 		}
 		if err := netns.DeleteNamed(n); err != nil {
 			errs = append(errs, fmt.Errorf("remove namespace %s: %w", n, err))
