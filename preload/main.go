@@ -72,7 +72,7 @@ func main() {}
 // engine readies (netstack's processor, a queue's drain) first wakes
 // another thread to look for work, which on a busy machine takes the
 // CPU the application's own thread needs (sockperf --tcp ping-pong, one
-// thread on two CPUs: 0.61-0.89x the kernel with 3 or 32 Ps, 1.58-1.69x
+// thread on two CPUs: 0.61-0.93x the kernel with 3 or 32 Ps, 1.22-1.87x
 // with 2). So the engine runs with one P for each thread that made a data
 // call and one for its goroutines, never fewer than Go's default (the
 // CPUs) nor more than maxPs. A GOMAXPROCS the user set holds.
@@ -90,10 +90,13 @@ const maxPs = 32
 //
 //export vmxgo_thread
 func vmxgo_thread() {
+	if !ps.auto { // set once, before any thread calls
+		return
+	}
 	ps.Lock()
 	defer ps.Unlock()
 	ps.threads++
-	if want := min(ps.threads+1, max(maxPs, runtime.NumCPU())); ps.auto && want > runtime.GOMAXPROCS(0) {
+	if want := min(ps.threads+1, max(maxPs, runtime.NumCPU())); want > runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(want)
 	}
 }
