@@ -247,7 +247,8 @@ type acceptResult struct {
 
 // ListenTCP listens on laddr (address unspecified: every address of the
 // interface) with a kernel socket, then steers the interface's TCP to
-// that address to netstack. Call it in the stack's network namespace.
+// that address to netstack. Its connections have TCP_NODELAY set, as Go's
+// net sets it. Call it in the stack's network namespace.
 func (st *Stack) ListenTCP(laddr netip.AddrPort) (*TCPListener, error) {
 	if !laddr.Addr().Is4() {
 		return nil, fmt.Errorf("tcp listen %s: %w: IPv4 only", laddr, unix.EAFNOSUPPORT)
@@ -318,6 +319,13 @@ func (l *TCPListener) acceptNetstack() {
 			l.offer(nil, err)
 			return
 		}
+		// TCP_NODELAY, as Go's net sets on every TCP connection (the
+		// kernel's accepted ones have it from l.kl).
+		if err := c.SetOption(unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+			c.Close()
+			l.offer(nil, fmt.Errorf("tcp accept on %s: TCP_NODELAY: %w", l.nl.local, err))
+			return
+		}
 		if !l.offer(c, nil) {
 			return
 		}
@@ -383,12 +391,18 @@ func (st *Stack) newTCPConn(ep tcpip.Endpoint, wq *waiter.Queue, r steer.Rule, i
 }
 
 // DialTCP connects to raddr through netstack, from the interface address
-// the kernel's route to raddr names and a port a kernel socket holds.
-// Call it in the stack's network namespace.
+// the kernel's route to raddr names and a port a kernel socket holds,
+// with TCP_NODELAY set as Go's net sets it. Call it in the stack's
+// network namespace.
 func (st *Stack) DialTCP(ctx context.Context, raddr netip.AddrPort) (*TCPConn, error) {
 	kfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("tcp dial %s: kernel socket: %w", raddr, err)
+	}
+	// TCP_NODELAY, as Go's net sets on every TCP connection.
+	if err := unix.SetsockoptInt(kfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		unix.Close(kfd)
+		return nil, fmt.Errorf("tcp dial %s: TCP_NODELAY on fd %d: %w", raddr, kfd, err)
 	}
 	c, err := st.ConnectTCP(kfd, raddr)
 	if err != nil {

@@ -224,6 +224,9 @@ func TestTCPDialKernelServer(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
+			if v, err := c.Option(unix.IPPROTO_TCP, unix.TCP_NODELAY); v != 1 || err != nil {
+				t.Errorf("TCP_NODELAY of a dialled connection: %d, %v; want 1, as Go's net sets it", v, err)
+			}
 			if err := exchange(c, sz.size, sz.chunk, i); err != nil {
 				t.Fatal(err)
 			}

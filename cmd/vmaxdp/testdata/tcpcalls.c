@@ -461,6 +461,8 @@ static int client(const char *addr, int port, int closed)
 	getsockname(c, (struct sockaddr *)&me, &ml);
 	getpeername(c, (struct sockaddr *)&pp, &pl);
 	say("names: local bound %d, peer port %d", me.sin_port != 0, ntohs(pp.sin_port));
+	/* Nothing set: the kernel's defaults (Nagle on among them). */
+	say("defaults after connect: %s", options(c));
 	readn(c, b, 3); /* go1 */
 	writen(c, "hello", 5);
 	usleep(20000);
