@@ -307,7 +307,17 @@ func setOption(ep tcpip.Endpoint, level, name, v int) error {
 	case level == unix.IPPROTO_IP && name == unix.IP_TOS:
 		terr = ep.SetSockOptInt(tcpip.IPv4TOSOption, v)
 	case level == unix.IPPROTO_IP && name == unix.IP_TTL:
+		if v == -1 {
+			v = 0 // the kernel's "back to the default"; netstack's is 0
+		}
 		terr = ep.SetSockOptInt(tcpip.IPv4TTLOption, v)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_SYNCNT:
+		terr = ep.SetSockOptInt(tcpip.TCPSynCountOption, v)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_LINGER2:
+		// Seconds in FIN-WAIT-2; < 0 skips it, 0 is the default, as on
+		// the kernel.
+		o := tcpip.TCPLingerTimeoutOption(time.Duration(v) * time.Second)
+		terr = ep.SetSockOpt(&o)
 	default:
 		return unix.ENOPROTOOPT
 	}
@@ -360,6 +370,38 @@ func (c *TCPConn) Option(level, name int) (int, error) {
 		v, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption)
 		if terr != nil {
 			return 0, tcpipErrno(terr)
+		}
+		return v, nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_QUICKACK:
+		return b(so.GetQuickAck())
+	case level == unix.IPPROTO_TCP && name == unix.TCP_SYNCNT:
+		v, terr := c.ep.GetSockOptInt(tcpip.TCPSynCountOption)
+		if terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return v, nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_LINGER2:
+		var o tcpip.TCPLingerTimeoutOption
+		if terr := c.ep.GetSockOpt(&o); terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		if o < 0 {
+			return -1, nil
+		}
+		return int(time.Duration(o) / time.Second), nil
+	case level == unix.IPPROTO_IP && name == unix.IP_TOS:
+		v, terr := c.ep.GetSockOptInt(tcpip.IPv4TOSOption)
+		if terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		return v, nil
+	case level == unix.IPPROTO_IP && name == unix.IP_TTL:
+		v, terr := c.ep.GetSockOptInt(tcpip.IPv4TTLOption)
+		if terr != nil {
+			return 0, tcpipErrno(terr)
+		}
+		if v == 0 { // netstack's default: the route's, which is the kernel's
+			return c.st.defaultOption(unix.IPPROTO_IP, unix.IP_TTL), nil
 		}
 		return v, nil
 	case level == unix.SOL_SOCKET && name == unix.SO_KEEPALIVE:

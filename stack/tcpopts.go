@@ -25,6 +25,8 @@ var inheritedOptions = [...]struct {
 	{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, "TCP_KEEPCNT"},
 	{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT"},
 	{unix.IPPROTO_TCP, unix.TCP_MAXSEG, "TCP_MAXSEG"},
+	{unix.IPPROTO_TCP, unix.TCP_SYNCNT, "TCP_SYNCNT"},
+	{unix.IPPROTO_TCP, unix.TCP_LINGER2, "TCP_LINGER2"},
 	{unix.SOL_SOCKET, unix.SO_KEEPALIVE, "SO_KEEPALIVE"},
 	{unix.SOL_SOCKET, unix.SO_RCVBUF, "SO_RCVBUF"},
 	{unix.SOL_SOCKET, unix.SO_SNDBUF, "SO_SNDBUF"},
@@ -52,6 +54,21 @@ func kernelOptionDefaults() (optionDefaults, error) {
 		}
 	}
 	return d, nil
+}
+
+// defaultOption is a fresh kernel socket's value of one of
+// inheritedOptions, or 0 before netstack runs.
+func (st *Stack) defaultOption(level, name int) int {
+	t := st.tcp.Load()
+	if t == nil {
+		return 0
+	}
+	for i, o := range inheritedOptions {
+		if o.level == level && o.name == name {
+			return t.defaults[i]
+		}
+	}
+	return 0
 }
 
 // copyOptions gives ep the options of the kernel socket fd that differ

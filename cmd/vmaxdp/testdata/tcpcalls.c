@@ -104,15 +104,20 @@ static int getint(int fd, int level, int name)
 {
 	int v = 0;
 	socklen_t vl = sizeof v;
-	getsockopt(fd, level, name, &v, &vl);
+	if (getsockopt(fd, level, name, &v, &vl) < 0)
+		return -1000 - errno; /* a failure shows in the transcript */
 	return v;
 }
 
 /* set_options sets the options options() prints (keepalive idle,
  * interval and count, user timeout in ms) and TCP_NODELAY, SO_KEEPALIVE,
- * a 64 KB SO_RCVBUF. */
+ * a 64 KB SO_RCVBUF, SYN retries, FIN-WAIT-2 time, TOS and TTL. */
 static void set_options(int fd, int idle, int intvl, int cnt, int uto)
 {
+	setint(fd, IPPROTO_TCP, TCP_SYNCNT, 3);
+	setint(fd, IPPROTO_TCP, TCP_LINGER2, 20);
+	setint(fd, IPPROTO_IP, IP_TOS, 0x10);
+	setint(fd, IPPROTO_IP, IP_TTL, 33);
 	setint(fd, IPPROTO_TCP, TCP_NODELAY, 1);
 	setint(fd, SOL_SOCKET, SO_KEEPALIVE, 1);
 	setint(fd, IPPROTO_TCP, TCP_KEEPIDLE, idle);
@@ -126,17 +131,20 @@ static void set_options(int fd, int idle, int intvl, int cnt, int uto)
  * connect. */
 static const char *options(int fd)
 {
-	static char out[256];
+	static char out[512];
 	struct linger lg = {0};
 	socklen_t ll = sizeof lg;
 	getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &ll);
 	snprintf(out, sizeof out,
 		 "TCP_NODELAY %d SO_KEEPALIVE %d TCP_KEEPIDLE %d TCP_KEEPINTVL %d TCP_KEEPCNT %d TCP_USER_TIMEOUT %d "
-		 "SO_RCVBUF at least 128 KB %d SO_LINGER %d %d",
+		 "SO_RCVBUF at least 128 KB %d SO_LINGER %d %d TCP_SYNCNT %d TCP_LINGER2 %d IP_TOS %d IP_TTL %d "
+		 "TCP_QUICKACK %d",
 		 getint(fd, IPPROTO_TCP, TCP_NODELAY) != 0, getint(fd, SOL_SOCKET, SO_KEEPALIVE) != 0,
 		 getint(fd, IPPROTO_TCP, TCP_KEEPIDLE), getint(fd, IPPROTO_TCP, TCP_KEEPINTVL),
 		 getint(fd, IPPROTO_TCP, TCP_KEEPCNT), getint(fd, IPPROTO_TCP, TCP_USER_TIMEOUT),
-		 getint(fd, SOL_SOCKET, SO_RCVBUF) >= 131072, lg.l_onoff, lg.l_linger);
+		 getint(fd, SOL_SOCKET, SO_RCVBUF) >= 131072, lg.l_onoff, lg.l_linger,
+		 getint(fd, IPPROTO_TCP, TCP_SYNCNT), getint(fd, IPPROTO_TCP, TCP_LINGER2),
+		 getint(fd, IPPROTO_IP, IP_TOS), getint(fd, IPPROTO_IP, IP_TTL), getint(fd, IPPROTO_TCP, TCP_QUICKACK));
 	return out;
 }
 
