@@ -50,6 +50,16 @@ func reuseKernelSocket(t *testing.T, bed *testbed.Bed, local netip.AddrPort, ado
 		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0); err != nil {
 			return err
 		}
+		if adopting {
+			// Before bind: the stack's watcher looks at the port every
+			// 250 ms, and a socket bound but not known as handed yet
+			// would send the whole group to the kernel.
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				return err
+			}
+			handing.Store(st.Ino, true)
+		}
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
@@ -57,13 +67,6 @@ func reuseKernelSocket(t *testing.T, bed *testbed.Bed, local netip.AddrPort, ado
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if adopting {
-		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil {
-			t.Fatal(err)
-		}
-		handing.Store(st.Ino, true)
 	}
 	closeFD = sync.OnceFunc(func() { unix.Close(fd) })
 	t.Cleanup(closeFD)
