@@ -65,6 +65,29 @@ func dialFromA(bed *testbed.Bed, addr netip.AddrPort) (net.Conn, error) {
 	return c, err
 }
 
+// acceptOne dials laddr from a kernel client of bed's side A and returns
+// that client and what l accepted.
+func acceptOne(t *testing.T, bed *testbed.Bed, l *stack.TCPListener, laddr netip.AddrPort) (client, accepted net.Conn) {
+	t.Helper()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			ch <- c
+		}
+		close(ch)
+	}()
+	c, err := dialFromA(bed, laddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := <-ch
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	return c, s
+}
+
 // exchange writes size bytes in chunks of chunk on c and reads them back.
 func exchange(c net.Conn, size, chunk, seed int) error {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -267,22 +290,7 @@ func TestTCPConnsOutliveListener(t *testing.T) {
 		laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7300)
 		l := listenTCP(t, bed, st, laddr)
 		rules := st.Program().RuleCount()
-		accepted := make(chan net.Conn, 1)
-		go func() {
-			c, err := l.Accept()
-			if err == nil {
-				accepted <- c
-			}
-			close(accepted)
-		}()
-		c, err := dialFromA(bed, laddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, ok := <-accepted
-		if !ok {
-			t.Fatal("accept failed")
-		}
+		c, s := acceptOne(t, bed, l, laddr)
 		if _, off := s.(*stack.TCPConn); !off {
 			t.Fatalf("accepted %T, want an offloaded *stack.TCPConn", s)
 		}
@@ -306,7 +314,7 @@ func TestTCPConnsOutliveListener(t *testing.T) {
 		served := echoTCP(l)
 		goroutines := runtime.NumGoroutine()
 		const cycles = 300
-		err = bed.Do(testbed.A, func() error {
+		err := bed.Do(testbed.A, func() error {
 			for i := range cycles {
 				c, err := net.DialTimeout("tcp4", laddr.String(), 5*time.Second)
 				if err != nil {
@@ -368,4 +376,86 @@ func TestTCPChannelsGrow(t *testing.T) {
 	}
 	l.Close()
 	served.Wait()
+}
+
+// TestTCPAcksCarried: the acknowledgement of a request rides on its
+// answer, as the kernel's delayed ACK does: a kernel client's request and
+// netstack's answer cost the client's kernel one segment, not a bare ACK
+// and the answer. A request nobody answers is still acknowledged, once
+// the hold is over: the client's kernel sends nothing again.
+func TestTCPAcksCarried(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7400)
+		l := listenTCP(t, bed, st, laddr)
+		defer l.Close()
+		c, s := acceptOne(t, bed, l, laddr)
+		defer c.Close()
+		defer s.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		s.SetDeadline(time.Now().Add(20 * time.Second))
+
+		// Answered requests.
+		const rounds = 300
+		served := make(chan error, 1)
+		go func() {
+			b := make([]byte, 16)
+			for range rounds {
+				if _, err := io.ReadFull(s, b); err != nil {
+					served <- err
+					return
+				}
+				if _, err := s.Write(b); err != nil {
+					served <- err
+					return
+				}
+			}
+			served <- nil
+		}()
+		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
+		carried := st.TCPCounters.AcksCarried.Load()
+		b := make([]byte, 16)
+		for i := range rounds {
+			if _, err := c.Write(b); err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			if _, err := io.ReadFull(c, b); err != nil {
+				t.Fatalf("answer %d: %v", i, err)
+			}
+		}
+		if err := <-served; err != nil {
+			t.Fatal(err)
+		}
+		segs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs") - inSegs
+		got := st.TCPCounters.AcksCarried.Load() - carried
+		t.Logf("%d requests: the client's kernel took %d segments; %d acknowledgements rode on answers", rounds, segs, got)
+		// An answer later than the hold lets its ACK go alone: a loaded
+		// machine may delay some.
+		if segs > rounds*3/2 || got < rounds/2 {
+			t.Errorf("%d requests cost the client's kernel %d segments, %d acknowledgements carried: want about one segment a request", rounds, segs, got)
+		}
+
+		// A request nobody answers.
+		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
+		if _, err := c.Write([]byte("unanswered")); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		unacked := -1
+		for deadline := time.Now().Add(150 * time.Millisecond); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			raw.Control(func(fd uintptr) { unacked, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+			if unacked == 0 {
+				break
+			}
+		}
+		if unacked != 0 {
+			t.Errorf("an unanswered request is unacknowledged after 150 ms (the kernel's first retransmission comes at 200 ms): %d bytes", unacked)
+		}
+		if d := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs") - retrans; d != 0 {
+			t.Errorf("the client's kernel sent %d segments again", d)
+		}
+	})
 }

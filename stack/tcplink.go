@@ -1,10 +1,12 @@
 package stack
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,6 +47,10 @@ type TCPCounters struct {
 	// DrainErrors counts queues no goroutine drains for netstack: their
 	// descriptor could not join Go's netpoller.
 	DrainErrors atomic.Uint64
+	// AcksCarried counts netstack's bare ACKs not sent: a segment with
+	// data or a FIN of the same connection carried the acknowledgement
+	// (held acknowledgements, tcplink.go).
+	AcksCarried atomic.Uint64
 }
 
 // tcpState is netstack and what drives it, made by the first TCP socket.
@@ -81,6 +87,14 @@ type tcpLink struct {
 	onClose func()
 	// down: netstack is closing, and what it sends is dropped.
 	down atomic.Bool
+
+	// Bare acknowledgements held back for a reply to carry (holdAcks).
+	heldMu    sync.Mutex
+	held      []*nstack.PacketBuffer
+	spare     []*nstack.PacketBuffer // held's next array, while a release sends the last
+	heldN     atomic.Int32           // len(held), read without heldMu
+	heldTimer *time.Timer            // releases held after holdDelay
+	heldArmed bool
 }
 
 // dispatcher boxes the interface so that the receive path loads it
@@ -134,23 +148,33 @@ func (l *tcpLink) Close() {
 	}
 }
 
-// WritePackets puts netstack's packets on the link's transmit queue, a
-// batch at a time. The next hops are looked up before the queue's lock
-// is taken: the first packet to a destination may wait for ARP.
+// WritePackets puts netstack's packets on the link's transmit queue, or
+// holds its bare acknowledgements (hold).
 func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) {
-	st, q := l.st, l.q
 	list := pkts.AsSlice()
 	if l.down.Load() {
 		// netstack is closing: the resets it sends as it aborts what is
 		// left (TIME-WAIT included) are not what the kernel sends for a
 		// process that ends, and would reach peers whose own steering
 		// may be gone. Counted as netstack's dropped packets.
-		st.TCPCounters.TxDropped.Add(uint64(len(list)))
+		l.st.TCPCounters.TxDropped.Add(uint64(len(list)))
 		return len(list), nil
 	}
+	if l.hold(list) {
+		return len(list), nil
+	}
+	return l.write(list, false)
+}
+
+// write puts pkts on the link's transmit queue, a batch at a time; now
+// (released acknowledgements) kicks at once. The next hops are looked up
+// before the queue's lock is taken: the first packet to a destination
+// may wait for ARP.
+func (l *tcpLink) write(list []*nstack.PacketBuffer, now bool) (int, tcpip.Error) {
+	st, q := l.st, l.q
 	var hops [rxBatch]nextHop
 	var out [rxBatch]*nstack.PacketBuffer
-	now := monoNow() // one clock read: the next hops' expiry, the kick's age
+	mono := monoNow() // one clock read: the next hops' expiry, the kick's age
 	sent := 0
 	for sent < len(list) {
 		chunk := list[sent:min(len(list), sent+len(q.txBufs))]
@@ -161,7 +185,7 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 			dst := netip.AddrFrom4([4]byte(pkt.NetworkHeader().Slice()[16:20]))
 			h, ok := lastHop, dst == last && n > 0
 			if !ok {
-				h, ok = st.hopCached(dst, now)
+				h, ok = st.hopCached(dst, mono)
 			}
 			if !ok {
 				if l.parkBehind(dst, pkt) {
@@ -182,7 +206,7 @@ func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) 
 			n++
 		}
 		if n > 0 {
-			if err := l.transmit(q, out[:n], hops[:n], now); err != nil {
+			if err := l.transmit(q, out[:n], hops[:n], mono, now); err != nil {
 				return sent, err
 			}
 		}
@@ -254,7 +278,7 @@ func (l *tcpLink) unpark(dst netip.Addr, h nextHop, err error) {
 		for i := range hops {
 			hops[i] = h
 		}
-		l.transmit(l.q, pkts, hops, 0)
+		l.transmit(l.q, pkts, hops, 0, false)
 	}
 	for _, p := range pkts {
 		p.DecRef()
@@ -262,8 +286,8 @@ func (l *tcpLink) unpark(dst netip.Addr, h nextHop, err error) {
 }
 
 // transmit puts pkts, whose next hops are hops, on q as frames; now is
-// monoNow's, or 0 (Stack.transmit).
-func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop, now int64) tcpip.Error {
+// monoNow's, or 0 (Stack.transmit); kick: at once, whatever they are.
+func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop, now int64, kick bool) tcpip.Error {
 	st := l.st
 	// Packets with no next hop behind the interface, or too long for a
 	// frame, are dropped before frames are taken for them: a transmit
@@ -315,6 +339,8 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	var m int
 	var err error
 	switch {
+	case kick:
+		m, err = st.transmitNow(q, q.txBufs[:got])
 	case allBareAcks(pkts):
 		m, err = st.transmitLater(q, q.txBufs[:got], now)
 	case st.tcpAppSends.Load() > 0:
@@ -327,6 +353,175 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 		return &tcpip.ErrClosedForSend{}
 	}
 	return nil
+}
+
+// Held acknowledgements. netstack acknowledges each segment as it
+// processes it, before the application can answer, where the kernel
+// delays its ACK for the answer to carry (RFC 1122 4.2.3.2). A bare ACK
+// without SACK blocks is held back, for at most the kick delay
+// (holdDelay); a later segment of the same connection that carries data
+// or a FIN and acknowledges as much makes it redundant, and it is not
+// sent (TCPCounters.AcksCarried). The rest leave when the delay is over,
+// together, as they did before on the transmit ring. Bare ACKs never
+// replace each other, so a bulk receiver's ACKs still clock its sender;
+// ACKs with SACK blocks (data arrived out of order) are never held, and
+// held duplicate ACKs (one connection, one acknowledged byte) are never
+// carried: both tell the sender of a loss.
+
+// maxHeld bounds the acknowledgements held at once; more release them.
+const maxHeld = 32
+
+// holdDelay is the longest an acknowledgement is held: the kick delay,
+// which bounded how long it waited on the transmit ring before.
+func (l *tcpLink) holdDelay() time.Duration { return l.st.opts.TxKickDelay }
+
+// hold holds list if it is all bare ACKs without SACK blocks, and drops
+// the held ACKs list's segments make redundant; true when it held list.
+func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
+	if l.holdDelay() == 0 {
+		return false
+	}
+	if len(list) > maxHeld || !allBareAcks(list) || slices.ContainsFunc(list, hasSACK) {
+		if l.heldN.Load() > 0 {
+			l.carry(list)
+		}
+		return false
+	}
+	var release []*nstack.PacketBuffer
+	l.heldMu.Lock()
+	if len(l.held)+len(list) > maxHeld {
+		release = l.takeHeld()
+	}
+	for _, p := range list {
+		p.IncRef()
+		l.held = append(l.held, p)
+	}
+	l.heldN.Store(int32(len(l.held)))
+	if !l.heldArmed {
+		l.heldArmed = true
+		if l.heldTimer == nil {
+			l.heldTimer = time.AfterFunc(l.holdDelay(), l.releaseHeld)
+		} else {
+			l.heldTimer.Reset(l.holdDelay())
+		}
+	}
+	l.heldMu.Unlock()
+	l.send(release)
+	return true
+}
+
+// carry drops the held ACKs that list's segments with data or a FIN make
+// redundant: of the same connection, acknowledging as much or more.
+func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
+	l.heldMu.Lock()
+	defer l.heldMu.Unlock()
+	for _, p := range list {
+		tcp := p.TransportHeader().Slice()
+		if len(tcp) < header.TCPMinLen || tcp[13]&0x10 == 0 || (p.Data().Size() == 0 && tcp[13]&0x01 == 0) {
+			continue // no ACK, or neither data nor a FIN
+		}
+		ip := p.NetworkHeader().Slice()
+		ack := binary.BigEndian.Uint32(tcp[8:12])
+		same := func(h *nstack.PacketBuffer) bool {
+			ht, hip := h.TransportHeader().Slice(), h.NetworkHeader().Slice()
+			return [4]byte(ht[0:4]) == [4]byte(tcp[0:4]) && [8]byte(hip[12:20]) == [8]byte(ip[12:20])
+		}
+		acks := func(h *nstack.PacketBuffer) uint32 { return binary.BigEndian.Uint32(h.TransportHeader().Slice()[8:12]) }
+		var carried [maxHeld]bool
+		for i, h := range l.held {
+			// Held ACKs of one connection that acknowledge the same
+			// byte are duplicate ACKs, which tell a sender without
+			// SACK of a loss: they leave as they are.
+			dup := slices.ContainsFunc(l.held, func(o *nstack.PacketBuffer) bool {
+				return o != h && same(o) && acks(o) == acks(h)
+			})
+			carried[i] = same(h) && !dup && int32(acks(h)-ack) <= 0
+		}
+		keep := l.held[:0]
+		for i, h := range l.held {
+			if !carried[i] {
+				keep = append(keep, h)
+				continue
+			}
+			h.DecRef()
+			l.st.TCPCounters.AcksCarried.Add(1)
+		}
+		clear(l.held[len(keep):])
+		l.held = keep
+	}
+	l.heldN.Store(int32(len(l.held)))
+	if len(l.held) == 0 && l.heldArmed {
+		l.heldArmed = false
+		l.heldTimer.Stop()
+	}
+}
+
+// releaseHeld sends the held ACKs: their delay is over.
+func (l *tcpLink) releaseHeld() {
+	l.heldMu.Lock()
+	release := l.takeHeld()
+	l.heldN.Store(0)
+	l.heldArmed = false
+	l.heldMu.Unlock()
+	l.send(release)
+}
+
+// takeHeld empties held and returns what it held, for send. Caller holds
+// heldMu.
+func (l *tcpLink) takeHeld() []*nstack.PacketBuffer {
+	out := l.held
+	l.held, l.spare = l.spare[:0], nil
+	if l.held == nil {
+		l.held = make([]*nstack.PacketBuffer, 0, maxHeld)
+	}
+	return out
+}
+
+// send writes released ACKs, kicked at once, and lets them go; dropped
+// and counted once netstack is closing. Their array becomes the spare.
+func (l *tcpLink) send(pkts []*nstack.PacketBuffer) {
+	if len(pkts) == 0 {
+		return
+	}
+	if l.down.Load() {
+		l.st.TCPCounters.TxDropped.Add(uint64(len(pkts)))
+	} else {
+		l.write(pkts, true)
+	}
+	for _, p := range pkts {
+		p.DecRef()
+	}
+	clear(pkts)
+	l.heldMu.Lock()
+	if l.spare == nil {
+		l.spare = pkts[:0]
+	}
+	l.heldMu.Unlock()
+}
+
+// hasSACK says whether p's TCP header carries SACK blocks (option 5).
+func hasSACK(p *nstack.PacketBuffer) bool {
+	tcp := p.TransportHeader().Slice()
+	if len(tcp) < header.TCPMinLen {
+		return false
+	}
+	opts := tcp[header.TCPMinLen:min(len(tcp), int(tcp[12]>>4)*4)]
+	for i := 0; i < len(opts); {
+		switch opts[i] {
+		case 0:
+			return false
+		case 1:
+			i++
+			continue
+		case 5:
+			return true
+		}
+		if i+1 >= len(opts) || opts[i+1] < 2 {
+			return false
+		}
+		i += int(opts[i+1])
+	}
+	return false
 }
 
 // allBareAcks says whether every packet is a TCP segment with the ACK
@@ -643,6 +838,7 @@ func (st *Stack) closeTCP() {
 	<-t.done
 	st.reapTCP(t, true)
 	t.link.down.Store(true)
+	t.link.releaseHeld()
 	t.ns.Close()
 	t.ns.Wait()
 }

@@ -202,10 +202,13 @@ type Program struct {
 // TCPCounters are stack.TCPCounters (the link's) then
 // stack.NetstackCounters (netstack's own), field for field.
 type TCPCounters struct {
-	RxSegments            uint64 `json:"rx_segments"`
-	TxSegments            uint64 `json:"tx_segments"`
-	TxDropped             uint64 `json:"tx_dropped"`
-	DrainErrors           uint64 `json:"drain_errors"`
+	RxSegments  uint64 `json:"rx_segments"`
+	TxSegments  uint64 `json:"tx_segments"`
+	TxDropped   uint64 `json:"tx_dropped"`
+	DrainErrors uint64 `json:"drain_errors"`
+	// AcksCarried: netstack's bare ACKs not sent, a segment with data of
+	// the same connection carrying the acknowledgement.
+	AcksCarried           uint64 `json:"acks_carried"`
 	ActiveOpens           uint64 `json:"active_opens"`
 	PassiveOpens          uint64 `json:"passive_opens"`
 	CurrentEstablished    uint64 `json:"current_established" stats:"gauge"`
