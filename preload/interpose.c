@@ -167,6 +167,7 @@ DECLARE(int, getsockname, int, struct sockaddr *, socklen_t *);
 DECLARE(int, getpeername, int, struct sockaddr *, socklen_t *);
 DECLARE(int, getsockopt, int, int, int, void *, socklen_t *);
 DECLARE(ssize_t, sendfile, int, int, off_t *, size_t);
+DECLARE(ssize_t, splice, int, loff_t *, int, loff_t *, size_t, unsigned int);
 DECLARE(int, dup, int);
 DECLARE(int, dup2, int, int);
 DECLARE(int, dup3, int, int, int);
@@ -987,6 +988,27 @@ ssize_t sendfile(int out, int in, off_t *off, size_t count)
 }
 
 ssize_t sendfile64(int out, int in, off_t *off, size_t count) { return sendfile(out, in, off, count); }
+
+/* splice onto or from an offloaded TCP connection goes through the engine
+ * (the kernel's would move the bytes to or from the mirror). A socket
+ * and a pipe take no offset: ESPIPE, as on the kernel. */
+ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned int flags)
+{
+	if (orphan(in) || orphan(out))
+		return -1;
+	if (tcp(in) || tcp(out)) {
+		if (off_in || off_out) {
+			errno = ESPIPE;
+			return -1;
+		}
+		long r = vmxgo_tcp_splice(in, out, len, flags, vmx_thread());
+		if (r == -EPIPE)
+			raise(SIGPIPE);
+		if (r != -VMX_PASS)
+			return (ssize_t)ret(r);
+	}
+	return REAL(splice)(in, off_in, out, off_out, len, flags);
+}
 
 /* Multiplexers: the engine serves them only when an fd in the set is one
  * of its sockets. timeout_ns < 0 waits for ever. */

@@ -586,6 +586,15 @@ func vmxgo_tcp_send(fd C.int, iov *C.struct_iovec, n, flags C.int, sig *C.struct
 	return C.long(sent)
 }
 
+//export vmxgo_tcp_splice
+func vmxgo_tcp_splice(in, out C.int, n C.size_t, flags C.uint, sig *C.struct_vmx_signals) C.long {
+	moved, errno := eng.TCPSplice(int(in), int(out), int(min(n, 1<<30)), int(flags), signals(sig))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(moved)
+}
+
 //export vmxgo_tcp_shutdown
 func vmxgo_tcp_shutdown(fd, how C.int) C.long { return -C.long(eng.TCPShutdown(int(fd), int(how))) }
 

@@ -893,6 +893,134 @@ func (e *Engine) TCPSend(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	return sent, 0
 }
 
+// spliceChunk bounds one splice onto or from a connection: a pipe's
+// default capacity.
+const spliceChunk = 64 << 10
+
+var spliceBufs = sync.Pool{New: func() any { return new([spliceChunk]byte) }}
+
+// TCPSplice serves splice(2) between a pipe and an offloaded connection
+// (in or out; the other must be a pipe): the kernel's splice would move
+// the bytes to or from the connection's mirror. Nothing is lost either
+// way: onto the connection, the pipe's bytes are copied out with tee(2)
+// and only as many leave the pipe as the connection took; from it, no
+// more are read than the pipe has room for. SPLICE_F_NONBLOCK makes both
+// sides non-blocking, as on the kernel; SPLICE_F_MORE is MSG_MORE.
+func (e *Engine) TCPSplice(in, out, n int, flags int, sig *stack.Signals) (int, unix.Errno) {
+	tin, tout := e.tcpConn(in), e.tcpConn(out)
+	switch {
+	case tin == nil && tout == nil:
+		return 0, ErrPassOS
+	case tin != nil && tout != nil:
+		return 0, unix.EINVAL // no pipe
+	case n == 0:
+		return 0, 0
+	}
+	buf := spliceBufs.Get().(*[spliceChunk]byte)
+	defer spliceBufs.Put(buf)
+	n = min(n, spliceChunk)
+	if tout != nil {
+		return e.spliceOnto(in, out, buf[:n], flags, sig)
+	}
+	return e.spliceFrom(in, out, buf[:n], flags, sig)
+}
+
+// isPipe says whether fd is a pipe (a FIFO).
+func isPipe(fd int) bool {
+	var st unix.Stat_t
+	return unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO
+}
+
+// spliceOnto moves up to len(buf) bytes from the pipe in onto the
+// connection out.
+func (e *Engine) spliceOnto(in, out int, buf []byte, flags int, sig *stack.Signals) (int, unix.Errno) {
+	if !isPipe(in) {
+		return 0, unix.EINVAL
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return 0, errnoOf(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	teed, err := unix.Tee(in, p[1], len(buf), flags&unix.SPLICE_F_NONBLOCK)
+	if err != nil || teed == 0 {
+		return 0, errnoOf(err) // 0: the pipe is empty and has no writer
+	}
+	got, err := unix.Read(p[0], buf[:teed])
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	sendFlags := 0
+	if flags&unix.SPLICE_F_NONBLOCK != 0 {
+		sendFlags |= unix.MSG_DONTWAIT
+	}
+	if flags&unix.SPLICE_F_MORE != 0 {
+		sendFlags |= unix.MSG_MORE
+	}
+	sent, errno := e.TCPSend(out, [][]byte{buf[:got]}, sendFlags, sig)
+	if sent > 0 {
+		// The bytes the connection took leave the pipe: they are at its
+		// head, where tee found them.
+		if _, err := unix.Read(in, buf[:sent]); err != nil {
+			e.Log.Printf(params.LevelError, "splice fd %d onto fd %d: %d bytes sent stay in the pipe: %v", in, out, sent, err)
+		}
+	}
+	return sent, errno
+}
+
+// spliceFrom moves up to len(buf) bytes from the connection in into the
+// pipe out, no more than the pipe has room for.
+func (e *Engine) spliceFrom(in, out int, buf []byte, flags int, sig *stack.Signals) (int, unix.Errno) {
+	if !isPipe(out) {
+		return 0, unix.EINVAL
+	}
+	nonblock := flags&unix.SPLICE_F_NONBLOCK != 0
+	if fl, err := unix.FcntlInt(uintptr(out), unix.F_GETFL, 0); err == nil && fl&unix.O_NONBLOCK != 0 {
+		nonblock = true
+	}
+	size, err := unix.FcntlInt(uintptr(out), unix.F_GETPIPE_SZ, 0)
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	for {
+		queued, err := unix.IoctlGetInt(out, unix.TIOCINQ) // FIONREAD
+		if err != nil {
+			return 0, errnoOf(err)
+		}
+		if room := size - queued; room > 0 {
+			buf = buf[:min(len(buf), room)]
+			break
+		}
+		if nonblock {
+			return 0, unix.EAGAIN
+		}
+		pfd := []unix.PollFd{{Fd: int32(out), Events: unix.POLLOUT}}
+		if _, err := unix.Poll(pfd, -1); err != nil {
+			return 0, errnoOf(err)
+		}
+	}
+	recvFlags := 0
+	if flags&unix.SPLICE_F_NONBLOCK != 0 {
+		recvFlags = unix.MSG_DONTWAIT
+	}
+	got, errno := e.TCPRecv(in, [][]byte{buf}, recvFlags, sig)
+	for b := buf[:got]; len(b) > 0; {
+		w, err := unix.Write(out, b)
+		if err == unix.EAGAIN { // another writer took the room: wait for it
+			pfd := []unix.PollFd{{Fd: int32(out), Events: unix.POLLOUT}}
+			unix.Poll(pfd, -1)
+			continue
+		}
+		if err != nil {
+			e.Log.Printf(params.LevelError, "splice fd %d into fd %d: %d bytes read from the connection lost: %v", in, out, len(b), err)
+			break
+		}
+		b = b[w:]
+	}
+	return got, errno
+}
+
 // TCPShutdown serves shutdown on an offloaded connection.
 func (e *Engine) TCPShutdown(fd, how int) unix.Errno {
 	t := e.tcpConn(fd)

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -266,6 +267,41 @@ static int server(int port)
 	struct msghdr sh = {.msg_iov = &sv, .msg_iovlen = 1};
 	res("sendmsg", sendmsg(c, &sh, 0));
 
+	/* splice from the connection into a pipe and from a pipe onto it,
+	 * sendfile onto it. */
+	int pipefd[2];
+	if (pipe(pipefd) < 0)
+		die("pipe");
+	writen(c, "go4", 3);
+	long spliced = 0;
+	while (spliced < 20) {
+		r = splice(c, NULL, pipefd[1], NULL, (size_t)(20 - spliced), 0);
+		if (r <= 0) {
+			res("splice into a pipe", r);
+			break;
+		}
+		spliced += r;
+	}
+	readn(pipefd[0], b, (size_t)spliced);
+	say("spliced into a pipe: %ld %.*s", spliced, (int)spliced, b);
+	writen(pipefd[1], "spliced-back", 12);
+	loff_t lo = 0;
+	res("splice with an offset", splice(pipefd[0], &lo, c, NULL, 12, 0));
+	res("splice onto the connection", splice(pipefd[0], NULL, c, NULL, 12, 0));
+	res("splice of an empty pipe, SPLICE_F_NONBLOCK", splice(pipefd[0], NULL, c, NULL, 12, SPLICE_F_NONBLOCK));
+	close(pipefd[0]);
+	close(pipefd[1]);
+	char path[] = "/tmp/tcpcalls.XXXXXX";
+	int f = mkstemp(path);
+	if (f < 0)
+		die("mkstemp");
+	unlink(path);
+	writen(f, "file-contents-0123", 18);
+	off_t off = 2;
+	res("sendfile", sendfile(c, f, &off, 16));
+	say("sendfile offset %ld", (long)off);
+	close(f);
+
 	/* The peer shuts its sending side: EPOLLRDHUP, then end of file. */
 	ev.events = EPOLLIN | EPOLLRDHUP;
 	epoll_ctl(ep, EPOLL_CTL_MOD, c, &ev);
@@ -489,6 +525,12 @@ static int client(const char *addr, int port, int closed)
 	writen(c, "ping", 4);
 	readn(c, b, 4);
 	say("sendmsg came back %.4s", b);
+	readn(c, b, 3); /* go4 */
+	writen(c, "splice-from-the-peer", 20);
+	readn(c, b, 12);
+	say("splice came back %.12s", b);
+	readn(c, b, 16);
+	say("sendfile came %.16s", b);
 	res("shutdown SHUT_WR", shutdown(c, SHUT_WR));
 	readn(c, b, 3);
 	say("read after our FIN %.3s", b);
