@@ -1036,6 +1036,25 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_
 	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, vmx_thread()));
 }
 
+/* What _FORTIFY_SOURCE builds call when nfds is not a constant (Debian
+ * builds its packages so: memcached, nsd): glibc's would go to the kernel
+ * without passing through poll and ppoll above. */
+extern void __chk_fail(void) __attribute__((noreturn));
+
+int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
+{
+	if (fdslen / sizeof *fds < n)
+		__chk_fail();
+	return poll(fds, n, timeout);
+}
+
+int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask, size_t fdslen)
+{
+	if (fdslen / sizeof *fds < n)
+		__chk_fail();
+	return ppoll(fds, n, ts, mask);
+}
+
 /* select and pselect go through poll when an engine socket is in a set. */
 static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long timeout_ns, const sigset_t *mask)
 {

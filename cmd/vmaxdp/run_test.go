@@ -61,11 +61,14 @@ func tools(t testing.TB) (vmaxdp string) {
 	return filepath.Join(toolsDir, "vmaxdp")
 }
 
-// buildC builds testdata/NAME.c.
+// buildC builds testdata/NAME.c with _FORTIFY_SOURCE, as Debian builds
+// its packages (dpkg-buildflags): such a program calls the checking
+// variants of some calls (__read_chk, __poll_chk, ...), which must reach
+// the engine too.
 func buildC(t testing.TB, name string) string {
 	t.Helper()
 	prog := filepath.Join(t.TempDir(), name)
-	if out, err := exec.Command("cc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/"+name+".c").CombinedOutput(); err != nil {
+	if out, err := exec.Command("cc", "-O2", "-D_FORTIFY_SOURCE=2", "-Wall", "-pthread", "-o", prog, "testdata/"+name+".c").CombinedOutput(); err != nil {
 		t.Skipf("no C compiler to build the test program: %v\n%s", err, out)
 	}
 	return prog
@@ -494,6 +497,32 @@ func TestRunSignals(t *testing.T) {
 			p.wait(t, b, "sigwait", "sigaction", "signal", "recvfrom", "poll", "select", "epoll_wait", "ppoll", "restart")
 		})
 	}
+}
+
+// TestRunFortify: poll and ppoll as a _FORTIFY_SOURCE build calls them
+// (__poll_chk, __ppoll_chk; memcached and nsd from Debian do) wait on an
+// offloaded socket, on both beds; the kernel's own would sleep on the
+// kernel socket, which gets nothing once the socket is steered.
+func TestRunFortify(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "fortify")
+	if out, err := exec.Command("nm", "-D", prog).Output(); err != nil || !strings.Contains(string(out), "__poll_chk") || !strings.Contains(string(out), "__ppoll_chk") {
+		t.Skipf("the compiler did not make fortify call __poll_chk and __ppoll_chk (nm: %v):\n%s", err, out)
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11172
+		p := startC(t, b, prog, nil, strconv.Itoa(port), "1")
+		if err := p.waitFor("bound\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		p.waitOffloaded(t)
+		sendFromA(t, b, port, "one")
+		if err := p.waitFor("poll done\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		sendFromA(t, b, port, "two")
+		p.wait(t, b, "poll", "ppoll")
+	})
 }
 
 // TestRunRecvmmsg: recvmmsg on an offloaded socket honours its timeout
