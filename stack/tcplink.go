@@ -371,9 +371,15 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 // maxHeld bounds the acknowledgements held at once; more release them.
 const maxHeld = 32
 
+// maxHoldDelay bounds holdDelay whatever the kick delay: an answer that
+// is coming comes sooner, and an ACK held near the peer's retransmission
+// timeout (200 ms at least) would bring the segment again.
+const maxHoldDelay = time.Millisecond
+
 // holdDelay is the longest an acknowledgement is held: the kick delay,
-// which bounded how long it waited on the transmit ring before.
-func (l *tcpLink) holdDelay() time.Duration { return l.st.opts.TxKickDelay }
+// which bounded how long it waited on the transmit ring before, up to
+// maxHoldDelay.
+func (l *tcpLink) holdDelay() time.Duration { return min(l.st.opts.TxKickDelay, maxHoldDelay) }
 
 // hold holds list if it is all bare ACKs without SACK blocks, and drops
 // the held ACKs list's segments make redundant; true when it held list.
