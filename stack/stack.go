@@ -705,6 +705,18 @@ func (st *Stack) Poll() int {
 	return st.pollLocked()
 }
 
+// TryPoll is Poll unless another goroutine polls already: then it
+// returns at once, false. For a waiter that polls in a loop: the other
+// poll does its work.
+func (st *Stack) TryPoll() bool {
+	if !st.rxMu.TryLock() {
+		return false
+	}
+	defer st.rxMu.Unlock()
+	st.pollLocked()
+	return true
+}
+
 // BeginWait announces a multiplexer about to sleep and appends what it
 // must sleep on: every queue's fd and an eventfd that the stack writes
 // when a datagram is queued meanwhile. The caller looks at its sockets

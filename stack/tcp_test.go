@@ -414,6 +414,7 @@ func TestTCPAcksCarried(t *testing.T) {
 		}()
 		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
 		carried := st.TCPCounters.AcksCarried.Load()
+		inline := st.TCPCounters.RxInline.Load()
 		b := make([]byte, 16)
 		for i := range rounds {
 			if _, err := c.Write(b); err != nil {
@@ -433,6 +434,37 @@ func TestTCPAcksCarried(t *testing.T) {
 		// machine may delay some.
 		if segs > rounds*3/2 || got < rounds/2 {
 			t.Errorf("%d requests cost the client's kernel %d segments, %d acknowledgements carried: want about one segment a request", rounds, segs, got)
+		}
+		// Each request is a segment with data on an established
+		// connection: netstack processes it on the goroutine that
+		// received it (tcpinline.go).
+		if n := st.TCPCounters.RxInline.Load() - inline; n < rounds {
+			t.Errorf("%d requests, %d segments processed where they were received: want every one", rounds, n)
+		}
+
+		// A bulk transfer: a bare ACK that acknowledges a full segment
+		// more than the one held leaves at once in its place, as the
+		// kernel acknowledges every second full segment; held, every
+		// ACK would wait and then leave (one a segment).
+		const bulk = 4 << 20
+		drained := make(chan error, 1)
+		go func() {
+			_, err := io.CopyN(io.Discard, s, bulk)
+			drained <- err
+		}()
+		inSegs = testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
+		outSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "OutSegs")
+		if _, err := c.Write(make([]byte, bulk)); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-drained; err != nil {
+			t.Fatal(err)
+		}
+		acks := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs") - inSegs
+		data := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "OutSegs") - outSegs
+		t.Logf("%d bytes in %d segments: %d acknowledgements", bulk, data, acks)
+		if acks > data*3/4 {
+			t.Errorf("%d segments of a bulk transfer got %d acknowledgements: want about one for two", data, acks)
 		}
 
 		// A request nobody answers.

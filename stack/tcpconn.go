@@ -51,6 +51,11 @@ type TCPConn struct {
 // receives and waits.
 func (c *TCPConn) WaitPoint() { c.st.waitPoint() }
 
+// Poll drains the stack's receive rings on this goroutine unless another
+// does already (Stack.TryPoll); netstack processes the connection's
+// segments as they are drained (tcpinline.go). false: another drains.
+func (c *TCPConn) Poll() bool { return c.st.TryPoll() }
+
 // Close closes the connection as netstack does (FIN, or RST with unread
 // data); its rule and port stay until netstack has finished with it.
 func (c *TCPConn) Close() error {

@@ -51,6 +51,9 @@ type TCPCounters struct {
 	// data or a FIN of the same connection carried the acknowledgement
 	// (held acknowledgements, tcplink.go).
 	AcksCarried atomic.Uint64
+	// RxInline counts the segments netstack processed on the goroutine
+	// that received them, not its processor's (tcpinline.go).
+	RxInline atomic.Uint64
 }
 
 // tcpState is netstack and what drives it, made by the first TCP socket.
@@ -358,28 +361,39 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 // Held acknowledgements. netstack acknowledges each segment as it
 // processes it, before the application can answer, where the kernel
 // delays its ACK for the answer to carry (RFC 1122 4.2.3.2). A bare ACK
-// without SACK blocks is held back, for at most the kick delay
-// (holdDelay); a later segment of the same connection that carries data
-// or a FIN and acknowledges as much makes it redundant, and it is not
-// sent (TCPCounters.AcksCarried). The rest leave when the delay is over,
-// together, as they did before on the transmit ring. Bare ACKs never
-// replace each other, so a bulk receiver's ACKs still clock its sender;
-// ACKs with SACK blocks (data arrived out of order) are never held, and
-// held duplicate ACKs (one connection, one acknowledged byte) are never
-// carried: both tell the sender of a loss.
+// without SACK blocks is held back, for at most ackDelay; a later segment
+// of the same connection that carries data or a FIN and acknowledges as
+// much makes it redundant, and it is not sent (TCPCounters.AcksCarried).
+// The rest leave when the delay is over, together. As the kernel
+// acknowledges at once when a second full segment is unacknowledged, a
+// bare ACK that acknowledges a full segment more than the ACKs held for
+// its connection leaves at once, in their place, so that a bulk
+// receiver's ACKs still clock its sender. ACKs with SACK blocks (data
+// arrived out of order) are never held, and held duplicate ACKs (one
+// connection, one acknowledged byte) are never carried: both tell the
+// sender of a loss.
 
 // maxHeld bounds the acknowledgements held at once; more release them.
 const maxHeld = 32
 
-// maxHoldDelay bounds holdDelay whatever the kick delay: an answer that
-// is coming comes sooner, and an ACK held near the peer's retransmission
-// timeout (200 ms at least) would bring the segment again.
-const maxHoldDelay = time.Millisecond
+// ackDelay is the longest an acknowledgement is held. An answer is
+// carried when the application gives it within: redis-server under
+// vmaxdp, serving ten connections in turn, answers 100-300 us after the
+// request came, and with the kick delay (20 us) most of its ACKs left
+// alone, each a kick and a segment more for the peer. The kernel's
+// delayed ACK waits 40 ms at least; 1 ms stays far from a peer's
+// retransmission timeout (200 ms at least) and from the stall of a
+// peer's Nagle algorithm waiting for the ACK of a small segment.
+const ackDelay = time.Millisecond
 
-// holdDelay is the longest an acknowledgement is held: the kick delay,
-// which bounded how long it waited on the transmit ring before, up to
-// maxHoldDelay.
-func (l *tcpLink) holdDelay() time.Duration { return min(l.st.opts.TxKickDelay, maxHoldDelay) }
+// holdDelay is how long an acknowledgement is held: ackDelay, or 0 (not
+// held) when the kick delay is 0 and every segment leaves at once.
+func (l *tcpLink) holdDelay() time.Duration {
+	if l.st.opts.TxKickDelay == 0 {
+		return 0
+	}
+	return ackDelay
+}
 
 // hold holds list if it is all bare ACKs without SACK blocks, and drops
 // the held ACKs list's segments make redundant; true when it held list.
@@ -395,6 +409,10 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 	}
 	var release []*nstack.PacketBuffer
 	l.heldMu.Lock()
+	if l.ackNow(list) {
+		l.heldMu.Unlock()
+		return false
+	}
 	if len(l.held)+len(list) > maxHeld {
 		release = l.takeHeld()
 	}
@@ -416,6 +434,64 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 	return true
 }
 
+// ackNow says whether a bare ACK of list acknowledges a full segment or
+// more beyond the ACKs held for its connection: then list leaves at once,
+// and the held ACKs it acknowledges more than are dropped (carried).
+// Caller holds heldMu.
+func (l *tcpLink) ackNow(list []*nstack.PacketBuffer) bool {
+	if len(l.held) == 0 {
+		return false
+	}
+	mss := int32(l.st.tcpMTU() - header.IPv4MinLen - header.TCPMinLen)
+	now := false
+	for _, p := range list {
+		ack := ackOf(p)
+		for _, h := range l.held {
+			if sameConn(h, p) && int32(ack-ackOf(h)) >= mss {
+				now = true
+			}
+		}
+		if now {
+			l.dropHeld(func(h *nstack.PacketBuffer) bool { return sameConn(h, p) && int32(ackOf(h)-ack) < 0 })
+		}
+	}
+	return now
+}
+
+// sameConn says whether two of netstack's segments belong to one
+// connection (both from this host).
+func sameConn(a, b *nstack.PacketBuffer) bool {
+	at, ai := a.TransportHeader().Slice(), a.NetworkHeader().Slice()
+	bt, bi := b.TransportHeader().Slice(), b.NetworkHeader().Slice()
+	return [4]byte(at[0:4]) == [4]byte(bt[0:4]) && [8]byte(ai[12:20]) == [8]byte(bi[12:20])
+}
+
+// ackOf is a segment's acknowledgement number.
+func ackOf(p *nstack.PacketBuffer) uint32 {
+	return binary.BigEndian.Uint32(p.TransportHeader().Slice()[8:12])
+}
+
+// dropHeld drops, as carried, the held ACKs drop says are redundant.
+// Caller holds heldMu.
+func (l *tcpLink) dropHeld(drop func(h *nstack.PacketBuffer) bool) {
+	keep := l.held[:0]
+	for _, h := range l.held {
+		if !drop(h) {
+			keep = append(keep, h)
+			continue
+		}
+		h.DecRef()
+		l.st.TCPCounters.AcksCarried.Add(1)
+	}
+	clear(l.held[len(keep):])
+	l.held = keep
+	l.heldN.Store(int32(len(l.held)))
+	if len(l.held) == 0 && l.heldArmed {
+		l.heldArmed = false
+		l.heldTimer.Stop()
+	}
+}
+
 // carry drops the held ACKs that list's segments with data or a FIN make
 // redundant: of the same connection, acknowledging as much or more.
 func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
@@ -426,39 +502,19 @@ func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
 		if len(tcp) < header.TCPMinLen || tcp[13]&0x10 == 0 || (p.Data().Size() == 0 && tcp[13]&0x01 == 0) {
 			continue // no ACK, or neither data nor a FIN
 		}
-		ip := p.NetworkHeader().Slice()
-		ack := binary.BigEndian.Uint32(tcp[8:12])
-		same := func(h *nstack.PacketBuffer) bool {
-			ht, hip := h.TransportHeader().Slice(), h.NetworkHeader().Slice()
-			return [4]byte(ht[0:4]) == [4]byte(tcp[0:4]) && [8]byte(hip[12:20]) == [8]byte(ip[12:20])
-		}
-		acks := func(h *nstack.PacketBuffer) uint32 { return binary.BigEndian.Uint32(h.TransportHeader().Slice()[8:12]) }
+		ack := ackOf(p)
 		var carried [maxHeld]bool
 		for i, h := range l.held {
 			// Held ACKs of one connection that acknowledge the same
 			// byte are duplicate ACKs, which tell a sender without
 			// SACK of a loss: they leave as they are.
 			dup := slices.ContainsFunc(l.held, func(o *nstack.PacketBuffer) bool {
-				return o != h && same(o) && acks(o) == acks(h)
+				return o != h && sameConn(o, h) && ackOf(o) == ackOf(h)
 			})
-			carried[i] = same(h) && !dup && int32(acks(h)-ack) <= 0
+			carried[i] = sameConn(h, p) && !dup && int32(ackOf(h)-ack) <= 0
 		}
-		keep := l.held[:0]
-		for i, h := range l.held {
-			if !carried[i] {
-				keep = append(keep, h)
-				continue
-			}
-			h.DecRef()
-			l.st.TCPCounters.AcksCarried.Add(1)
-		}
-		clear(l.held[len(keep):])
-		l.held = keep
-	}
-	l.heldN.Store(int32(len(l.held)))
-	if len(l.held) == 0 && l.heldArmed {
-		l.heldArmed = false
-		l.heldTimer.Stop()
+		i := 0
+		l.dropHeld(func(*nstack.PacketBuffer) bool { i++; return carried[i-1] })
 	}
 }
 
@@ -572,13 +628,32 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 	if !st.checked(header.CheckTCP(ip)) {
 		return
 	}
-	if seg := header.TCP(ip[ip.HeaderLen():]); seg.Flags()&header.TCPFlagFin != 0 {
+	seg := header.TCP(ip[ip.HeaderLen():])
+	if seg.Flags()&header.TCPFlagFin != 0 {
 		st.finArriving(ip, seg)
 	}
 	pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(ip)})
 	st.TCPCounters.RxSegments.Add(1)
-	d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
+	deliver := func() { d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt) }
+	if !plainSegment(seg) || !st.deliverInline(ip, seg, deliver) {
+		deliver()
+	}
 	pkt.DecRef()
+}
+
+// deliverInline runs deliver and netstack's processing of the segment on
+// this goroutine when it is for an established connection (tcpinline.go).
+func (st *Stack) deliverInline(ip header.IPv4, seg header.TCP, deliver func()) bool {
+	k := tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}
+	c, ok := st.tcpConns.Load(k)
+	if !ok {
+		return false
+	}
+	if !c.(*TCPConn).deliverInline(deliver) {
+		return false
+	}
+	st.TCPCounters.RxInline.Add(1)
+	return true
 }
 
 // finArriving marks the connection a FIN is for, before netstack takes

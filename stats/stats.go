@@ -208,7 +208,10 @@ type TCPCounters struct {
 	DrainErrors uint64 `json:"drain_errors"`
 	// AcksCarried: netstack's bare ACKs not sent, a segment with data of
 	// the same connection carrying the acknowledgement.
-	AcksCarried           uint64 `json:"acks_carried"`
+	AcksCarried uint64 `json:"acks_carried"`
+	// RxInline: segments netstack processed on the goroutine that
+	// received them, without waking its processor goroutine.
+	RxInline              uint64 `json:"rx_inline"`
 	ActiveOpens           uint64 `json:"active_opens"`
 	PassiveOpens          uint64 `json:"passive_opens"`
 	CurrentEstablished    uint64 `json:"current_established" stats:"gauge"`

@@ -805,6 +805,9 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 		clock.Begin(waited, t.spin.Budget())
 	}
 	for i := 1; ; i++ {
+		if t.c.Poll() && t.notices.Load() != seq {
+			return true // this thread processed the segment: the lock is free
+		}
 		if t.notices.Load() != seq {
 			// The notice comes from netstack's processor goroutine while
 			// it holds the endpoint's lock (it goes on to send the ACK).

@@ -92,8 +92,15 @@ func (ip IPv4) Encode(f IPv4Fields) {
 // TCP is a view of a TCP header (at least TCPMinLen bytes).
 type TCP []byte
 
-// TCPFlagFin is the FIN bit of TCP.Flags.
-const TCPFlagFin = 0x01
+// The bits of TCP.Flags.
+const (
+	TCPFlagFin = 0x01
+	TCPFlagSyn = 0x02
+	TCPFlagRst = 0x04
+	TCPFlagPsh = 0x08
+	TCPFlagAck = 0x10
+	TCPFlagUrg = 0x20
+)
 
 func (t TCP) SrcPort() uint16 { return binary.BigEndian.Uint16(t[0:]) }
 func (t TCP) DstPort() uint16 { return binary.BigEndian.Uint16(t[2:]) }
