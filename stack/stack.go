@@ -295,6 +295,9 @@ type Stack struct {
 	// tcpConns are the TCP connections by 5-tuple (tcpKey), for what the
 	// link sees before netstack does (finArriving).
 	tcpConns sync.Map
+	// inlined are the connections whose segments the drain under way
+	// delivered, to process at its end (tcpinline.go). Under rxMu.
+	inlined []*TCPConn
 	// tcpAppSends counts the application's sends inside netstack now: the
 	// segments the link sends meanwhile are theirs (tcpLink.transmit).
 	tcpAppSends atomic.Int32
@@ -814,6 +817,9 @@ func (st *Stack) drainRings() int {
 			st.demuxLocked(q, socks, q.rx[i])
 		}
 		st.flushLocked(q)
+	}
+	if len(st.inlined) > 0 {
+		st.processInlined()
 	}
 	if len(st.queuedNow) > 0 {
 		st.wakeQueued()

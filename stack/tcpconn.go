@@ -41,8 +41,12 @@ type TCPConn struct {
 	// fin: a FIN from the peer reached netstack (finArriving).
 	fin atomic.Bool
 	key tcpKey
-	wmu sync.Mutex
-	wr  bytes.Reader
+	// inlined: a drain holds the endpoint, with inlineSegs segments
+	// queued for processInlined (tcpinline.go). Under the stack's rxMu.
+	inlined    bool
+	inlineSegs int
+	wmu        sync.Mutex
+	wr         bytes.Reader
 }
 
 // WaitPoint tells the stack that the application receives or is about

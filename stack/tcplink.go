@@ -641,21 +641,6 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 	pkt.DecRef()
 }
 
-// deliverInline runs deliver and netstack's processing of the segment on
-// this goroutine when it is for an established connection (tcpinline.go).
-func (st *Stack) deliverInline(ip header.IPv4, seg header.TCP, deliver func()) bool {
-	k := tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}
-	c, ok := st.tcpConns.Load(k)
-	if !ok {
-		return false
-	}
-	if !c.(*TCPConn).deliverInline(deliver) {
-		return false
-	}
-	st.TCPCounters.RxInline.Add(1)
-	return true
-}
-
 // finArriving marks the connection a FIN is for, before netstack takes
 // it: netstack tells its waiters of a FIN as of data (readable) and only
 // then moves to CLOSE-WAIT, so that readiness alone would report the
