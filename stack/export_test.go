@@ -35,6 +35,5 @@ func DeliverFrame(st *Stack, frame []byte) bool {
 	st.rxMu.Lock()
 	defer st.rxMu.Unlock()
 	st.deliverTCP(p.IP)
-	st.processInlined()
 	return true
 }

@@ -295,9 +295,9 @@ type Stack struct {
 	// tcpConns are the TCP connections by 5-tuple (tcpKey), for what the
 	// link sees before netstack does (finArriving).
 	tcpConns sync.Map
-	// inlined are the connections whose segments the drain under way
-	// delivered, to process at its end (tcpinline.go). Under rxMu.
-	inlined []*TCPConn
+	// inlineFor is the connection whose receive drains the rings, whose
+	// segments are processed on its thread (tcpinline.go). Under rxMu.
+	inlineFor *TCPConn
 	// tcpAppSends counts the application's sends inside netstack now: the
 	// segments the link sends meanwhile are theirs (tcpLink.transmit).
 	tcpAppSends atomic.Int32
@@ -708,18 +708,6 @@ func (st *Stack) Poll() int {
 	return st.pollLocked()
 }
 
-// TryPoll is Poll unless another goroutine polls already: then it
-// returns at once, false. For a waiter that polls in a loop: the other
-// poll does its work.
-func (st *Stack) TryPoll() bool {
-	if !st.rxMu.TryLock() {
-		return false
-	}
-	defer st.rxMu.Unlock()
-	st.pollLocked()
-	return true
-}
-
 // BeginWait announces a multiplexer about to sleep and appends what it
 // must sleep on: every queue's fd and an eventfd that the stack writes
 // when a datagram is queued meanwhile. The caller looks at its sockets
@@ -817,9 +805,6 @@ func (st *Stack) drainRings() int {
 			st.demuxLocked(q, socks, q.rx[i])
 		}
 		st.flushLocked(q)
-	}
-	if len(st.inlined) > 0 {
-		st.processInlined()
 	}
 	if len(st.queuedNow) > 0 {
 		st.wakeQueued()

@@ -41,9 +41,9 @@ type TCPConn struct {
 	// fin: a FIN from the peer reached netstack (finArriving).
 	fin atomic.Bool
 	key tcpKey
-	// inlined: a drain holds the endpoint, with inlineSegs segments
-	// queued for processInlined (tcpinline.go). Under the stack's rxMu.
-	inlined    bool
+	// inlineSegs: a drain of Poll's holds the endpoint, with this many
+	// segments queued for processInline (tcpinline.go). Under the
+	// stack's rxMu.
 	inlineSegs int
 	wmu        sync.Mutex
 	wr         bytes.Reader
@@ -54,11 +54,6 @@ type TCPConn struct {
 // send kicks at once (see kick.go). The engine calls it before its
 // receives and waits.
 func (c *TCPConn) WaitPoint() { c.st.waitPoint() }
-
-// Poll drains the stack's receive rings on this goroutine unless another
-// does already (Stack.TryPoll); netstack processes the connection's
-// segments as they are drained (tcpinline.go). false: another drains.
-func (c *TCPConn) Poll() bool { return c.st.TryPoll() }
 
 // Close closes the connection as netstack does (FIN, or RST with unread
 // data); its rule and port stay until netstack has finished with it.

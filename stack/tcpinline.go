@@ -14,25 +14,31 @@ import (
 // Inline segment processing. netstack hands every segment it receives to
 // a processor goroutine of its own (tcp's dispatcher), which another
 // thread must wake up to run when the frame came in on the application's
-// own thread (a cgo callback, locked to it): one thread wake-up per
-// segment, which the kernel does not make. For the segments that only
-// carry data or acknowledge (no SYN, FIN, RST or URG) on an established
-// connection, the goroutine that drains the rings runs netstack's
-// processing itself, a batch at a time, as the processor would:
+// own thread (a cgo callback, locked to it): a thread wake-up per segment,
+// which the kernel does not make. A receive that polls for its
+// connection's answer drains the rings itself (TCPConn.Poll), and the
+// segments that only carry data or acknowledge (no SYN, FIN, RST or URG)
+// for that connection, established, are processed on its thread, as the
+// processor would:
 //
-//  1. at the connection's first such segment of the drain, LockUser
-//     marks its endpoint owned by a user goroutine, so the dispatcher
-//     queues the segments without waking its processor;
+//  1. at the first such segment of the drain, LockUser marks the
+//     endpoint owned by a user goroutine, so the dispatcher queues the
+//     segments without waking its processor;
 //  2. the drain's frames are delivered as any other;
-//  3. at the end of the drain, handleConnected's work runs here for each
-//     such connection that got a few segments, under its endpoint's lock:
-//     every segment queued, one ACK for them all;
-//  4. UnlockUser, which hands what is left to the processor: all of a
-//     connection's segments when they were more than maxInlineSegs, a
-//     bulk transfer's, whose processing then runs beside the next drain
-//     on another CPU, as before (processed here, a segment at a time,
-//     bulk receives lost half their rate: iperf3 -P 4 with the server
-//     under vmaxdp 2.5 -> 1.2 Gbit/s; a drain at a time, 2.5 -> 1.7-2.1).
+//  3. at the end of the drain, handleConnected's work runs here, under
+//     the endpoint's lock, when the segments were a few: one ACK for
+//     them all;
+//  4. UnlockUser, which hands what is left to the processor: all of the
+//     segments when they were more than maxInlineSegs (a bulk transfer's,
+//     whose processing then runs beside the next drain on another CPU).
+//
+// Only the polling connection's, and only on its thread: the drain
+// goroutines that processed every connection's segments this way took
+// knot over TCP (dnsperf's 32 connections, two workers) from 21-27k to
+// 14-18k queries a second as server, 30-50k to 18-22k as client: one
+// goroutine processed them all in turn, holding their endpoints, which
+// the workers' reads then slept on; and bulk receives lost a fifth of
+// their rate.
 //
 // The functions of netstack's this needs are unexported; they are reached
 // with go:linkname. Their signatures are those of the gVisor pseudo-version
@@ -51,12 +57,8 @@ func tcpDrainClosingSegmentQueue(ep *tcp.Endpoint)
 //go:linkname tcpStartTimeWait gvisor.dev/gvisor/pkg/tcpip/transport/tcp.startTimeWait
 func tcpStartTimeWait(ep *tcp.Endpoint)
 
-// maxInlined bounds the connections a drain holds locked; one more
-// processes those first.
-const maxInlined = 16
-
-// maxInlineSegs is the most segments of a connection a drain processes
-// inline: a request, an answer, their acknowledgements.
+// maxInlineSegs is the most segments a drain processes inline: a
+// request, an answer, their acknowledgements.
 const maxInlineSegs = 2
 
 // plainSegment says whether seg only carries data or acknowledges: the
@@ -66,58 +68,61 @@ func plainSegment(seg header.TCP) bool {
 	return seg.Flags()&other == 0 && seg.Flags()&header.TCPFlagAck != 0
 }
 
-// deliverInline runs deliver, netstack's delivery of a plain segment,
-// with its connection's endpoint held for processInlined; false (nothing
-// done) when the segment is for no established connection of the stack.
-// Caller holds rxMu.
-func (st *Stack) deliverInline(ip header.IPv4, seg header.TCP, deliver func()) bool {
-	k := tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}
-	v, ok := st.tcpConns.Load(k)
-	if !ok {
+// Poll drains the stack's receive rings on this goroutine unless another
+// does already (false), processing c's segments here (see above).
+func (c *TCPConn) Poll() bool {
+	st := c.st
+	if !st.rxMu.TryLock() {
 		return false
 	}
-	c := v.(*TCPConn)
-	if !c.inlined {
+	defer st.rxMu.Unlock()
+	st.inlineFor = c
+	st.pollLocked()
+	st.inlineFor = nil
+	if c.inlineSegs > 0 {
+		c.processInline()
+	}
+	return true
+}
+
+// deliverInline runs deliver, netstack's delivery of a plain segment,
+// with its endpoint held for processInline when it is for the connection
+// whose receive drains (inlineFor), established; false (nothing done)
+// otherwise. Caller holds rxMu.
+func (st *Stack) deliverInline(ip header.IPv4, seg header.TCP, deliver func()) bool {
+	c := st.inlineFor
+	if c == nil || c.key != (tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}) {
+		return false
+	}
+	if c.inlineSegs == 0 {
 		ep, ok := c.ep.(*tcp.Endpoint)
 		if !ok || ep.EndpointState() != tcp.StateEstablished {
 			return false
-		}
-		if len(st.inlined) == maxInlined {
-			st.processInlined()
 		}
 		ep.LockUser()
 		if ep.EndpointState() != tcp.StateEstablished {
 			ep.UnlockUser()
 			return false
 		}
-		c.inlined = true
-		st.inlined = append(st.inlined, c)
 	}
 	c.inlineSegs++
 	deliver()
 	return true
 }
 
-// processInlined processes the segments deliverInline queued, and lets
-// their endpoints go. Caller holds rxMu.
-func (st *Stack) processInlined() {
-	for i, c := range st.inlined {
-		if c.inlineSegs <= maxInlineSegs {
-			c.processInline()
-		} else {
-			c.ep.(*tcp.Endpoint).UnlockUser()
-		}
-		c.inlined, c.inlineSegs = false, 0
-		st.inlined[i] = nil
-	}
-	st.inlined = st.inlined[:0]
-}
-
 // processInline is what netstack's processor does for a connected
-// endpoint (tcp.handleConnected), on an endpoint deliverInline holds.
+// endpoint (tcp.handleConnected), on the endpoint deliverInline holds;
+// more than maxInlineSegs segments go to the processor. Caller holds
+// rxMu.
 func (c *TCPConn) processInline() {
-	c.st.TCPCounters.RxInline.Add(uint64(c.inlineSegs))
 	ep := c.ep.(*tcp.Endpoint)
+	n := c.inlineSegs
+	c.inlineSegs = 0
+	if n > maxInlineSegs {
+		ep.UnlockUser()
+		return
+	}
+	c.st.TCPCounters.RxInline.Add(uint64(n))
 	err := tcpHandleSegmentsLocked(ep)
 	if err != nil {
 		tcpResetConnectionLocked(ep, err)

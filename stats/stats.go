@@ -209,8 +209,11 @@ type TCPCounters struct {
 	// AcksCarried: netstack's bare ACKs not sent, a segment with data of
 	// the same connection carrying the acknowledgement.
 	AcksCarried uint64 `json:"acks_carried"`
-	// RxInline: segments netstack processed on the goroutine that
-	// received them, without waking its processor goroutine.
+	// AcksDelayed: netstack's bare ACKs that left when their hold was
+	// over, no segment of the connection carrying them.
+	AcksDelayed uint64 `json:"acks_delayed"`
+	// RxInline: segments netstack processed on the thread of a receive
+	// that polled for them, without waking its processor goroutine.
 	RxInline              uint64 `json:"rx_inline"`
 	ActiveOpens           uint64 `json:"active_opens"`
 	PassiveOpens          uint64 `json:"passive_opens"`
