@@ -85,33 +85,30 @@ func (c *TCPConn) Poll() bool {
 	return true
 }
 
-// deliverInline runs deliver, netstack's delivery of a plain segment,
-// with its endpoint held for processInline when it is for the connection
-// whose receive drains (inlineFor), established; false (nothing done)
-// otherwise. Caller holds rxMu.
-func (st *Stack) deliverInline(ip header.IPv4, seg header.TCP, deliver func()) bool {
+// holdInline holds the endpoint of the connection whose receive drains
+// (inlineFor), for processInline, when the plain segment about to be
+// delivered is for it and it is established. Caller holds rxMu.
+func (st *Stack) holdInline(ip header.IPv4, seg header.TCP) {
 	c := st.inlineFor
 	if c == nil || c.key != (tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}) {
-		return false
+		return
 	}
 	if c.inlineSegs == 0 {
 		ep, ok := c.ep.(*tcp.Endpoint)
 		if !ok || ep.EndpointState() != tcp.StateEstablished {
-			return false
+			return
 		}
 		ep.LockUser()
 		if ep.EndpointState() != tcp.StateEstablished {
 			ep.UnlockUser()
-			return false
+			return
 		}
 	}
 	c.inlineSegs++
-	deliver()
-	return true
 }
 
 // processInline is what netstack's processor does for a connected
-// endpoint (tcp.handleConnected), on the endpoint deliverInline holds;
+// endpoint (tcp.handleConnected), on the endpoint holdInline holds;
 // more than maxInlineSegs segments go to the processor. Caller holds
 // rxMu.
 func (c *TCPConn) processInline() {

@@ -446,14 +446,11 @@ func (l *tcpLink) ackNow(list []*nstack.PacketBuffer) bool {
 	now := false
 	for _, p := range list {
 		ack := ackOf(p)
-		for _, h := range l.held {
-			if sameConn(h, p) && int32(ack-ackOf(h)) >= mss {
-				now = true
-			}
+		if !slices.ContainsFunc(l.held, func(h *nstack.PacketBuffer) bool { return sameConn(h, p) && int32(ack-ackOf(h)) >= mss }) {
+			continue
 		}
-		if now {
-			l.dropHeld(func(h *nstack.PacketBuffer) bool { return sameConn(h, p) && int32(ackOf(h)-ack) < 0 })
-		}
+		now = true
+		l.dropHeld(func(_ int, h *nstack.PacketBuffer) bool { return sameConn(h, p) && int32(ackOf(h)-ack) < 0 })
 	}
 	return now
 }
@@ -471,12 +468,12 @@ func ackOf(p *nstack.PacketBuffer) uint32 {
 	return binary.BigEndian.Uint32(p.TransportHeader().Slice()[8:12])
 }
 
-// dropHeld drops, as carried, the held ACKs drop says are redundant.
-// Caller holds heldMu.
-func (l *tcpLink) dropHeld(drop func(h *nstack.PacketBuffer) bool) {
+// dropHeld drops, as carried, the held ACKs drop says are redundant (i:
+// their index in held). Caller holds heldMu.
+func (l *tcpLink) dropHeld(drop func(i int, h *nstack.PacketBuffer) bool) {
 	keep := l.held[:0]
-	for _, h := range l.held {
-		if !drop(h) {
+	for i, h := range l.held {
+		if !drop(i, h) {
 			keep = append(keep, h)
 			continue
 		}
@@ -513,8 +510,7 @@ func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
 			})
 			carried[i] = sameConn(h, p) && !dup && int32(ackOf(h)-ack) <= 0
 		}
-		i := 0
-		l.dropHeld(func(*nstack.PacketBuffer) bool { i++; return carried[i-1] })
+		l.dropHeld(func(i int, _ *nstack.PacketBuffer) bool { return carried[i] })
 	}
 }
 
@@ -641,10 +637,10 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 	}
 	pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(ip)})
 	st.TCPCounters.RxSegments.Add(1)
-	deliver := func() { d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt) }
-	if !plainSegment(seg) || !st.deliverInline(ip, seg, deliver) {
-		deliver()
+	if plainSegment(seg) {
+		st.holdInline(ip, seg)
 	}
+	d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
 	pkt.DecRef()
 }
 
