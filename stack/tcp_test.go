@@ -89,6 +89,20 @@ func acceptOne(t *testing.T, bed *testbed.Bed, l *stack.TCPListener, laddr netip
 	return c, s
 }
 
+// connectedPair is a kernel client of bed's side A connected to a
+// listener of st on port, and what the listener accepted; all three close
+// with t, and the client's calls fail after 20 s.
+func connectedPair(t *testing.T, bed *testbed.Bed, st *stack.Stack, port uint16) (client, accepted net.Conn) {
+	t.Helper()
+	laddr := netip.AddrPortFrom(bed.Addr(testbed.B), port)
+	l := listenTCP(t, bed, st, laddr)
+	t.Cleanup(func() { l.Close() })
+	c, s := acceptOne(t, bed, l, laddr)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, s
+}
+
 // exchange writes size bytes in chunks of chunk on c and reads them back.
 func exchange(c net.Conn, size, chunk, seed int) error {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -390,13 +404,7 @@ func TestTCPAcksCarried(t *testing.T) {
 		// 20 us would let the bulk transfer's ACKs go on their timer
 		// anyway, whatever the rule it checks.
 		_, st := stackOn(t, bed, &stack.Options{TxKickDelay: time.Millisecond})
-		laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7400)
-		l := listenTCP(t, bed, st, laddr)
-		defer l.Close()
-		c, s := acceptOne(t, bed, l, laddr)
-		defer c.Close()
-		defer s.Close()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
+		c, s := connectedPair(t, bed, st, 7400)
 		s.SetDeadline(time.Now().Add(20 * time.Second))
 
 		// Answered requests.
@@ -501,13 +509,7 @@ func TestTCPAcksCarried(t *testing.T) {
 func TestTCPPollInline(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
 		_, st := stackOn(t, bed, nil)
-		laddr := netip.AddrPortFrom(bed.Addr(testbed.B), 7401)
-		l := listenTCP(t, bed, st, laddr)
-		defer l.Close()
-		c, s := acceptOne(t, bed, l, laddr)
-		defer c.Close()
-		defer s.Close()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
+		c, s := connectedPair(t, bed, st, 7401)
 		sc := s.(*stack.TCPConn)
 
 		const rounds = 200
