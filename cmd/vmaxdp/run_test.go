@@ -296,8 +296,11 @@ func runSockperfCases(t *testing.T, vmaxdp string, b *testbed.Bed) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before := [2]int{udpInDatagrams(t, b, testbed.A), udpInDatagrams(t, b, testbed.B)}
+			// The sockets' counters as they close (VMAXDP_STATS_FILE):
+			// where a lost datagram went, for a failure to say.
+			statsFile := filepath.Join(t.TempDir(), "stats")
 			run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: c.srvOff, ClientOffload: c.cliOff,
-				Server: c.server, Client: c.client, Env: append([]string{"VMAXDP_TRACELEVEL=4"}, c.env...)}
+				Server: c.server, Client: c.client, Env: append([]string{"VMAXDP_TRACELEVEL=4", "VMAXDP_STATS_FILE=" + statsFile}, c.env...)}
 			res, srvLog, err := run.Do(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -306,7 +309,8 @@ func runSockperfCases(t *testing.T, vmaxdp string, b *testbed.Bed) {
 			kernelCli := udpInDatagrams(t, b, testbed.A) - before[0]
 			if c.throughputServer {
 				if res.Sent == 0 || res.ServerReceived != res.Sent {
-					t.Errorf("tp: client sent %d, server received %d; want them equal", res.Sent, res.ServerReceived)
+					counters, _ := os.ReadFile(statsFile)
+					t.Errorf("tp: client sent %d, server received %d; want them equal\nthe sockets' counters as they closed:\n%s", res.Sent, res.ServerReceived, counters)
 				}
 			} else {
 				if res.Observations == 0 || res.Dropped+res.Duplicated+res.OOO != 0 {
