@@ -158,7 +158,23 @@ func (l *tcpLink) Close() {
 // WritePackets puts netstack's packets on the link's transmit queue, or
 // holds its bare acknowledgements (hold).
 func (l *tcpLink) WritePackets(pkts nstack.PacketBufferList) (int, tcpip.Error) {
-	list := pkts.AsSlice()
+	return l.writePackets(pkts.AsSlice())
+}
+
+// tcpQDisc is the NIC's queueing discipline: it hands netstack's packets
+// to the link one by one, as netstack sends them. netstack's default
+// wraps each packet in a PacketBufferList of its own, two allocations a
+// packet (BenchmarkTCPPingPong).
+type tcpQDisc struct{ l *tcpLink }
+
+func (q tcpQDisc) WritePacket(pkt *nstack.PacketBuffer) tcpip.Error {
+	_, err := q.l.writePackets([]*nstack.PacketBuffer{pkt})
+	return err
+}
+
+func (tcpQDisc) Close() {}
+
+func (l *tcpLink) writePackets(list []*nstack.PacketBuffer) (int, tcpip.Error) {
 	if l.down.Load() {
 		// netstack is closing: the resets it sends as it aborts what is
 		// left (TIME-WAIT included) are not what the kernel sends for a
@@ -320,11 +336,7 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 		eth.SetDst(hops[i].mac)
 		eth.SetSrc(st.mac)
 		eth.SetType(header.EtherTypeIPv4)
-		off := header.EthernetLen
-		for _, v := range pkts[i].AsSlices() {
-			off += copy(b.Data[off:], v)
-		}
-		b.Data = b.Data[:off]
+		b.Data = b.Data[:header.EthernetLen+copyPacket(b.Data[header.EthernetLen:], pkts[i])]
 		if q.be.TxChecksum() {
 			partialTCPChecksum(b)
 		}
@@ -768,7 +780,7 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 	// --tcp tp from vmaxdp: one 64-byte message a segment).
 	delay := tcpip.TCPDelayEnabled(true)
 	ns.SetTransportProtocolOption(tcp.ProtocolNumber, &delay)
-	if err := ns.CreateNIC(tcpNIC, link); err != nil {
+	if err := ns.CreateNICWithOptions(tcpNIC, link, nstack.NICOptions{QDisc: tcpQDisc{link}}); err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("tcp: netstack NIC: %s", err)
 	}
@@ -844,7 +856,8 @@ func (st *Stack) startDrains(qs []*queue) (stop func()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for rc.Read(st.drainTCP) == nil {
+			drain := st.drainTCP // a method value in the loop would be allocated at each wake
+			for rc.Read(drain) == nil {
 			}
 		}()
 	}
@@ -939,3 +952,21 @@ func (st *Stack) reapTCP(t *tcpState, all bool) {
 }
 
 var _ nstack.LinkEndpoint = (*tcpLink)(nil)
+
+// copyPacket copies pkt's bytes, headers first, into b, which has room
+// for them, and returns their length; PacketBuffer.AsSlices would
+// allocate the list of its views.
+func copyPacket(b []byte, pkt *nstack.PacketBuffer) int {
+	views, skip := pkt.AsViewList()
+	n := 0
+	for v := views.Front(); v != nil; v = v.Next() {
+		s := v.AsSlice()
+		if skip >= len(s) {
+			skip -= len(s)
+			continue
+		}
+		n += copy(b[n:], s[skip:])
+		skip = 0
+	}
+	return n
+}
