@@ -719,7 +719,7 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	sw := sig.Begin(deadline.IsZero())
 	got, i, off, counted := 0, 0, 0, 0
 	var waited int64 // unix ns: when the receive first found nothing
-	slept := false
+	slept, polled := false, false
 	for {
 		seq := t.notices.Load()
 		eof := false
@@ -770,6 +770,15 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 				t.rxPollHit.Add(1)
 			}
 			return got, 0
+		case nonblock && !polled:
+			// Once, as VMA polls its completion queue at each
+			// non-blocking receive: an application that spins on its own
+			// (sockperf --nonblocked) would otherwise wait for the queue's
+			// drain goroutine to be woken, run, and hand the segment to
+			// netstack's processor.
+			polled = true
+			t.c.Poll()
+			continue
 		case nonblock:
 			t.rxEagain.Add(1)
 			return 0, unix.EAGAIN
