@@ -107,6 +107,10 @@ type tcpConn struct {
 	notices    atomic.Uint32
 	spin       stack.Spin
 	sentBefore atomic.Uint64
+	// emptyAt is notices+1 as of a read that found nothing (0: none
+	// did): until netstack's next notice, a receive need not ask
+	// netstack again (TCPRecv).
+	emptyAt atomic.Int64
 
 	mu     sync.Mutex // the mirror's state below
 	marks  int        // bytes queued on app, readable: netstack has data
@@ -724,7 +728,16 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 		seq := t.notices.Load()
 		eof := false
 		var rerr error
-		for i < len(bufs) {
+		if got == 0 && t.emptyAt.Load() == int64(seq)+1 {
+			// Nothing came since a read found nothing: an application
+			// that spins on its receives (sockperf --nonblocked) would
+			// otherwise take the endpoint's lock at each, and netstack's
+			// processor, which needs it for what the queue's drain
+			// goroutine delivered, would spin on it (a fifth of the
+			// process's CPU in perf).
+			rerr = unix.EAGAIN
+		}
+		for rerr == nil && i < len(bufs) {
 			n, err := t.c.ReadNonblock(bufs[i][off:], peek)
 			got += n
 			off += n
@@ -740,6 +753,9 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 				break
 			}
 			i, off = i+1, 0
+		}
+		if got == 0 && errors.Is(rerr, unix.EAGAIN) {
+			t.emptyAt.Store(int64(seq) + 1)
 		}
 		t.settleRead()
 		if !peek {
