@@ -198,6 +198,13 @@ type sockKey struct {
 
 // Stack serves the UDP sockets of one interface.
 type Stack struct {
+	// appPolled is monoNow's when an application thread last polled the
+	// queues for a TCP connection (TCPConn.Poll), 0 once it stopped to
+	// sleep (handOver); drains are the TCP drain goroutines it tells.
+	appPolled atomic.Int64
+	drainsMu  sync.Mutex
+	drains    []*drain
+
 	opts    Options
 	ifname  string
 	ifindex int

@@ -179,6 +179,54 @@ func TestTCPRoundTripAllocs(t *testing.T) {
 	})
 }
 
+// TestTCPDrainTakesOver: while a thread polls the queues for one
+// connection, the drain goroutines leave the frames to it; once it stops,
+// whether it says so (PollStop, as a receive about to sleep does) or just
+// goes away, another connection that nobody polls gets its data (within
+// the test's 2 s; the drains look every appPollCheck). The progress
+// engine, which would drain the queues too, is off.
+func TestTCPDrainTakesOver(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, &stack.Options{ProgressInterval: stack.ProgressNever})
+		c1, s1 := connectedPair(t, bed, st, 7403)
+		c2, s2 := connectedPair(t, bed, st, 7404)
+		polled := s1.(*stack.TCPConn)
+		msg, buf := []byte("request"), make([]byte, 64)
+		pollFor := func() {
+			polled.Polling()
+			if _, err := c1.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(2 * time.Second); ; {
+				polled.Polling()
+				polled.Poll()
+				if n, err := polled.ReadNonblock(buf, false); err == nil && n > 0 {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the polling thread got nothing in 2 s")
+				}
+			}
+		}
+		other := func(how string) {
+			if _, err := c2.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			s2.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := io.ReadFull(s2, buf[:len(msg)]); err != nil {
+				t.Fatalf("a connection nobody polls, after the polling thread %s: %v", how, err)
+			}
+		}
+		for range 20 {
+			pollFor()
+			other("went away")
+			pollFor()
+			polled.PollStop()
+			other("said it stops")
+		}
+	})
+}
+
 // exchange writes size bytes in chunks of chunk on c and reads them back.
 func exchange(c net.Conn, size, chunk, seed int) error {
 	c.SetDeadline(time.Now().Add(20 * time.Second))

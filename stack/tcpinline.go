@@ -85,6 +85,14 @@ func (c *TCPConn) Poll() bool {
 	return true
 }
 
+// Polling says that a thread polls for c, and will say PollStop when it
+// stops: meanwhile the queues' drain goroutines leave it the frames.
+func (c *TCPConn) Polling() { c.st.appPolled.Store(monoNow()) }
+
+// PollStop says that the thread that polled for c stops, to sleep: the
+// queues' drain goroutines take over.
+func (c *TCPConn) PollStop() { c.st.handOver() }
+
 // holdInline holds the endpoint of the connection whose receive drains
 // (inlineFor), for processInline, when the plain segment about to be
 // delivered is for it and it is established. Caller holds rxMu.

@@ -842,32 +842,156 @@ func (st *Stack) tcpDrain(t *tcpState) {
 // parked there lets the goroutines it readies (netstack's processor, the
 // reader) run at once, where one blocked in a system call holds its P
 // from them (64-byte TCP ping-pong: 27 us, against 43 us with poll(2);
-// BenchmarkTCPPingPong).
+// BenchmarkTCPPingPong). While an application thread polls the queues
+// (appPolling), the drain leaves the netpoller: its descriptor there would
+// wake one of Go's threads at every frame, which the polling thread takes
+// first anyway.
 func (st *Stack) startDrains(qs []*queue) (stop func()) {
 	var wg sync.WaitGroup
-	var files []*os.File
+	var ds []*drain
 	for _, q := range qs {
-		f, rc, err := pollerFile(q.be)
-		if err != nil {
-			st.TCPCounters.DrainErrors.Add(1)
-			continue
-		}
-		files = append(files, f)
+		d := &drain{st: st, be: q.be, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+		ds = append(ds, d)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			drain := st.drainTCP // a method value in the loop would be allocated at each wake
-			for rc.Read(drain) == nil {
-			}
+			d.run()
 		}()
 	}
+	st.drainsMu.Lock()
+	st.drains = append(st.drains, ds...)
+	st.drainsMu.Unlock()
 	return func() {
-		for _, f := range files {
-			highfd.Forget(int(f.Fd()))
-			f.Close()
+		st.drainsMu.Lock()
+		st.drains = slices.DeleteFunc(st.drains, func(d *drain) bool { return slices.Contains(ds, d) })
+		st.drainsMu.Unlock()
+		for _, d := range ds {
+			d.close()
 		}
 		wg.Wait()
 	}
+}
+
+// drain is a queue's drain goroutine.
+type drain struct {
+	st   *Stack
+	be   backend.Backend
+	wake chan struct{} // an application thread stopped polling (handOver)
+	stop chan struct{}
+	mu   sync.Mutex
+	f    *os.File // in the netpoller, or nil
+	done bool
+}
+
+// appPollRecent: an application thread that polled the queues this
+// recently polls them still (appPolling); appPollCheck is how often the
+// drain looks again meanwhile, and drains what nobody took.
+const (
+	appPollRecent = 200 * time.Microsecond
+	appPollCheck  = 500 * time.Microsecond
+)
+
+func (d *drain) run() {
+	st := d.st
+	ready := func(uintptr) bool {
+		if st.appPolling() {
+			return true // Read returns: leave the netpoller
+		}
+		return st.drainTCP(0)
+	}
+	t := time.NewTimer(appPollCheck)
+	t.Stop()
+	for {
+		d.mu.Lock()
+		if d.done {
+			d.mu.Unlock()
+			return
+		}
+		f, rc, err := pollerFile(d.be)
+		if err != nil {
+			d.mu.Unlock()
+			st.TCPCounters.DrainErrors.Add(1)
+			return
+		}
+		d.f = f
+		d.mu.Unlock()
+		for err == nil && !st.appPolling() {
+			err = rc.Read(ready)
+		}
+		d.mu.Lock()
+		d.closeFile()
+		done := d.done
+		d.mu.Unlock()
+		if err != nil {
+			if !done {
+				st.TCPCounters.DrainErrors.Add(1)
+			}
+			return
+		}
+		for st.appPolling() {
+			t.Reset(appPollCheck)
+			select {
+			case <-d.stop:
+				t.Stop()
+				return
+			case <-d.wake:
+			case <-t.C:
+			}
+			t.Stop()
+			if st.rxMu.TryLock() {
+				for range 64 {
+					if st.drainLocked() == 0 {
+						break
+					}
+				}
+				st.rxMu.Unlock()
+			}
+		}
+	}
+}
+
+// close stops the drain: its Read in the netpoller returns as its file
+// closes.
+func (d *drain) close() {
+	d.mu.Lock()
+	d.done = true
+	d.closeFile()
+	d.mu.Unlock()
+	close(d.stop)
+}
+
+// closeFile takes the drain's descriptor out of the netpoller, once.
+// Caller holds mu.
+func (d *drain) closeFile() {
+	if d.f == nil {
+		return
+	}
+	highfd.Forget(int(d.f.Fd()))
+	d.f.Close()
+	d.f = nil
+}
+
+// appPolling says whether an application thread polls the queues.
+func (st *Stack) appPolling() bool {
+	t := st.appPolled.Load()
+	return t != 0 && monoNow()-t < int64(appPollRecent)
+}
+
+// handOver tells the drains that the application thread that polled the
+// queues stopped: it is about to sleep.
+func (st *Stack) handOver() {
+	if st.appPolled.Load() == 0 {
+		return
+	}
+	st.appPolled.Store(0)
+	st.drainsMu.Lock()
+	for _, d := range st.drains {
+		select {
+		case d.wake <- struct{}{}:
+		default:
+		}
+	}
+	st.drainsMu.Unlock()
 }
 
 // pollerFile duplicates be's descriptor into an *os.File in Go's

@@ -190,6 +190,9 @@ var testHookWatch = func(fd int) {}
 // socket alone, which gets nothing once the socket is steered: unbound's
 // second thread slept for good, 100 datagrams queued on its socket.)
 func (e *Engine) watch(fd int, w *sleepWatch) {
+	if t := e.tcpConn(fd); t != nil {
+		t.c.PollStop() // the sleep watches its mirror, a kernel fd
+	}
 	if c := e.Conn(fd); c != nil {
 		w.stacks = appendStack(w.stacks, c.Stack())
 		return

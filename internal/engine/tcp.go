@@ -111,6 +111,9 @@ type tcpConn struct {
 	// did): until netstack's next notice, a receive need not ask
 	// netstack again (TCPRecv).
 	emptyAt atomic.Int64
+	// eagainRun counts non-blocking receives in a row that found nothing:
+	// spinningAfter of them, and the application spins on them.
+	eagainRun atomic.Uint32
 
 	mu     sync.Mutex // the mirror's state below
 	marks  int        // bytes queued on app, readable: netstack has data
@@ -260,6 +263,7 @@ func (t *tcpConn) block() {
 // wait sleeps on app until events (POLLIN or POLLOUT) or the deadline
 // (zero: none): EAGAIN when it passed, EINTR for a signal.
 func (t *tcpConn) wait(events int16, deadline time.Time, sw *stack.SignalWait) unix.Errno {
+	t.c.PollStop()
 	pfds := []unix.PollFd{{Fd: int32(t.app), Events: events}}
 	var ts *unix.Timespec
 	if !deadline.IsZero() {
@@ -777,6 +781,7 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 			t.mu.Unlock()
 			return got, 0
 		case got == total, got > 0 && !waitall:
+			t.eagainRun.Store(0)
 			if answer && waited != 0 && e.p.RxPoll == params.PollAuto {
 				t.spin.Done(waited, time.Now().UnixNano())
 			}
@@ -786,6 +791,13 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 				t.rxPollHit.Add(1)
 			}
 			return got, 0
+		case nonblock && !polled && t.eagainRun.Add(1) >= spinningAfter:
+			// The application spins on its receives: the drain goroutines
+			// leave it the frames while it does.
+			t.c.Polling()
+			polled = true
+			t.c.Poll()
+			continue
 		case nonblock && !polled:
 			// Once, as VMA polls its completion queue at each
 			// non-blocking receive: an application that spins on its own
@@ -830,6 +842,7 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 		clock.Begin(waited, t.spin.Budget())
 	}
 	for i := 1; ; i++ {
+		t.c.Polling()
 		if t.c.Poll() && t.notices.Load() != seq {
 			return true // this thread processed the segment: the lock is free
 		}
@@ -860,6 +873,10 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 		}
 	}
 }
+
+// spinningAfter: see tcpConn.eagainRun. An event loop reads until
+// EAGAIN once per wake-up; a spinning application reads on and on.
+const spinningAfter = 16
 
 // readGrace: see pollRead.
 const readGrace = 2 * time.Microsecond
