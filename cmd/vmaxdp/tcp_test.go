@@ -190,9 +190,14 @@ func TestRunTCPApps(t *testing.T) {
 					// A side's process that exits while its peer still
 					// sends (iperf3 -R's client) leaves the segments in
 					// flight to its kernel, as a kernel socket closed
-					// with unread data would: a few tens. A silent
-					// fall-back would be all of them (tens of thousands).
-					const exitSegments = 200
+					// with unread data would, and one that exits while
+					// its peer still acknowledges what it received (iperf3
+					// -P4's client) leaves those acknowledgements: a few
+					// tens alone, 372 once under make test's load (-P4,
+					// both, tuned bed; 0-37 in 11 runs alone), bounded
+					// by the streams' windows. A silent fall-back would be
+					// all of them: over 100,000 a second at these rates.
+					const exitSegments = 2000
 					if p.server {
 						if !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
 							t.Errorf("the server's log says nothing of offload:\n%s", tail(srvLog, 30))
@@ -228,8 +233,9 @@ func TestRunTCPApps(t *testing.T) {
 // spins on its own), 14-byte and 64 KB messages with --data-integrity,
 // ping-pong, under-load and throughput, with vmaxdp under the server, the
 // client and both, against the kernel on the other side, on a plain bed
-// and a tuned one: nothing dropped, duplicated or out of order, every
-// message the client sent received, an offloaded side's log says so and
+// (both under vmaxdp alone on a tuned one, which the other TCP tests
+// cover in every placement, for make test's time): nothing dropped,
+// duplicated or out of order, every message the client sent received, an offloaded side's log says so and
 // the kernel of its namespace took none of its segments. A server under
 // vmaxdp that receives with recvfrom, blocking or not, processes segments
 // on its own thread (rx_inline): its receives poll the queues.
@@ -265,8 +271,12 @@ func TestRunTCPSockperf(t *testing.T) {
 			{"ul", one, cli("ul", one, "-m", "64", "--mps", "20000"), false},
 			{"tp", one, cli("tp", one, "-m", "64", "--mps", "50000"), false},
 		}
+		places := placements[1:]
+		if !b.Plain {
+			places = placements[3:]
+		}
 		for _, c := range cases {
-			for _, p := range placements[1:] {
+			for _, p := range places {
 				t.Run(c.name+"/"+p.name, func(t *testing.T) {
 					before := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
 					statsDir := t.TempDir()
