@@ -1,0 +1,5 @@
+//go:build !race
+
+package stack_test
+
+const raceEnabled = false
