@@ -82,6 +82,9 @@ func (c *TCPConn) Poll() bool {
 	if c.inlineSegs > 0 {
 		c.processInline()
 	}
+	if t := st.tcp.Load(); t != nil {
+		t.link.pollHeld()
+	}
 	return true
 }
 
