@@ -446,6 +446,7 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 	l.heldN.Store(int32(len(l.held)))
 	switch {
 	case l.heldArmed || l.heldDue.Load() != 0:
+		// What is held already goes when its time comes: these with it.
 	case l.st.appPolling():
 		l.heldDue.Store(monoNow() + int64(l.holdDelay()))
 		l.armCheck()
@@ -514,11 +515,7 @@ func (l *tcpLink) dropHeld(drop func(i int, h *nstack.PacketBuffer) bool) {
 // armHeld starts heldTimer. Caller holds heldMu.
 func (l *tcpLink) armHeld(d time.Duration) {
 	l.heldArmed = true
-	if l.heldTimer == nil {
-		l.heldTimer = time.AfterFunc(d, l.expireHeld)
-	} else {
-		l.heldTimer.Reset(d)
-	}
+	l.heldTimer.Reset(d)
 }
 
 // disarmHeld: nothing is held any more. Caller holds heldMu.
@@ -544,11 +541,7 @@ func (l *tcpLink) armCheck() {
 		return
 	}
 	l.heldCheckArmed = true
-	if l.heldCheck == nil {
-		l.heldCheck = time.AfterFunc(appPollCheck, l.checkHeld)
-	} else {
-		l.heldCheck.Reset(appPollCheck)
-	}
+	l.heldCheck.Reset(appPollCheck)
 }
 
 // checkHeld is heldCheck's: it releases what is due, and looks again
@@ -836,6 +829,12 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 		return nil, err
 	}
 	link := &tcpLink{st: st, q: q}
+	// The hold's timers, made once and stopped: armHeld and armCheck only
+	// Reset them (a method value made at each arming would allocate).
+	link.heldTimer = time.AfterFunc(time.Hour, link.expireHeld)
+	link.heldTimer.Stop()
+	link.heldCheck = time.AfterFunc(time.Hour, link.checkHeld)
+	link.heldCheck.Stop()
 	ns := nstack.New(nstack.Options{
 		NetworkProtocols:   []nstack.NetworkProtocolFactory{ipv4.NewProtocol},
 		TransportProtocols: []nstack.TransportProtocolFactory{tcp.NewProtocol},
@@ -974,7 +973,9 @@ func (d *drain) run() {
 		if st.appPolling() {
 			return true // Read returns: leave the netpoller
 		}
-		return st.drainTCP(0)
+		st.rxMu.Lock()
+		defer st.rxMu.Unlock()
+		return st.drainBatchesLocked() > 0
 	}
 	t := time.NewTimer(appPollCheck)
 	t.Stop()
@@ -1018,12 +1019,8 @@ func (d *drain) run() {
 			if tcp := st.tcp.Load(); tcp != nil {
 				tcp.link.pollHeld() // the polling thread went away
 			}
-			if st.rxMu.TryLock() {
-				for range 64 {
-					if st.drainLocked() == 0 {
-						break
-					}
-				}
+			if st.rxMu.TryLock() { // else a receive polls
+				st.drainBatchesLocked()
 				st.rxMu.Unlock()
 			}
 		}
@@ -1101,11 +1098,9 @@ func pollerFile(be backend.Backend) (*os.File, syscall.RawConn, error) {
 	return f, rc, nil
 }
 
-// drainTCP polls the queues until they are empty, or a bound of batches;
-// false when they had nothing, so that the netpoller waits.
-func (st *Stack) drainTCP(uintptr) bool {
-	st.rxMu.Lock()
-	defer st.rxMu.Unlock()
+// drainBatchesLocked drains the queues until they are empty, or a bound
+// of batches, and returns how many frames it saw. Caller holds rxMu.
+func (st *Stack) drainBatchesLocked() int {
 	got := 0
 	for range 64 {
 		k := st.drainLocked()
@@ -1114,7 +1109,7 @@ func (st *Stack) drainTCP(uintptr) bool {
 		}
 		got += k
 	}
-	return got > 0
+	return got
 }
 
 // closeTCP stops netstack; its sockets are closed already.

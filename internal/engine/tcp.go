@@ -791,19 +791,16 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 				t.rxPollHit.Add(1)
 			}
 			return got, 0
-		case nonblock && !polled && t.eagainRun.Add(1) >= spinningAfter:
-			// The application spins on its receives: the drain goroutines
-			// leave it the frames while it does.
-			t.c.Polling()
-			polled = true
-			t.c.Poll()
-			continue
 		case nonblock && !polled:
 			// Once, as VMA polls its completion queue at each
 			// non-blocking receive: an application that spins on its own
 			// (sockperf --nonblocked) would otherwise wait for the queue's
 			// drain goroutine to be woken, run, and hand the segment to
-			// netstack's processor.
+			// netstack's processor. One that spins is told to the drain
+			// goroutines, which leave it the frames while it does.
+			if t.eagainRun.Add(1) >= spinningAfter {
+				t.c.Polling()
+			}
 			polled = true
 			t.c.Poll()
 			continue
@@ -841,8 +838,8 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 	if limit == params.PollAuto {
 		clock.Begin(waited, t.spin.Budget())
 	}
+	t.c.Polling()
 	for i := 1; ; i++ {
-		t.c.Polling()
 		if t.c.Poll() && t.notices.Load() != seq {
 			return true // this thread processed the segment: the lock is free
 		}
@@ -868,8 +865,13 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 		case limit > 0 && i >= limit:
 			return false
 		}
-		if i&63 == 0 && (sw.Interrupted() || !deadline.IsZero() && time.Now().After(deadline)) {
-			return false
+		if i&63 == 0 {
+			// Polling's mark lasts appPollRecent: a poll longer than that
+			// (VMAXDP_RX_POLL set high) renews it.
+			t.c.Polling()
+			if sw.Interrupted() || !deadline.IsZero() && time.Now().After(deadline) {
+				return false
+			}
 		}
 	}
 }
