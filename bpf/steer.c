@@ -8,6 +8,12 @@
 // ports, malformed headers) gets XDP_PASS. Lookups go from the most to the
 // least specific rule: 5-tuple, multicast group:port, local addr:port,
 // local port on any address.
+//
+// A TCP rule in handover (RULE_HANDOVER) is one whose listeners are going
+// back to the kernel while the user-space stack still holds connections
+// they made: a new connection (a SYN) goes to the kernel and the program
+// remembers its 5-tuple in handover_flows, so that the rest of it follows;
+// every other segment still goes to the stack.
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -29,9 +35,13 @@ struct flow_key {
 	__u8 pad[3];
 };
 
+enum rule_flags {
+	RULE_HANDOVER = 1,
+};
+
 struct rule_value {
 	__u32 rule_id; // index into rule_stats
-	__u32 flags;
+	__u32 flags;   // enum rule_flags
 };
 
 struct rule_counters {
@@ -76,6 +86,16 @@ RULE_MAP(rules_mcast);
 RULE_MAP(rules_3tuple);
 RULE_MAP(rules_port);
 
+// handover_flows holds the connections the kernel took on a rule in
+// handover (their 5-tuple; the value is unused). LRU: a handover lasts
+// seconds, and its user removes the entries when the rule goes.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, __u32);
+} handover_flows SEC(".maps");
+
 // active_ports[port] is non-zero while any rule names that local port
 // (host byte order). One array lookup lets unsteered traffic skip the four
 // hash lookups, which keeps the cost on passed traffic near an empty program.
@@ -109,6 +129,34 @@ struct l4_ports {
 	__be16 source;
 	__be16 dest;
 };
+
+#define TCP_FLAGS_OFF 13 // the byte of the TCP header with SYN and ACK
+#define TCP_SYN 0x02
+#define TCP_ACK 0x10
+
+// to_kernel_in_handover says whether a TCP segment on a rule in handover
+// goes to the kernel: a connection's first SYN, and every later segment
+// of a connection that began so.
+static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_ports *l4, void *data_end)
+{
+	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
+	struct flow_key fk = {
+		.local_addr = ip->daddr,
+		.remote_addr = ip->saddr,
+		.local_port = l4->dest,
+		.remote_port = l4->source,
+		.proto = IPPROTO_TCP,
+	};
+	__u32 one = 1;
+
+	if ((void *)(flags + 1) > data_end)
+		return 1; // a truncated header: the kernel drops and counts it
+	if ((*flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+		bpf_map_update_elem(&handover_flows, &fk, &one, BPF_ANY);
+		return 1;
+	}
+	return bpf_map_lookup_elem(&handover_flows, &fk) != NULL;
+}
 
 enum verdict_kind { V_PASS, V_NON_IP, V_FRAGMENT, V_PARSE_ERROR };
 
@@ -207,6 +255,8 @@ int vmaxdp_steer(struct xdp_md *ctx)
 	};
 	struct rule_value *rv = lookup(&k, ip->saddr, l4->source);
 	if (!rv)
+		return pass(ps, V_PASS);
+	if ((rv->flags & RULE_HANDOVER) && ip->protocol == IPPROTO_TCP && to_kernel_in_handover(ip, l4, data_end))
 		return pass(ps, V_PASS);
 
 	__u32 id = rv->rule_id;

@@ -50,17 +50,18 @@ type SteerRuleValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	SteerMapActivePorts  = "active_ports"
-	SteerMapProgStats    = "prog_stats"
-	SteerMapRuleStats    = "rule_stats"
-	SteerMapRules3tuple  = "rules_3tuple"
-	SteerMapRules5tuple  = "rules_5tuple"
-	SteerMapRulesMcast   = "rules_mcast"
-	SteerMapRulesPort    = "rules_port"
-	SteerMapXsksMap      = "xsks_map"
-	SteerProgVmaxdpPass  = "vmaxdp_pass"
-	SteerProgVmaxdpSteer = "vmaxdp_steer"
-	SteerVarMaxFrameLen  = "max_frame_len"
+	SteerMapActivePorts   = "active_ports"
+	SteerMapHandoverFlows = "handover_flows"
+	SteerMapProgStats     = "prog_stats"
+	SteerMapRuleStats     = "rule_stats"
+	SteerMapRules3tuple   = "rules_3tuple"
+	SteerMapRules5tuple   = "rules_5tuple"
+	SteerMapRulesMcast    = "rules_mcast"
+	SteerMapRulesPort     = "rules_port"
+	SteerMapXsksMap       = "xsks_map"
+	SteerProgVmaxdpPass   = "vmaxdp_pass"
+	SteerProgVmaxdpSteer  = "vmaxdp_steer"
+	SteerVarMaxFrameLen   = "max_frame_len"
 )
 
 // LoadSteer returns the embedded CollectionSpec for Steer.
@@ -113,14 +114,15 @@ type SteerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SteerMapSpecs struct {
-	ActivePorts *ebpf.MapSpec `ebpf:"active_ports"`
-	ProgStats   *ebpf.MapSpec `ebpf:"prog_stats"`
-	RuleStats   *ebpf.MapSpec `ebpf:"rule_stats"`
-	Rules3tuple *ebpf.MapSpec `ebpf:"rules_3tuple"`
-	Rules5tuple *ebpf.MapSpec `ebpf:"rules_5tuple"`
-	RulesMcast  *ebpf.MapSpec `ebpf:"rules_mcast"`
-	RulesPort   *ebpf.MapSpec `ebpf:"rules_port"`
-	XsksMap     *ebpf.MapSpec `ebpf:"xsks_map"`
+	ActivePorts   *ebpf.MapSpec `ebpf:"active_ports"`
+	HandoverFlows *ebpf.MapSpec `ebpf:"handover_flows"`
+	ProgStats     *ebpf.MapSpec `ebpf:"prog_stats"`
+	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
+	Rules3tuple   *ebpf.MapSpec `ebpf:"rules_3tuple"`
+	Rules5tuple   *ebpf.MapSpec `ebpf:"rules_5tuple"`
+	RulesMcast    *ebpf.MapSpec `ebpf:"rules_mcast"`
+	RulesPort     *ebpf.MapSpec `ebpf:"rules_port"`
+	XsksMap       *ebpf.MapSpec `ebpf:"xsks_map"`
 }
 
 // SteerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -150,19 +152,21 @@ func (o *SteerObjects) Close() error {
 //
 // It can be passed to LoadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SteerMaps struct {
-	ActivePorts *ebpf.Map `ebpf:"active_ports"`
-	ProgStats   *ebpf.Map `ebpf:"prog_stats"`
-	RuleStats   *ebpf.Map `ebpf:"rule_stats"`
-	Rules3tuple *ebpf.Map `ebpf:"rules_3tuple"`
-	Rules5tuple *ebpf.Map `ebpf:"rules_5tuple"`
-	RulesMcast  *ebpf.Map `ebpf:"rules_mcast"`
-	RulesPort   *ebpf.Map `ebpf:"rules_port"`
-	XsksMap     *ebpf.Map `ebpf:"xsks_map"`
+	ActivePorts   *ebpf.Map `ebpf:"active_ports"`
+	HandoverFlows *ebpf.Map `ebpf:"handover_flows"`
+	ProgStats     *ebpf.Map `ebpf:"prog_stats"`
+	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
+	Rules3tuple   *ebpf.Map `ebpf:"rules_3tuple"`
+	Rules5tuple   *ebpf.Map `ebpf:"rules_5tuple"`
+	RulesMcast    *ebpf.Map `ebpf:"rules_mcast"`
+	RulesPort     *ebpf.Map `ebpf:"rules_port"`
+	XsksMap       *ebpf.Map `ebpf:"xsks_map"`
 }
 
 func (m *SteerMaps) Close() error {
 	return _SteerClose(
 		m.ActivePorts,
+		m.HandoverFlows,
 		m.ProgStats,
 		m.RuleStats,
 		m.Rules3tuple,

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -38,6 +39,8 @@ type NetstackListener struct {
 	// address and port. inode names the kernel listener.
 	reusePort bool
 	inode     uint64
+	// handover: the listener is going back to the kernel (Handover).
+	handover atomic.Bool
 }
 
 // ListenNetstack listens in netstack on laddr, whose port the kernel
@@ -112,7 +115,7 @@ func (st *Stack) checkSharedListeners() bool {
 	st.mu.Lock()
 	byPort := map[uint16][]*NetstackListener{}
 	for l := range st.listeners {
-		if l.reusePort {
+		if l.reusePort && !l.handover.Load() {
 			byPort[l.local.Port()] = append(byPort[l.local.Port()], l)
 		}
 	}
@@ -210,6 +213,22 @@ func (l *NetstackListener) Addr() netip.AddrPort { return l.local }
 
 // Rule is the listener's steering rule.
 func (l *NetstackListener) Rule() steer.RuleID { return l.rule }
+
+// Handover starts the listener's way back to the kernel: from now on a
+// new connection to its address goes to the kernel socket, while the
+// connections netstack has made keep their segments, so that Accept
+// still hands out those it holds and nothing is reset (steer.Program.
+// Handover). The rule is the group's: every listener of the stack on the
+// address is handed over with it. Close ends the handover.
+func (l *NetstackListener) Handover() error {
+	if l.handover.Swap(true) {
+		return nil
+	}
+	if err := l.st.prog.Handover(l.rule); err != nil {
+		return fmt.Errorf("tcp listener %s: %w", l.local, err)
+	}
+	return nil
+}
 
 // Close stops listening in netstack (connections not yet accepted are
 // reset, as the kernel resets those of a closed listener) and removes the

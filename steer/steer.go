@@ -200,10 +200,11 @@ type Program struct {
 	flags   link.XDPAttachFlags
 	ns      netns.NsHandle // the interface's namespace, to attach it again from any thread
 
-	mu    sync.Mutex
-	rules map[RuleID]Rule
-	free  []RuleID
-	ports map[uint16]uint32 // local port -> rules naming it
+	mu       sync.Mutex
+	rules    map[RuleID]Rule
+	free     []RuleID
+	ports    map[uint16]uint32 // local port -> rules naming it
+	handover map[RuleID]bool   // rules in handover (Handover)
 }
 
 // Attach loads the steering program and attaches it to ifname in the
@@ -220,7 +221,7 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
-	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, ns: -1}
+	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1}
 	if err := ensureBPFFS(filepath.Dir(o.PinDir)); err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
@@ -413,6 +414,7 @@ func (p *Program) maps() map[string]**ebpf.Map {
 		"prog_stats": &o.ProgStats, "rule_stats": &o.RuleStats,
 		"rules_5tuple": &o.Rules5tuple, "rules_mcast": &o.RulesMcast, "rules_3tuple": &o.Rules3tuple,
 		"rules_port": &o.RulesPort, "xsks_map": &o.XsksMap, "active_ports": &o.ActivePorts,
+		"handover_flows": &o.HandoverFlows,
 	}
 }
 
@@ -574,17 +576,57 @@ func (p *Program) AddRule(r Rule) (RuleID, error) {
 	return id, nil
 }
 
+// installedLocked is the installed rule id and its key. Caller holds p.mu.
+func (p *Program) installedLocked(id RuleID) (Rule, vbpf.SteerFlowKey, error) {
+	r, ok := p.rules[id]
+	if !ok {
+		return r, vbpf.SteerFlowKey{}, fmt.Errorf("steer %s: rule id %d: not installed", p.ifname, id)
+	}
+	k, err := ruleKey(r)
+	return r, k, err
+}
+
+// ruleHandover is RULE_HANDOVER of steer.c's enum rule_flags.
+const ruleHandover = 1
+
+// Handover puts a TCP rule in handover: its listeners are going back to
+// the kernel while the stack still holds connections they made. From now
+// on a new connection (a SYN) goes to the kernel, and the rest of it
+// after it, while the segments of the connections the stack holds still
+// come to the stack. RemoveRule ends it.
+func (p *Program) Handover(id RuleID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, k, err := p.installedLocked(id)
+	if err != nil {
+		return err
+	}
+	if r.Proto != unix.IPPROTO_TCP {
+		return fmt.Errorf("steer %s: handover of rule %s: %w: TCP rules only", p.ifname, r, unix.EINVAL)
+	}
+	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id), Flags: ruleHandover}, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("steer %s: handover of rule %s: %w", p.ifname, r, err)
+	}
+	p.handover[id] = true
+	return nil
+}
+
 // RemoveRule uninstalls a rule.
 func (p *Program) RemoveRule(id RuleID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r, ok := p.rules[id]
-	if !ok {
-		return fmt.Errorf("steer %s: rule id %d: not installed", p.ifname, id)
+	r, k, err := p.installedLocked(id)
+	if err != nil {
+		return err
 	}
-	k, _ := ruleKey(r)
 	if err := p.ruleMap(r.Kind).Delete(k); err != nil {
 		return fmt.Errorf("steer %s: remove rule %s: %w", p.ifname, r, err)
+	}
+	if p.handover[id] {
+		delete(p.handover, id)
+		if err := p.forgetHandoverFlows(k, r.Kind); err != nil {
+			return fmt.Errorf("steer %s: remove rule %s: %w", p.ifname, r, err)
+		}
 	}
 	port := r.Local.Port()
 	p.ports[port]--
@@ -596,6 +638,33 @@ func (p *Program) RemoveRule(id RuleID) error {
 	}
 	delete(p.rules, id)
 	p.free = append(p.free, id)
+	return nil
+}
+
+// forgetHandoverFlows removes from handover_flows the connections the
+// kernel took while the rule of key k was in handover: the rule is gone,
+// and the same 5-tuple must not go to the kernel when the port is
+// offloaded again.
+func (p *Program) forgetHandoverFlows(k vbpf.SteerFlowKey, kind RuleKind) error {
+	var (
+		fk    vbpf.SteerFlowKey
+		v     uint32
+		stale []vbpf.SteerFlowKey
+	)
+	it := p.objs.HandoverFlows.Iterate()
+	for it.Next(&fk, &v) {
+		if fk.Proto == k.Proto && fk.LocalPort == k.LocalPort && (kind == RulePort || fk.LocalAddr == k.LocalAddr) {
+			stale = append(stale, fk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("handover_flows: %w", err)
+	}
+	for _, fk := range stale {
+		if err := p.objs.HandoverFlows.Delete(fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("handover_flows: %w", err)
+		}
+	}
 	return nil
 }
 

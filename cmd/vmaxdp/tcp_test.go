@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -984,6 +985,130 @@ func TestRunTCPLinkDownUp(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("the log lacks %q:\n%s", want, tail(out, 20))
 			}
+		}
+	})
+}
+
+// TestRunTCPHandover: an offloaded SO_REUSEPORT listener whose port a
+// kernel listener of another process comes to share goes back to the
+// kernel without resetting a connection. Eight clients connect and send
+// a request while the listener accepts nothing, so netstack holds their
+// connections; then the test listens on the port itself, and sixteen
+// more connect. Once the listener accepts, every one of the first eight
+// gets its answer (a listener closed at the handover reset them), the
+// sixteen go to the kernel, which spreads them over both processes, and
+// the log says when the handover is over. Kernel clients, both beds.
+func TestRunTCPHandover(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "tcpcalls")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, held, fresh = 11201, 8, 16
+		accept := filepath.Join(t.TempDir(), "accept")
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, "handover", strconv.Itoa(port), accept)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("the program's output:\n%s", tail(p.out.String(), 40))
+			}
+		})
+		if err := p.waitFor("listening\n"); err != nil {
+			t.Fatal(err)
+		}
+		to := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		var conns []net.Conn
+		t.Cleanup(func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+		ask := func(n int, what string) {
+			t.Helper()
+			err := b.Do(testbed.A, func() error {
+				for i := range n {
+					c, err := net.DialTimeout("tcp4", to, 5*time.Second)
+					if err != nil {
+						return fmt.Errorf("%s connection %d: %w", what, i, err)
+					}
+					conns = append(conns, c)
+					if _, err := fmt.Fprintf(c, "%s %d", what, i); err != nil {
+						return fmt.Errorf("%s connection %d: %w", what, i, err)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		ask(held, "held")
+		var kernelServed atomic.Int64
+		err := b.Do(testbed.B, func() error {
+			lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) }); err != nil {
+					return err
+				}
+				return serr
+			}}
+			kl, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf(":%d", port))
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { kl.Close() })
+			go func() {
+				for {
+					c, err := kl.Accept()
+					if err != nil {
+						return
+					}
+					buf := make([]byte, 64)
+					c.SetDeadline(time.Now().Add(5 * time.Second))
+					if n, err := c.Read(buf); err == nil {
+						c.Write(buf[:n])
+						kernelServed.Add(1)
+					}
+					c.Close()
+				}
+			}()
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.waitFor("is shared with pid"); err != nil {
+			t.Fatal(err)
+		}
+		before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+		ask(fresh, "fresh")
+		if err := os.WriteFile(accept, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range conns {
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(c)
+			want := fmt.Sprintf("held %d", i)
+			if i >= held {
+				want = fmt.Sprintf("fresh %d", i-held)
+			}
+			if err != nil || string(got) != want {
+				t.Errorf("connection %q: got %q, %v", want, got, err)
+			}
+		}
+		if kernel := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; kernel < 3*fresh {
+			t.Errorf("the kernel took %d TCP segments for %d new connections in the handover, want at least %d", kernel, fresh, 3*fresh)
+		}
+		if err := p.exited(); err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`ok served (\d+)`).FindStringSubmatch(p.out.String())
+		if m == nil {
+			t.Fatal("the program did not say how many it served")
+		}
+		served, _ := strconv.Atoi(m[1])
+		if k := int(kernelServed.Load()); served+k != held+fresh || k == 0 {
+			t.Errorf("the program served %d connections and the kernel listener %d, of %d: want all, spread over both", served, k, held+fresh)
+		}
+		if want := fmt.Sprintf("tcp listener 0.0.0.0:%d: handed over to the kernel", port); !strings.Contains(p.out.String(), want) {
+			t.Errorf("the log does not say %q", want)
 		}
 	})
 }

@@ -1335,7 +1335,7 @@ func (e *Engine) SetReuseportSelect(fd int, opt string) {
 		if fd >= 0 && fd < MaxFD && streamDomain(fd) != 0 {
 			e.noteStream(fd, func(n *kernelStream) { n.selects = opt })
 			if reusePort(fd) {
-				e.listenerToKernel(fd, e.listener(fd), selectsCause(opt, "connection"))
+				e.handOver(fd, e.listener(fd), selectsCause(opt, "connection"))
 			}
 		}
 		return

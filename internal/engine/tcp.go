@@ -50,6 +50,8 @@ type tcpListener struct {
 	mu       sync.Mutex
 	marked   bool
 	arrivals atomic.Uint64
+	// handover: on its way back to the kernel (handOver).
+	handover atomic.Bool
 }
 
 func (l *tcpListener) mark() {
@@ -1219,9 +1221,55 @@ func (e *Engine) forkedTCP() {
 func (e *Engine) sharedListenersToKernel(ls []*stack.NetstackListener, reason string) {
 	for fd := range e.listeners {
 		if l := e.listeners[fd].Load(); l != nil && slices.Contains(ls, l.nl) {
-			e.listenerToKernel(fd, l, reason)
+			e.handOver(fd, l, reason)
 		}
 	}
+}
+
+// handoverGrace is how long a listener in handover waits before it looks
+// whether netstack still holds connections for it: the handshakes
+// netstack had begun finish meanwhile (within a round trip, or one
+// retransmission of a lost SYN-ACK on a slow path). handoverMax bounds
+// the wait for the application to accept what netstack holds.
+const (
+	handoverGrace = time.Second
+	handoverMax   = 30 * time.Second
+)
+
+// handOver takes the offloaded listener fd (only if it is l) back to the
+// kernel, for cause, without resetting a connection: new connections go
+// to the kernel socket at once (stack.NetstackListener.Handover), the
+// connections netstack made keep their segments, and accept hands out
+// those netstack holds until none is left; then the listener is the
+// kernel's alone. A listener whose rule cannot be handed over goes back
+// at once, as a closed listener does.
+func (e *Engine) handOver(fd int, l *tcpListener, cause string) {
+	if l == nil || e.listeners[fd].Load() != l || !l.handover.CompareAndSwap(false, true) {
+		return
+	}
+	// Every fd naming l (dup) goes back with it.
+	back := func() {
+		for fd := range e.listeners {
+			e.listenerToKernel(fd, l, cause)
+		}
+	}
+	if err := l.nl.Handover(); err != nil {
+		e.Log.Printf(params.LevelInfo, "fd %d: %v: the connections netstack holds are reset", fd, err)
+		back()
+		return
+	}
+	e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s; new connections go to the kernel now, and accept hands out those netstack holds first", fd, l.nl.Addr(), cause)
+	go func() {
+		start := time.Now()
+		time.Sleep(handoverGrace)
+		for l.nl.Pending() && time.Since(start) < handoverMax && l.refs.Load() > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if l.refs.Load() > 0 && l.nl.Pending() {
+			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: the connections netstack held that the application did not accept within %v of the handover are reset", fd, l.nl.Addr(), handoverMax)
+		}
+		back()
+	}()
 }
 
 // listenerToKernel leaves the listener fd (only if it is l, when l is
@@ -1244,7 +1292,11 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 		l.cancel()
 		l.nl.Close()
 		highfd.Close(l.wake)
-		e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), cause)
+		if l.handover.Load() {
+			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: handed over to the kernel", fd, l.nl.Addr())
+		} else {
+			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), cause)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@
  *   tcpcalls client ADDR PORT CLOSED_PORT
  *   tcpcalls backlog PORT N     (backlog 4, accepts after 0.5 s, serves N)
  *   tcpcalls vanish PORT        (the peer vanishes: user timeout, keepalive)
+ *   tcpcalls handover PORT FILE (SO_REUSEPORT; accepts once FILE exists)
  *
  * Each side prints what every call returned (values, errno names, event
  * masks), never a time or a number that varies between runs, so that the
@@ -430,6 +431,38 @@ static int backlog(int port, int n)
 	return 0;
 }
 
+/* handover: a SO_REUSEPORT listener that accepts nothing until the file
+ * named go exists, then echoes one read of each connection until none
+ * comes for a second. */
+static int handover(int port, const char *go)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0)
+		die("listen");
+	say("listening");
+	struct stat st;
+	while (stat(go, &st) != 0)
+		usleep(10000);
+	struct timeval tv = {.tv_sec = 1};
+	setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	int n = 0;
+	for (;;) {
+		int c = accept(l, NULL, NULL);
+		if (c < 0)
+			break;
+		char b[64];
+		ssize_t r = read(c, b, sizeof b);
+		if (r > 0)
+			writen(c, b, (size_t)r);
+		close(c);
+		n++;
+	}
+	say("ok served %d", n);
+	return 0;
+}
+
 static double now(void)
 {
 	struct timespec ts;
@@ -639,8 +672,10 @@ int main(int argc, char **argv)
 		return backlog(atoi(argv[2]), atoi(argv[3]));
 	if (argc == 3 && strcmp(argv[1], "vanish") == 0)
 		return vanish(atoi(argv[2]));
+	if (argc == 4 && strcmp(argv[1], "handover") == 0)
+		return handover(atoi(argv[2]), argv[3]);
 	if (argc == 5 && strcmp(argv[1], "client") == 0)
 		return client(argv[2], atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | backlog PORT N | vanish PORT\n");
+	fprintf(stderr, "usage: tcpcalls server PORT | client ADDR PORT CLOSED_PORT | backlog PORT N | vanish PORT | handover PORT FILE\n");
 	return 2;
 }

@@ -1,0 +1,122 @@
+package steer_test
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// tcpFrame is an Ethernet frame with a TCP segment from 198.18.0.1:sport
+// to 198.18.0.2:dport.
+func tcpFrame(t *testing.T, sport, dport uint16, syn, ack bool) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: net.IP{198, 18, 0, 1}, DstIP: net.IP{198, 18, 0, 2}}
+	tcp := &layers.TCP{SrcPort: layers.TCPPort(sport), DstPort: layers.TCPPort(dport), SYN: syn, ACK: ack, Window: 1024}
+	tcp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, eth, ip, tcp); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestHandover runs the steering program on crafted segments: on a rule
+// in handover, a new connection goes to the kernel from its SYN on, the
+// connections the stack had still come to it, and once the rule is gone
+// nothing of the handover is left to send a later offload's segments to
+// the kernel.
+func TestHandover(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		const port = 8080
+		rule := steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)}
+		id, err := p.AddRule(rule)
+		if err != nil {
+			return err
+		}
+		// toStack says whether the program gave the segment to the rule's
+		// sockets (the rule counts it; with no AF_XDP socket on the queue
+		// it passes it as a redirect failure) rather than to the kernel.
+		toStack := func(sport uint16, syn, ack bool) bool {
+			t.Helper()
+			before, err := p.RuleCounters(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ret, err := p.Run(tcpFrame(t, sport, port, syn, ack))
+			if err != nil {
+				t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+			}
+			if ret != 2 { // XDP_PASS: no AF_XDP socket, or the kernel's
+				t.Fatalf("verdict %d, want XDP_PASS", ret)
+			}
+			after, err := p.RuleCounters(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return after.MatchedPackets > before.MatchedPackets
+		}
+		const held, fresh = 40000, 40001
+		if !toStack(held, false, true) {
+			t.Error("before the handover, a segment on the rule did not go to the stack")
+		}
+		if err := p.Handover(id); err != nil {
+			return err
+		}
+		if toStack(fresh, true, false) {
+			t.Error("in handover, a new connection's SYN went to the stack")
+		}
+		if toStack(fresh, false, true) {
+			t.Error("in handover, the rest of a connection the kernel took went to the stack")
+		}
+		if !toStack(held, false, true) {
+			t.Error("in handover, a connection the stack holds lost its segments to the kernel")
+		}
+		if !toStack(held, true, true) {
+			t.Error("in handover, a SYN-ACK for the stack went to the kernel")
+		}
+		if err := p.RemoveRule(id); err != nil {
+			return err
+		}
+		if n, err := p.HandoverFlows(); err != nil || n != 0 {
+			t.Errorf("%d connections left in handover_flows after the rule went (%v)", n, err)
+		}
+		if id, err = p.AddRule(rule); err != nil {
+			return err
+		}
+		if !toStack(fresh, false, true) {
+			t.Error("offloaded again, a 5-tuple the kernel took in the handover before still went to the kernel")
+		}
+		if err := p.RemoveRule(id); err != nil {
+			return err
+		}
+		if err := p.Handover(id); err == nil {
+			t.Error("Handover of a rule not installed succeeded")
+		}
+		udp, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_UDP, Local: rule.Local})
+		if err != nil {
+			return err
+		}
+		if err := p.Handover(udp); err == nil {
+			t.Error("Handover of a UDP rule succeeded")
+		}
+		return p.RemoveRule(udp)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
