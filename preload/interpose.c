@@ -1132,7 +1132,7 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	int r = REAL(epoll_ctl)(epfd, op, fd, ev);
 	int s = state(fd);
-	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED || state(epfd) == VMX_EPOLL))
+	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED || s == VMX_TCP || state(epfd) == VMX_EPOLL))
 		vmx_set_state(epfd, vmxgo_epoll_ctl(epfd, op, fd, ev));
 	return r;
 }

@@ -302,9 +302,14 @@ type Stack struct {
 	// tcpConns are the TCP connections by 5-tuple (tcpKey), for what the
 	// link sees before netstack does (finArriving).
 	tcpConns sync.Map
-	// inlineFor is the connection whose receive drains the rings, whose
-	// segments are processed on its thread (tcpinline.go). Under rxMu.
-	inlineFor *TCPConn
+	// inline names the connections whose segments a drain on an
+	// application thread processes there (tcpinline.go): the one a
+	// receive polls for, or an epoll set's (TCPPoller); inlineHeld are
+	// those whose endpoints the drain holds. Under rxMu.
+	inline     inliner
+	inlineHeld []*TCPConn
+	// tcpPollers counts the TCPPollers open on the stack.
+	tcpPollers atomic.Int32
 	// tcpAppSends counts the application's sends inside netstack now: the
 	// segments the link sends meanwhile are theirs (tcpLink.transmit).
 	tcpAppSends atomic.Int32

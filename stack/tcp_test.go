@@ -628,6 +628,111 @@ func TestTCPAcksCarried(t *testing.T) {
 	})
 }
 
+// TestTCPPollerInline: an epoll set's poller processes the segments of
+// its connections on the polling goroutine, an event loop's requests over
+// two connections; once they are removed, none. A poller is alone while
+// no other of its stack is open.
+func TestTCPPollerInline(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		var clients []net.Conn
+		var conns []*stack.TCPConn
+		for port := uint16(7402); port < 7404; port++ {
+			c, s := connectedPair(t, bed, st, port)
+			clients = append(clients, c)
+			conns = append(conns, s.(*stack.TCPConn))
+		}
+		p := st.NewTCPPoller()
+		for _, c := range conns {
+			p.Add(c)
+		}
+		if !p.Alone() {
+			t.Error("the stack's only poller is not alone")
+		}
+		other := st.NewTCPPoller()
+		if p.Alone() || other.Alone() {
+			t.Error("two pollers of one stack say they are alone")
+		}
+		other.Close()
+		other.Close()
+		if !p.Alone() {
+			t.Error("the other poller closed (twice), the first is not alone")
+		}
+		t.Cleanup(p.Close)
+		const rounds = 100
+		// loop serves rounds requests on each connection as an event loop:
+		// poll, then read what each has.
+		loop := func() error {
+			runtime.LockOSThread() // as the application's thread is
+			defer runtime.UnlockOSThread()
+			b := make([]byte, 16)
+			got := make([]int, len(conns))
+			served := 0
+			for deadline := time.Now().Add(10 * time.Second); served < rounds*len(conns); {
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%d of %d requests served in 10 s", served, rounds*len(conns))
+				}
+				p.Poll()
+				for i, c := range conns {
+					n, err := c.ReadNonblock(b[got[i]:], false)
+					if err != nil {
+						if errors.Is(err, unix.EAGAIN) {
+							continue
+						}
+						return fmt.Errorf("connection %d: %w", i, err)
+					}
+					if got[i] += n; got[i] == len(b) {
+						got[i] = 0
+						served++
+						if _, err := c.WriteNonblock(b, false); err != nil {
+							return fmt.Errorf("connection %d: answer: %w", i, err)
+						}
+					}
+				}
+			}
+			p.PollStop()
+			return nil
+		}
+		ask := func() {
+			t.Helper()
+			errs := make(chan error, 1)
+			go func() { errs <- loop() }()
+			b := make([]byte, 16)
+			for r := range rounds {
+				for i, c := range clients {
+					binary.BigEndian.PutUint64(b, uint64(r))
+					if _, err := c.Write(b); err != nil {
+						t.Fatalf("connection %d request %d: %v", i, r, err)
+					}
+					if _, err := io.ReadFull(c, b); err != nil {
+						t.Fatalf("connection %d answer %d: %v", i, r, err)
+					}
+				}
+			}
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		inline := st.TCPCounters.RxInline.Load()
+		ask()
+		n := st.TCPCounters.RxInline.Load() - inline
+		t.Logf("%d requests: %d segments processed on the polling goroutine", rounds*len(conns), n)
+		if n == 0 {
+			t.Errorf("%d requests, none processed on the polling goroutine", rounds*len(conns))
+		}
+		for i, c := range conns {
+			if left := p.Remove(c); left != (i < len(conns)-1) {
+				t.Errorf("Remove of connection %d of %d says connections are left: %v", i, len(conns), left)
+			}
+		}
+		inline = st.TCPCounters.RxInline.Load()
+		ask()
+		if n := st.TCPCounters.RxInline.Load() - inline; n != 0 {
+			t.Errorf("%d segments of connections removed from the poller were processed on its goroutine", n)
+		}
+	})
+}
+
 // TestTCPPollInline: a receive that polls its connection (TCPConn.Poll,
 // as the engine's polling receive does) drains the rings itself, and
 // netstack processes the connection's segments on its goroutine

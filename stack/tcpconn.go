@@ -125,6 +125,9 @@ func (c *TCPConn) Closing() bool {
 	return false
 }
 
+// Stack is the connection's stack.
+func (c *TCPConn) Stack() *Stack { return c.st }
+
 // Addrs are the connection's local and remote addresses.
 func (c *TCPConn) Addrs() (local, remote netip.AddrPort) {
 	if la, err := c.ep.GetLocalAddress(); err == nil {

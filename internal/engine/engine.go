@@ -886,7 +886,10 @@ func (e *Engine) Close(fd int) {
 	for _, set := range e.epolls {
 		set.remove(fd)
 	}
-	delete(e.epolls, fd)
+	if set := e.epolls[fd]; set != nil {
+		set.close()
+		delete(e.epolls, fd)
+	}
 	if s == nil || tcp {
 		e.mu.Unlock()
 		return

@@ -29,7 +29,8 @@ const spinChecks = 8
 // those the kernel made ready, for the multiplexer's counters.
 //
 // With VMAXDP_SELECT_POLL at auto, sp says how long it polls and learns
-// from the wait (stack.Spin).
+// from the wait (stack.Spin); sp nil: it scans once, the kernel fds
+// included, and sleeps.
 func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp *stack.Spin, scan func(osTurn bool) (n, os int, errno unix.Errno),
 	sleep func(deadline time.Time, infinite bool) unix.Errno) (int, unix.Errno) {
 	mc := &e.mux[kind]
@@ -66,6 +67,9 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 	deadline := start.Add(timeout)
 	pollFor := time.Duration(e.p.SelectPoll) * time.Microsecond
 	spinning := e.p.SelectPoll != 0
+	if adaptive && sp == nil {
+		adaptive, spinning = false, false
+	}
 	ratio := e.p.SelectPollOSRatio
 	if adaptive {
 		// A look at the kernel fds is a system call, where a scan of the
@@ -76,7 +80,7 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 	// The kernel fds are looked at on entry once every SelectSkipOS
 	// calls (VMA_SELECT_SKIP_OS); a call whose engine sockets have nothing
 	// looks at them in its next scans anyway.
-	entryOS := e.p.SelectSkipOS == 0 || mc.Calls.Load()%uint64(e.p.SelectSkipOS) == 0
+	entryOS := sp == nil || e.p.SelectSkipOS == 0 || mc.Calls.Load()%uint64(e.p.SelectSkipOS) == 0
 	for i := 0; ; i++ {
 		n, os, errno := scan(i == 0 && entryOS || i == 1 && !entryOS || ratio > 0 && i > 0 && i%ratio == 0)
 		if n > 0 || errno != 0 {
@@ -370,6 +374,83 @@ type epollSet struct {
 	list []*epollMember
 	next int
 	spin stack.Spin // how long its waits poll (VMAXDP_SELECT_POLL auto)
+	// tcp are its offloaded TCP connections, by fd. The kernel reports
+	// their events (their mirrors); its epoll_wait processes their
+	// segments itself (pollers: one per stack).
+	tcp     map[int]*tcpConn
+	pollers []*stack.TCPPoller
+}
+
+// addTCP adds the connection t, named by fd. Caller holds set.mu.
+func (set *epollSet) addTCP(fd int, t *tcpConn) {
+	if set.tcp[fd] != nil {
+		return
+	}
+	set.tcp[fd] = t
+	st := t.c.Stack()
+	for _, p := range set.pollers {
+		if p.Stack() == st {
+			p.Add(t.c)
+			return
+		}
+	}
+	p := st.NewTCPPoller()
+	p.Add(t.c)
+	set.pollers = append(set.pollers, p)
+}
+
+// delTCP removes fd's connection. Caller holds set.mu.
+func (set *epollSet) delTCP(fd int) {
+	t := set.tcp[fd]
+	if t == nil {
+		return
+	}
+	delete(set.tcp, fd)
+	st := t.c.Stack()
+	set.pollers = slices.DeleteFunc(set.pollers, func(p *stack.TCPPoller) bool {
+		if p.Stack() != st || p.Remove(t.c) {
+			return false
+		}
+		p.Close()
+		return true
+	})
+}
+
+// close ends the set's pollers: its epoll fd is closed.
+func (set *epollSet) close() {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	for _, p := range set.pollers {
+		p.Close()
+	}
+	set.pollers = nil
+}
+
+// tcpAlone says whether the set has TCP connections and nothing else of
+// the engine's, and each of its pollers is its stack's only one: then
+// its waits poll those connections' segments (TCPPoller.Alone).
+func (set *epollSet) tcpAlone() bool {
+	if len(set.list) > 0 || len(set.pollers) == 0 {
+		return false
+	}
+	for _, p := range set.pollers {
+		if !p.Alone() {
+			return false
+		}
+	}
+	return true
+}
+
+// pollTCP processes what came for the set's connections (TCPPoller.Poll)
+// and says whether any frame came. Caller holds set.mu.
+func (set *epollSet) pollTCP() bool {
+	seen := false
+	for _, p := range set.pollers {
+		if p.Alone() && p.Poll() > 0 {
+			seen = true
+		}
+	}
+	return seen
 }
 
 // put adds or replaces fd's member. Caller holds set.mu.
@@ -457,6 +538,7 @@ func (m *epollMember) mark(rx uint64) {
 func (set *epollSet) remove(fd int) {
 	set.mu.Lock()
 	set.del(fd)
+	set.delTCP(fd)
 	set.mu.Unlock()
 }
 
@@ -467,17 +549,28 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 		e.epollListener(epfd, op, fd, l, ev)
 		return e.epollState(epfd)
 	}
-	if e.get(fd) == nil {
+	t := e.tcpConn(fd)
+	if e.get(fd) == nil && t == nil {
 		return e.epollState(epfd)
 	}
 	e.mu.Lock()
 	set := e.epolls[epfd]
 	if set == nil {
-		set = &epollSet{members: map[int]*epollMember{}}
+		set = &epollSet{members: map[int]*epollMember{}, tcp: map[int]*tcpConn{}}
 		e.epolls[epfd] = set
 	}
 	e.mu.Unlock()
 	set.mu.Lock()
+	if t != nil {
+		switch op {
+		case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
+			set.addTCP(fd, t)
+		case unix.EPOLL_CTL_DEL:
+			set.delTCP(fd)
+		}
+		set.mu.Unlock()
+		return e.epollState(epfd)
+	}
 	switch op {
 	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
 		set.put(fd, &epollMember{events: ev.Events, data: [2]int32{ev.Fd, ev.Pad}})
@@ -491,7 +584,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 func (e *Engine) epollState(epfd int) State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if set := e.epolls[epfd]; set != nil && len(set.members) > 0 {
+	if set := e.epolls[epfd]; set != nil && len(set.members)+len(set.tcp) > 0 {
 		return StateEpoll
 	}
 	return StateOS
@@ -515,10 +608,21 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	if set == nil || len(out) == 0 {
 		return 0, ErrPassOS
 	}
+	set.mu.Lock()
+	tcpOnly, alone := len(set.list) == 0, set.tcpAlone()
+	set.mu.Unlock()
+	if tcpOnly && !alone {
+		// The kernel reports the mirrors' readiness, and the drains
+		// process the segments, as for any kernel fd.
+		return 0, ErrPassOS
+	}
 	scan := func(osTurn bool) (int, int, unix.Errno) {
 		n := 0
 		var polled polledStacks
 		set.mu.Lock()
+		// The kernel reports what the set's TCP connections' own
+		// processing made ready, at once.
+		osTurn = set.pollTCP() || osTurn
 		l := len(set.list)
 		start := set.next % max(l, 1)
 		set.next++
@@ -555,6 +659,9 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		for _, m := range set.list {
 			e.watch(m.fd, &w)
 		}
+		for _, p := range set.pollers {
+			p.PollStop() // the drains mark the mirrors the sleep watches
+		}
 		set.mu.Unlock()
 		deadline, infinite = w.deadline(deadline, infinite)
 		_, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool {
@@ -576,7 +683,17 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		})
 		return errno
 	}
-	return e.spin(MuxEpoll, timeout, sw, &set.spin, scan, sleep)
+	// A set of TCP connections (with listeners or kernel fds, no socket
+	// of the engine's own) does not spin by default: each call processes
+	// what came for them, and the kernel reports their readiness at once.
+	// Spinning gave redis' event loop nothing that this does not (42.5k
+	// and 39.2k requests a second spinning, 42.7k and 37.5k not), and
+	// cost CPU its peer wants.
+	sp := &set.spin
+	if tcpOnly {
+		sp = nil
+	}
+	return e.spin(MuxEpoll, timeout, sw, sp, scan, sleep)
 }
 
 // mergeKernel folds the kernel's events for engine sockets (their kernel
