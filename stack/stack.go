@@ -200,7 +200,7 @@ type sockKey struct {
 type Stack struct {
 	// appPolled is monoNow's when an application thread last polled the
 	// queues for a TCP connection (TCPConn.Poll), 0 once it stopped to
-	// sleep (handOver); drains are the TCP drain goroutines it tells.
+	// sleep (pollStopped); drains are the TCP drain goroutines it tells.
 	appPolled atomic.Int64
 	drainsMu  sync.Mutex
 	drains    []*drain

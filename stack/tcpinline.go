@@ -208,7 +208,7 @@ func (p *TCPPoller) PollStop() {
 	p.mu.Lock()
 	p.polls = 0
 	p.mu.Unlock()
-	p.st.handOver()
+	p.st.pollStopped()
 }
 
 // Stack is the poller's stack.
@@ -227,7 +227,7 @@ func (c *TCPConn) Polling() { c.st.appPolled.Store(monoNow()) }
 
 // PollStop says that the thread that polled for c stops, to sleep: the
 // queues' drain goroutines take over.
-func (c *TCPConn) PollStop() { c.st.handOver() }
+func (c *TCPConn) PollStop() { c.st.pollStopped() }
 
 // holdInline holds the endpoint of the connection whose receive drains
 // (inlineFor), for processInline, when the plain segment about to be

@@ -952,7 +952,7 @@ func (st *Stack) startDrains(qs []*queue) (stop func()) {
 type drain struct {
 	st   *Stack
 	be   backend.Backend
-	wake chan struct{} // an application thread stopped polling (handOver)
+	wake chan struct{} // an application thread stopped polling (pollStopped)
 	stop chan struct{}
 	mu   sync.Mutex
 	f    *os.File // in the netpoller, or nil
@@ -1054,9 +1054,9 @@ func (st *Stack) appPolling() bool {
 	return t != 0 && monoNow()-t < int64(appPollRecent)
 }
 
-// handOver tells the drains that the application thread that polled the
+// pollStopped tells the drains that the application thread that polled the
 // queues stopped: it is about to sleep.
-func (st *Stack) handOver() {
+func (st *Stack) pollStopped() {
 	if st.appPolled.Load() == 0 {
 		return
 	}

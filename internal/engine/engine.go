@@ -1338,7 +1338,7 @@ func (e *Engine) SetReuseportSelect(fd int, opt string) {
 		if fd >= 0 && fd < MaxFD && streamDomain(fd) != 0 {
 			e.noteStream(fd, func(n *kernelStream) { n.selects = opt })
 			if reusePort(fd) {
-				e.handOver(fd, e.listener(fd), selectsCause(opt, "connection"))
+				e.handover(fd, e.listener(fd), selectsCause(opt, "connection"))
 			}
 		}
 		return

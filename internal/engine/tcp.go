@@ -50,7 +50,7 @@ type tcpListener struct {
 	mu       sync.Mutex
 	marked   bool
 	arrivals atomic.Uint64
-	// handover: on its way back to the kernel (handOver).
+	// handover: on its way back to the kernel (Engine.handover).
 	handover atomic.Bool
 }
 
@@ -1221,7 +1221,7 @@ func (e *Engine) forkedTCP() {
 func (e *Engine) sharedListenersToKernel(ls []*stack.NetstackListener, reason string) {
 	for fd := range e.listeners {
 		if l := e.listeners[fd].Load(); l != nil && slices.Contains(ls, l.nl) {
-			e.handOver(fd, l, reason)
+			e.handover(fd, l, reason)
 		}
 	}
 }
@@ -1236,14 +1236,14 @@ const (
 	handoverMax   = 30 * time.Second
 )
 
-// handOver takes the offloaded listener fd (only if it is l) back to the
+// handover takes the offloaded listener fd (only if it is l) back to the
 // kernel, for cause, without resetting a connection: new connections go
 // to the kernel socket at once (stack.NetstackListener.Handover), the
 // connections netstack made keep their segments, and accept hands out
 // those netstack holds until none is left; then the listener is the
 // kernel's alone. A listener whose rule cannot be handed over goes back
 // at once, as a closed listener does.
-func (e *Engine) handOver(fd int, l *tcpListener, cause string) {
+func (e *Engine) handover(fd int, l *tcpListener, cause string) {
 	if l == nil || e.listeners[fd].Load() != l || !l.handover.CompareAndSwap(false, true) {
 		return
 	}
