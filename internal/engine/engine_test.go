@@ -10,10 +10,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/safchain/ethtool"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/bench"
@@ -602,6 +605,9 @@ func burstWhileStackOpens(t *testing.T, bed *testbed.Bed) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := testutil.ResolveB(bed); err != nil {
+		t.Fatal(err)
+	}
 	bindWhileOpening(t, bed, e, fd, port)
 	// The burst, unpaced but for a breath every 50 datagrams (the
 	// receiving veth's backlog holds 1000 before XDP is attached).
@@ -676,6 +682,34 @@ func logDrops(t *testing.T, bed *testbed.Bed, c *stack.UDPConn) {
 	}
 	for _, k := range []string{"InDatagrams", "RcvbufErrors", "InErrors", "NoPorts"} {
 		t.Logf("kernel Udp%s on side B: %d", k, testutil.UDPStat(t, bed, testbed.B, k))
+	}
+	// The veth pair's own drops (its XDP ring full while a program
+	// attaches, say), which no counter above sees.
+	for _, side := range []testbed.Side{testbed.A, testbed.B} {
+		name := bed.Link(side)
+		bed.Do(side, func() error {
+			et, err := ethtool.NewEthtool()
+			if err != nil {
+				t.Logf("%s: ethtool: %v", name, err)
+				return nil
+			}
+			defer et.Close()
+			st, err := et.Stats(name)
+			if err != nil {
+				t.Logf("%s: ethtool stats: %v", name, err)
+				return nil
+			}
+			for k, v := range st {
+				if v > 0 && (strings.Contains(k, "drop") || strings.Contains(k, "err") || strings.Contains(k, "full")) {
+					t.Logf("%s: %s %d", name, k, v)
+				}
+			}
+			if l, err := netlink.LinkByName(name); err == nil && l.Attrs().Statistics != nil {
+				s := l.Attrs().Statistics
+				t.Logf("%s: rx dropped %d, tx dropped %d, rx packets %d, tx packets %d", name, s.RxDropped, s.TxDropped, s.RxPackets, s.TxPackets)
+			}
+			return nil
+		})
 	}
 }
 
