@@ -219,16 +219,20 @@ func (l *NetstackListener) Rule() steer.RuleID { return l.rule }
 // connections netstack has made keep their segments, so that Accept
 // still hands out those it holds and nothing is reset (steer.Program.
 // Handover). The rule is the group's: every listener of the stack on the
-// address is handed over with it. Close ends the handover.
-func (l *NetstackListener) Handover() error {
+// address is handed over with it. Close ends the handover. started is
+// false when an earlier call started it.
+func (l *NetstackListener) Handover() (started bool, err error) {
 	if l.handover.Swap(true) {
-		return nil
+		return false, nil
 	}
 	if err := l.st.prog.Handover(l.rule); err != nil {
-		return fmt.Errorf("tcp listener %s: %w", l.local, err)
+		return true, fmt.Errorf("tcp listener %s: %w", l.local, err)
 	}
-	return nil
+	return true, nil
 }
+
+// InHandover says whether Handover started.
+func (l *NetstackListener) InHandover() bool { return l.handover.Load() }
 
 // Close stops listening in netstack (connections not yet accepted are
 // reset, as the kernel resets those of a closed listener) and removes the

@@ -50,8 +50,6 @@ type tcpListener struct {
 	mu       sync.Mutex
 	marked   bool
 	arrivals atomic.Uint64
-	// handover: on its way back to the kernel (Engine.handover).
-	handover atomic.Bool
 }
 
 func (l *tcpListener) mark() {
@@ -1244,7 +1242,7 @@ const (
 // kernel's alone. A listener whose rule cannot be handed over goes back
 // at once, as a closed listener does.
 func (e *Engine) handover(fd int, l *tcpListener, cause string) {
-	if l == nil || e.listeners[fd].Load() != l || !l.handover.CompareAndSwap(false, true) {
+	if l == nil || e.listeners[fd].Load() != l {
 		return
 	}
 	// Every fd naming l (dup) goes back with it.
@@ -1253,9 +1251,13 @@ func (e *Engine) handover(fd int, l *tcpListener, cause string) {
 			e.listenerToKernel(fd, l, cause)
 		}
 	}
-	if err := l.nl.Handover(); err != nil {
+	started, err := l.nl.Handover()
+	if err != nil {
 		e.Log.Printf(params.LevelInfo, "fd %d: %v: the connections netstack holds are reset", fd, err)
 		back()
+		return
+	}
+	if !started {
 		return
 	}
 	e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s; new connections go to the kernel now, and accept hands out those netstack holds first", fd, l.nl.Addr(), cause)
@@ -1292,7 +1294,7 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 		l.cancel()
 		l.nl.Close()
 		highfd.Close(l.wake)
-		if l.handover.Load() {
+		if l.nl.InHandover() {
 			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: handed over to the kernel", fd, l.nl.Addr())
 		} else {
 			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), cause)
