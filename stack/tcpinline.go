@@ -203,12 +203,17 @@ func (p *TCPPoller) Poll() int {
 }
 
 // PollStop says that the thread that polled stops, to sleep: the queues'
-// drain goroutines take over. The next Poll says Polling again.
+// drain goroutines take over. The next Poll says Polling again. A poller
+// that did not poll since says nothing: the mark may be another thread's
+// (a receive that polls), which still polls.
 func (p *TCPPoller) PollStop() {
 	p.mu.Lock()
+	polled := p.polls != 0
 	p.polls = 0
 	p.mu.Unlock()
-	p.st.pollStopped()
+	if polled {
+		p.st.pollStopped()
+	}
 }
 
 // Stack is the poller's stack.
@@ -229,9 +234,9 @@ func (c *TCPConn) Polling() { c.st.appPolled.Store(monoNow()) }
 // queues' drain goroutines take over.
 func (c *TCPConn) PollStop() { c.st.pollStopped() }
 
-// holdInline holds the endpoint of the connection whose receive drains
-// (inlineFor), for processInline, when the plain segment about to be
-// delivered is for it and it is established. Caller holds rxMu.
+// holdInline holds the endpoint of the connection the drain is for
+// (st.inline), for processInline, when the plain segment about to be
+// delivered is its and it is established. Caller holds rxMu.
 func (st *Stack) holdInline(ip header.IPv4, seg header.TCP) {
 	if st.inline == nil {
 		return

@@ -622,23 +622,27 @@ func (p *Program) RemoveRule(id RuleID) error {
 	if err := p.ruleMap(r.Kind).Delete(k); err != nil {
 		return fmt.Errorf("steer %s: remove rule %s: %w", p.ifname, r, err)
 	}
+	// The rule is gone from the program: its slot and port count go with
+	// it whatever handover_flows says.
+	var forgetErr error
 	if p.handover[id] {
 		delete(p.handover, id)
 		if err := p.forgetHandoverFlows(k, r.Kind); err != nil {
-			return fmt.Errorf("steer %s: remove rule %s: %w", p.ifname, r, err)
+			forgetErr = fmt.Errorf("steer %s: remove rule %s: %w", p.ifname, r, err)
 		}
 	}
+	var portErr error
 	port := r.Local.Port()
 	p.ports[port]--
 	if p.ports[port] == 0 {
 		delete(p.ports, port)
 		if err := p.objs.ActivePorts.Put(uint32(port), uint32(0)); err != nil {
-			return fmt.Errorf("steer %s: deactivate port %d: %w", p.ifname, port, err)
+			portErr = fmt.Errorf("steer %s: deactivate port %d: %w", p.ifname, port, err)
 		}
 	}
 	delete(p.rules, id)
 	p.free = append(p.free, id)
-	return nil
+	return errors.Join(forgetErr, portErr)
 }
 
 // forgetHandoverFlows removes from handover_flows the connections the

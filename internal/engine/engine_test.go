@@ -15,12 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/safchain/ethtool"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/bench"
 	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/snapshot"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stack/header"
@@ -683,33 +682,33 @@ func logDrops(t *testing.T, bed *testbed.Bed, c *stack.UDPConn) {
 	for _, k := range []string{"InDatagrams", "RcvbufErrors", "InErrors", "NoPorts"} {
 		t.Logf("kernel Udp%s on side B: %d", k, testutil.UDPStat(t, bed, testbed.B, k))
 	}
-	// The veth pair's own drops (its XDP ring full while a program
-	// attaches, say), which no counter above sees.
-	for _, side := range []testbed.Side{testbed.A, testbed.B} {
-		name := bed.Link(side)
-		bed.Do(side, func() error {
-			et, err := ethtool.NewEthtool()
-			if err != nil {
-				t.Logf("%s: ethtool: %v", name, err)
-				return nil
+	// The veth pair's own counters (its drops while a program attaches,
+	// the frames that left A), which no counter above sees: the
+	// recorder's snapshot of the bed's namespaces.
+	nss, err := snapshot.Namespaces()
+	if err != nil {
+		t.Logf("namespaces: %v", err)
+		return
+	}
+	defer func() {
+		for i := range nss {
+			nss[i].Close()
+		}
+	}()
+	bedNS := map[uint32]bool{}
+	for _, ns := range nss {
+		bedNS[ns.Inode] = ns.Name == bed.NSName(testbed.A) || ns.Name == bed.NSName(testbed.B)
+	}
+	cs, _ := snapshot.Take(0, nss, "")
+	for _, c := range cs {
+		if !bedNS[c.Netns] || (c.Source != "netdev" && c.Source != "ethtool") {
+			continue
+		}
+		for k, v := range c.Values {
+			if v > 0 && (strings.Contains(k, "drop") || strings.Contains(k, "err") || strings.Contains(k, "full") || strings.Contains(k, "packets")) {
+				t.Logf("%s %s: %s %d", c.Device, c.Source, k, v)
 			}
-			defer et.Close()
-			st, err := et.Stats(name)
-			if err != nil {
-				t.Logf("%s: ethtool stats: %v", name, err)
-				return nil
-			}
-			for k, v := range st {
-				if v > 0 && (strings.Contains(k, "drop") || strings.Contains(k, "err") || strings.Contains(k, "full")) {
-					t.Logf("%s: %s %d", name, k, v)
-				}
-			}
-			if l, err := netlink.LinkByName(name); err == nil && l.Attrs().Statistics != nil {
-				s := l.Attrs().Statistics
-				t.Logf("%s: rx dropped %d, tx dropped %d, rx packets %d, tx packets %d", name, s.RxDropped, s.TxDropped, s.RxPackets, s.TxPackets)
-			}
-			return nil
-		})
+		}
 	}
 }
 
