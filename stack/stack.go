@@ -310,6 +310,10 @@ type Stack struct {
 	inlineHeld []*TCPConn
 	// tcpPollers counts the TCPPollers open on the stack.
 	tcpPollers atomic.Int32
+	// eventLoop is true while a TCPPoller polls: the acknowledgements
+	// netstack makes meanwhile are held until the poller's thread comes
+	// back to wait (tcpLink.hold).
+	eventLoop atomic.Bool
 	// tcpAppSends counts the application's sends inside netstack now: the
 	// segments the link sends meanwhile are theirs (tcpLink.transmit).
 	tcpAppSends atomic.Int32

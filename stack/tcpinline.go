@@ -199,7 +199,23 @@ func (p *TCPPoller) Poll() int {
 		p.st.appPolled.Store(monoNow())
 	}
 	p.polls++
+	p.st.eventLoop.Store(true)
+	defer p.st.eventLoop.Store(false)
 	return p.st.pollInline(p)
+}
+
+// Wait says that the poller's thread begins a wait (an epoll_wait), in
+// which it polls. It is back from what its last wait gave it: the
+// answers it wrote carried the acknowledgements held for it (tcpLink.hold),
+// and the rest go now. Polling is said at once, where Poll says it once
+// in pollerMarkEvery polls: an event loop that does not spin polls once
+// a wait, and the queues' drain goroutines, which take the frames when
+// nobody polls, would hand them to netstack's processor while the loop
+// works (a quarter of redis-server's requests, each acknowledged on its
+// own by a timer's goroutine).
+func (p *TCPPoller) Wait() {
+	p.st.appPolled.Store(monoNow())
+	p.st.releaseHeld()
 }
 
 // PollStop says that the thread that polled stops, to sleep: the queues'
@@ -212,6 +228,7 @@ func (p *TCPPoller) PollStop() {
 	p.polls = 0
 	p.mu.Unlock()
 	if polled {
+		p.st.releaseHeld()
 		p.st.pollStopped()
 	}
 }

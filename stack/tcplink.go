@@ -389,9 +389,11 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 // processes it, before the application can answer, where the kernel
 // delays its ACK for the answer to carry (RFC 1122 4.2.3.2). A bare ACK
 // without SACK blocks is held back, for at most the kick delay
-// (holdDelay); a later segment of the same connection that carries data
-// or a FIN and acknowledges as much makes it redundant, and it is not
-// sent (TCPCounters.AcksCarried). The rest leave when the delay is over,
+// (holdDelay), or until the event loop whose thread processed the
+// segment waits again (TCPPoller.Wait; at most maxHoldDelay); a later
+// segment of the same connection that carries data or a FIN and
+// acknowledges as much makes it redundant, and it is not sent
+// (TCPCounters.AcksCarried). The rest leave when the hold is over,
 // together (TCPCounters.AcksDelayed). As the kernel
 // acknowledges at once when a second full segment is unacknowledged, a
 // bare ACK that acknowledges a full segment more than the ACKs held for
@@ -447,6 +449,15 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 	switch {
 	case l.heldArmed || l.heldDue.Load() != 0:
 		// What is held already goes when its time comes: these with it.
+	case l.st.eventLoop.Load():
+		// An event loop answers what a poll gave it before it polls
+		// again (redis-server writes its replies before its next
+		// epoll_wait), however long its batch takes: held until then
+		// (TCPPoller.Wait and PollStop release them), or maxHoldDelay.
+		// With the kick delay alone, a third of redis-server's requests
+		// had a bare ACK of their own, sent by a timer's goroutine.
+		l.heldDue.Store(monoNow() + int64(maxHoldDelay))
+		l.armCheck()
 	case l.st.appPolling():
 		l.heldDue.Store(monoNow() + int64(l.holdDelay()))
 		l.armCheck()
@@ -961,7 +972,8 @@ type drain struct {
 
 // appPollRecent: an application thread that polled the queues this
 // recently polls them still (appPolling); appPollCheck is how often the
-// drain looks again meanwhile, and drains what nobody took.
+// drain looks meanwhile whether it still does (and releases the held
+// acknowledgements that are due).
 const (
 	appPollRecent = 200 * time.Microsecond
 	appPollCheck  = 500 * time.Microsecond
@@ -1019,10 +1031,12 @@ func (d *drain) run() {
 			if tcp := st.tcp.Load(); tcp != nil {
 				tcp.link.pollHeld() // the polling thread went away
 			}
-			if st.rxMu.TryLock() { // else a receive polls
-				st.drainBatchesLocked()
-				st.rxMu.Unlock()
-			}
+			// The rings stay the polling thread's: a look that drained
+			// them took the frames of an event loop busy between its
+			// waits (a quarter of them), for netstack's processor, whose
+			// acknowledgements then left on their own. Once the thread
+			// has not polled for appPollRecent, the loop ends and the
+			// netpoller's first look drains what waits.
 		}
 	}
 }
@@ -1052,6 +1066,14 @@ func (d *drain) closeFile() {
 func (st *Stack) appPolling() bool {
 	t := st.appPolled.Load()
 	return t != 0 && monoNow()-t < int64(appPollRecent)
+}
+
+// releaseHeld sends the acknowledgements held (tcpLink.hold), for an
+// event loop's thread that waits again.
+func (st *Stack) releaseHeld() {
+	if t := st.tcp.Load(); t != nil && t.link.heldN.Load() > 0 {
+		t.link.expireHeld()
+	}
 }
 
 // pollStopped tells the drains that the application thread that polled the

@@ -441,6 +441,16 @@ func (set *epollSet) tcpAlone() bool {
 	return true
 }
 
+// waitTCP tells the set's pollers that a wait begins (TCPPoller.Wait).
+// Caller holds set.mu.
+func (set *epollSet) waitTCP() {
+	for _, p := range set.pollers {
+		if p.Alone() {
+			p.Wait()
+		}
+	}
+}
+
 // pollTCP processes what came for the set's connections (TCPPoller.Poll)
 // and says whether any frame came. Caller holds set.mu.
 func (set *epollSet) pollTCP() bool {
@@ -610,6 +620,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	}
 	set.mu.Lock()
 	tcpOnly, alone := len(set.list) == 0, set.tcpAlone()
+	set.waitTCP()
 	set.mu.Unlock()
 	if tcpOnly && !alone {
 		// The kernel reports the mirrors' readiness, and the drains

@@ -28,6 +28,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -150,6 +151,13 @@ static const char *options(int fd)
 	return out;
 }
 
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static int server(int port)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -267,6 +275,28 @@ static int server(int port)
 	struct iovec sv = {"pong", 4};
 	struct msghdr sh = {.msg_iov = &sv, .msg_iovlen = 1};
 	res("sendmsg", sendmsg(c, &sh, 0));
+
+	/* Non-blocking receives that spin until data comes, the first for
+	 * part of it: a wait in the kernel (a raw ppoll, which no
+	 * interposer sees) finds the rest readable, and nothing once it is
+	 * read. */
+	fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
+	writen(c, "go5", 3);
+	double until = now() + 10;
+	while ((r = recv(c, b, 4, 0)) < 0 && errno == EAGAIN && now() < until)
+		;
+	res("spinning recv 4", r);
+	struct pollfd kp = {.fd = c, .events = POLLIN};
+	struct timespec zero = {0, 0};
+	long k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
+	say("kernel's poll after a part: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+	while ((r = recv(c, b, sizeof b, 0)) < 0 && errno == EAGAIN && now() < until)
+		;
+	res("spinning recv rest", r);
+	kp.revents = 0;
+	k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
+	say("kernel's poll after the rest: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+	fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
 
 	/* splice from the connection into a pipe and from a pipe onto it,
 	 * sendfile onto it. */
@@ -463,12 +493,6 @@ static int handover(int port, const char *go)
 	return 0;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* vanish: the peer disappears for good after the first exchange of each
  * connection (the test takes its address away when it has read "ok").
@@ -558,6 +582,8 @@ static int client(const char *addr, int port, int closed)
 	writen(c, "ping", 4);
 	readn(c, b, 4);
 	say("sendmsg came back %.4s", b);
+	readn(c, b, 3); /* go5 */
+	writen(c, "partial-read", 12);
 	readn(c, b, 3); /* go4 */
 	writen(c, "splice-from-the-peer", 20);
 	readn(c, b, 12);
