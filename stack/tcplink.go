@@ -1142,9 +1142,14 @@ func (st *Stack) closeTCP() {
 	}
 	close(t.stop)
 	<-t.done
+	// The acknowledgements still held go before the link is down: the
+	// last may be a closed connection's of its peer's FIN (TIME-WAIT),
+	// which the peer would send again to the kernel once the steering
+	// is gone (TestRunTCPCalls, both under vmaxdp: the client's kernel
+	// took that FIN, now and then).
+	t.link.releaseHeld()
 	st.reapTCP(t, true)
 	t.link.down.Store(true)
-	t.link.releaseHeld()
 	t.ns.Close()
 	t.ns.Wait()
 }
