@@ -733,6 +733,17 @@ func TestTCPPollerInline(t *testing.T) {
 	})
 }
 
+// timingError fails t for an outcome that depends on how long the steps
+// take, which the race detector's build only logs (raceEnabled).
+func timingError(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if raceEnabled {
+		t.Logf("race detector's build, not a failure: "+format, args...)
+		return
+	}
+	t.Errorf(format, args...)
+}
+
 // TestTCPPollerHoldsAcks: an event loop's acknowledgements wait for its
 // answers however long it works on a request, as long as it does not
 // wait again (TCPPoller.Wait: the engine's epoll_wait): each of a kernel client's
@@ -816,12 +827,13 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 		// maxHoldDelay now and then. Measured idle: 197-200 carried and
 		// processed by the loop (144-151 carried and 78 processed
 		// without Wait's mark and hold); loaded (two CPU-bound
-		// processes): 157-191 carried.
+		// processes): 157-191 carried. Under the race detector a wait
+		// takes longer than appPollRecent, and the drains take over.
 		if segs > rounds*5/4 || got < rounds*3/4 {
-			t.Errorf("%d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
+			timingError(t, "%d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
 		}
 		if in < rounds*3/4 {
-			t.Errorf("the loop processed %d of %d requests: the drains took the rest while it worked", in, rounds)
+			timingError(t, "the loop processed %d of %d requests: the drains took the rest while it worked", in, rounds)
 		}
 
 		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
