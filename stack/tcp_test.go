@@ -746,11 +746,14 @@ func timingError(t *testing.T, format string, args ...any) {
 
 // TestTCPPollerHoldsAcks: an event loop's acknowledgements wait for its
 // answers however long it works on a request, as long as it does not
-// wait again (TCPPoller.Wait: the engine's epoll_wait): each of a kernel client's
-// requests costs its kernel one segment, the answer that carries the ACK.
-// Before, a hold ended after the kick delay (20 us): most of these
-// answers, 100 us of work after their request, came after a bare ACK. A
-// request left unanswered still has its ACK once the loop stops to sleep.
+// wait again (TCPPoller.Wait: the engine's epoll_wait), and the drains
+// leave it the frames that come while it works: each of a kernel
+// client's requests costs its kernel one segment, the answer that
+// carries the ACK. Before, the drains took the frames of a loop that
+// polls once a wait, and a hold ended after the kick delay (20 us): a
+// quarter of these answers, 100 us of work after their request, came
+// after a bare ACK. A request left unanswered still has its ACK once the
+// loop stops to sleep.
 func TestTCPPollerHoldsAcks(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
 		_, st := stackOn(t, bed, nil)
