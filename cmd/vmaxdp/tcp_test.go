@@ -422,6 +422,97 @@ func TestRunTCPPrefork(t *testing.T) {
 	})
 }
 
+// TestRunTCPNginx: nginx (Debian's nginx-light), a prefork server not
+// written with vmaxdp in mind, under vmaxdp run with a kernel client: its
+// master listens (offloaded) and forks two workers that accept, so the
+// listener goes back to the kernel at the fork, with the reason logged
+// (in nginx's error log, which nginx makes its stderr), and every
+// request gets the page.
+func TestRunTCPNginx(t *testing.T) {
+	testutil.RequireRoot(t)
+	nginx, err := exec.LookPath("nginx")
+	if err != nil {
+		t.Skip("nginx is not installed (make deps installs nginx-light)")
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, requests = 11198, 100
+		const page = "served by nginx under vmaxdp\n"
+		dir := t.TempDir()
+		if err := os.Mkdir(filepath.Join(dir, "html"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// user root: the workers read the page in the test's own
+		// directory, which only root may.
+		conf := fmt.Sprintf(`daemon off;
+user root;
+master_process on;
+worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 64; }
+http {
+	access_log off;
+	server { listen %[2]s:%[3]d; root %[1]s/html; }
+}
+`, dir, b.Addr(testbed.B), port)
+		for name, text := range map[string]string{"nginx.conf": conf, "html/index.html": page} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", nginx, "-c", filepath.Join(dir, "nginx.conf"), "-p", dir)
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		// get is an HTTP/1.0 GET on a connection of its own: net/http
+		// would dial on a goroutine outside side A's namespace.
+		get := func() (string, error) {
+			c, err := net.DialTimeout("tcp4", raddr, 2*time.Second)
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+				return "", err
+			}
+			resp, err := io.ReadAll(c)
+			return string(resp), err
+		}
+		ok := func(resp string) bool {
+			return strings.HasPrefix(resp, "HTTP/1.1 200 ") && strings.HasSuffix(resp, "\r\n\r\n"+page)
+		}
+		err := b.Do(testbed.A, func() error {
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				resp, err := get()
+				if err == nil && ok(resp) {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("nginx did not serve its page in 10 s: %q, %v", resp, err)
+				}
+			}
+			for i := range requests {
+				if resp, err := get(); err != nil || !ok(resp) {
+					return fmt.Errorf("request %d: %q, %v", i, resp, err)
+				}
+			}
+			return nil
+		})
+		errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+		logs := p.out.String() + string(errLog)
+		if err != nil {
+			t.Fatalf("%v\nvmaxdp run's output and nginx's error log:\n%s", err, logs)
+		}
+		for _, want := range []string{
+			"offloaded on " + b.Link(testbed.B) + " (tcp_server " + raddr + ")",
+			"tcp listener " + raddr + ": shared with a child process after fork",
+		} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("vmaxdp's log lacks %q:\n%s", want, logs)
+			}
+		}
+	})
+}
+
 // procFDs and procRSS are a process's open fds and resident memory (KiB).
 func procFDs(pid int) int {
 	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
