@@ -551,22 +551,7 @@ func TestTCPAcksCarried(t *testing.T) {
 			}
 			served <- nil
 		}()
-		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
-		carried := st.TCPCounters.AcksCarried.Load()
-		b := make([]byte, 16)
-		for i := range rounds {
-			if _, err := c.Write(b); err != nil {
-				t.Fatalf("request %d: %v", i, err)
-			}
-			if _, err := io.ReadFull(c, b); err != nil {
-				t.Fatalf("answer %d: %v", i, err)
-			}
-		}
-		if err := <-served; err != nil {
-			t.Fatal(err)
-		}
-		segs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs") - inSegs
-		got := st.TCPCounters.AcksCarried.Load() - carried
+		segs, got := askEach(t, bed, st, c, rounds, served)
 		t.Logf("%d requests: the client's kernel took %d segments; %d acknowledgements rode on answers", rounds, segs, got)
 		// An answer later than the hold lets its ACK go alone: a loaded
 		// machine may delay some.
@@ -584,7 +569,7 @@ func TestTCPAcksCarried(t *testing.T) {
 			_, err := io.CopyN(io.Discard, s, bulk)
 			drained <- err
 		}()
-		inSegs = testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
+		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
 		outSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "OutSegs")
 		delayed := st.TCPCounters.AcksDelayed.Load()
 		if _, err := c.Write(make([]byte, bulk)); err != nil {
@@ -733,6 +718,29 @@ func TestTCPPollerInline(t *testing.T) {
 	})
 }
 
+// askEach makes rounds requests of 16 bytes on c, a kernel client on side
+// A, reading each one's answer, then waits for the server's verdict; it
+// returns the segments the client's kernel took meanwhile and the
+// acknowledgements st's link did not send, answers carrying them.
+func askEach(t *testing.T, bed *testbed.Bed, st *stack.Stack, c net.Conn, rounds int, served <-chan error) (segs int, carried uint64) {
+	t.Helper()
+	inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
+	before := st.TCPCounters.AcksCarried.Load()
+	b := make([]byte, 16)
+	for i := range rounds {
+		if _, err := c.Write(b); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	return testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs") - inSegs, st.TCPCounters.AcksCarried.Load() - before
+}
+
 // timingError fails t for an outcome that depends on how long the steps
 // take, which the race detector's build only logs (raceEnabled).
 func timingError(t *testing.T, format string, args ...any) {
@@ -807,23 +815,9 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 		}
 		served := make(chan error, 1)
 		go func() { served <- serve(rounds, true) }()
-		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
-		carried, inline := st.TCPCounters.AcksCarried.Load(), st.TCPCounters.RxInline.Load()
+		inline := st.TCPCounters.RxInline.Load()
 		c.SetDeadline(time.Now().Add(20 * time.Second))
-		b := make([]byte, 16)
-		for i := range rounds {
-			if _, err := c.Write(b); err != nil {
-				t.Fatalf("request %d: %v", i, err)
-			}
-			if _, err := io.ReadFull(c, b); err != nil {
-				t.Fatalf("answer %d: %v", i, err)
-			}
-		}
-		if err := <-served; err != nil {
-			t.Fatal(err)
-		}
-		segs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs") - inSegs
-		got := st.TCPCounters.AcksCarried.Load() - carried
+		segs, got := askEach(t, bed, st, c, rounds, served)
 		in := st.TCPCounters.RxInline.Load() - inline
 		t.Logf("%d requests answered %v after each: the client's kernel took %d segments; %d acknowledgements rode on answers; %d requests processed by the loop", rounds, work, segs, got, in)
 		// A loaded machine may hold the loop past appPollRecent or
@@ -840,9 +834,9 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 		}
 
 		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
-		inSegs = testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
+		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
 		go func() { served <- serve(1, false) }()
-		if _, err := c.Write(b); err != nil {
+		if _, err := c.Write(make([]byte, 16)); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-served; err != nil {
