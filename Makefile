@@ -5,6 +5,12 @@ GO        ?= go
 CLANG     ?= clang-19
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
+BIN       ?= bin
+# The preload library's Go runtime defaults (preload/main.go says why):
+# cmd/go accepts only the settings of its own table in //go:debug, so
+# they are set where it keeps them.
+PRELOAD_GODEBUG := containermaxprocs=0,asyncpreemptoff=1
+PRELOAD_LDFLAGS := -X github.com/vmaxdp/vmaxdp/internal/engine.Version=$(VERSION) -X runtime.godebugDefault=$(PRELOAD_GODEBUG)
 BPF_CFLAGS := -O2 -g -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
 DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium \
@@ -27,11 +33,11 @@ $(STAMP): Makefile
 	$(GO) mod download
 	@touch $@
 
-build: ## build bin/vmaxdp, bin/libvmaxdp.so (vmaxdp run's preload library) and bin/nettrace (needs no clang: the BPF objects are committed)
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/vmaxdp ./cmd/vmaxdp
-	$(GO) build -buildmode=c-shared -ldflags "-X github.com/vmaxdp/vmaxdp/internal/engine.Version=$(VERSION)" -o bin/libvmaxdp.so ./preload
-	rm -f bin/libvmaxdp.h
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/nettrace ./cmd/nettrace
+build: ## build bin/vmaxdp, bin/libvmaxdp.so (vmaxdp run's preload library) and bin/nettrace (needs no clang: the BPF objects are committed); BIN=dir builds them there
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/vmaxdp ./cmd/vmaxdp
+	$(GO) build -buildmode=c-shared -ldflags "$(PRELOAD_LDFLAGS)" -o $(BIN)/libvmaxdp.so ./preload
+	rm -f $(BIN)/libvmaxdp.h
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/nettrace ./cmd/nettrace
 
 generate: $(STAMP) ## rebuild the BPF objects and their Go bindings with clang-19
 	cd bpf && BPF_CLANG=$(CLANG) BPF_CFLAGS="$(BPF_CFLAGS)" $(GO) generate ./...

@@ -4,10 +4,19 @@
 // half turns C arguments into Go values for package engine and back. It
 // exports only vmxgo_* names, never libc's (golang/go#26184).
 //
-// containermaxprocs=0: with it on, Go's runtime keeps two cgroup files open
-// for the life of the process, fds the application did not ask for.
-//
-//go:debug containermaxprocs=0
+// make build sets two defaults of this library's Go runtime (GODEBUG,
+// PRELOAD_GODEBUG in the Makefile), and the tests build it with make:
+//   - containermaxprocs=0: with it on, the runtime keeps two cgroup files
+//     open for the life of the process, fds the application did not ask for.
+//   - asyncpreemptoff=1: the runtime preempts a goroutine that runs too long
+//     with SIGURG sent to its thread, and an application thread that calls
+//     the engine runs goroutines. The signal can land after the thread went
+//     back to the application's code, and a poll, select, epoll_wait or
+//     sleep of its own then returns EINTR though the application got no
+//     signal: sockperf's poll over offloaded TCP connections, which go to
+//     the kernel's poll, failed so in about 1 run in 40 under load. The
+//     engine's loops make function calls, where goroutines are preempted
+//     without a signal.
 package main
 
 /*

@@ -37,22 +37,17 @@ var (
 	toolsErr  error
 )
 
-// tools builds vmaxdp and libvmaxdp.so side by side (as make build does),
-// once per test binary.
+// tools builds vmaxdp and libvmaxdp.so side by side with make build, whose
+// link flags the library needs (preload/main.go), once per test binary.
 func tools(t testing.TB) (vmaxdp string) {
 	t.Helper()
 	toolsOnce.Do(func() {
 		if toolsDir, toolsErr = os.MkdirTemp("", "vmaxdp-run-test-"); toolsErr != nil {
 			return
 		}
-		for _, args := range [][]string{
-			{"build", "-o", filepath.Join(toolsDir, "vmaxdp"), "."},
-			{"build", "-buildmode=c-shared", "-o", filepath.Join(toolsDir, libName), "../../preload"},
-		} {
-			if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-				toolsErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-				return
-			}
+		cmd := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+toolsDir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			toolsErr = fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 		}
 	})
 	if toolsErr != nil {
@@ -477,8 +472,8 @@ func TestRunForkExec(t *testing.T) {
 // TestRunSignals: an application's signals under vmaxdp run (see
 // testdata/signals.c): none is lost to vmaxdp's threads, a handler ends a
 // blocking call with EINTR as in the kernel (restarted after SA_RESTART),
-// while the call spins as well as while it sleeps, and the application
-// reads back its own handlers.
+// while the call spins as well as while it sleeps, the application reads
+// back its own handlers, and Go's runtime sends its threads no SIGURG.
 func TestRunSignals(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "signals")
@@ -498,7 +493,7 @@ func TestRunSignals(t *testing.T) {
 				time.Sleep(300 * time.Millisecond)
 				sendFromA(t, b, port, "wake")
 			}
-			p.wait(t, b, "sigwait", "sigaction", "signal", "recvfrom", "poll", "select", "epoll_wait", "ppoll", "restart")
+			p.wait(t, b, "sigwait", "sigaction", "signal", "recvfrom", "poll", "select", "epoll_wait", "ppoll", "restart", "preempt")
 		})
 	}
 }

@@ -15,7 +15,12 @@
  *  - sigaction: the application reads back its own handler;
  *  - restart: after an SA_RESTART handler a blocking recvfrom goes on and
  *    returns the datagram that comes later (it prints "restart waiting"
- *    and waits for one on PORT).
+ *    and waits for one on PORT);
+ *  - preempt: Go's runtime sends no SIGURG to a thread that runs engine
+ *    code, here a 300 ms poll (spinning, when the test has it spin): one
+ *    that came after the call went back to the application's code would
+ *    end the application's own poll or sleep with EINTR. The check puts a
+ *    counting handler in place of the runtime's for the call.
  * A watchdog ends the program after 20 s.
  */
 #define _GNU_SOURCE
@@ -43,6 +48,8 @@ static int usr1;
 
 static void on_alarm(int sig) { (void)sig; alarms++; }
 static void on_usr2(int sig) { (void)sig; }
+static volatile sig_atomic_t urgs;
+static void on_urg(int sig) { (void)sig; urgs++; }
 
 static void check(const char *name, int ok, const char *why)
 {
@@ -200,5 +207,14 @@ int main(int argc, char **argv)
 	ssize_t n = recvfrom(fd, buf, sizeof buf, 0, NULL, NULL);
 	snprintf(why, sizeof why, "returned %zd, %d alarm(s)", n, alarms - before);
 	check("restart", n == 4 && alarms == before + 1, why);
+
+	struct sigaction count = {.sa_handler = on_urg, .sa_flags = SA_RESTART | SA_ONSTACK}, runtime;
+	sigemptyset(&count.sa_mask);
+	sigaction(SIGURG, &count, &runtime);
+	r = poll(&p, 1, 300);
+	int took = urgs;
+	sigaction(SIGURG, &runtime, NULL);
+	snprintf(why, sizeof why, "%d SIGURG(s) during the poll, which returned %d", took, r);
+	check("preempt", took == 0 && r == 0, why);
 	return failed;
 }
