@@ -524,7 +524,8 @@ func TestTCPChannelsGrow(t *testing.T) {
 // answer, as the kernel's delayed ACK does: a kernel client's request and
 // netstack's answer cost the client's kernel one segment, not a bare ACK
 // and the answer. A request nobody answers is still acknowledged, once
-// the hold is over: the client's kernel sends nothing again.
+// the hold is over, whatever another connection sends meanwhile: the
+// client's kernel sends nothing again.
 func TestTCPAcksCarried(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
 		// The longest hold (VMAXDP_TX_KICK_DELAY 1 ms): the default's
@@ -588,10 +589,34 @@ func TestTCPAcksCarried(t *testing.T) {
 			t.Errorf("%d segments of a bulk transfer got %d acknowledgements, %d after their hold: want at most one for two, few held to the end", data, acks, waited)
 		}
 
-		// A request nobody answers.
+		// A request nobody answers, while another connection's answers
+		// leave: they carry their own connection's ACKs, never this one's.
+		c2, s2 := connectedPair(t, bed, st, 7401)
+		s2.SetDeadline(time.Now().Add(20 * time.Second))
+		const others = 5
+		go func() {
+			b := make([]byte, 16)
+			for range others {
+				if _, err := io.ReadFull(s2, b); err != nil {
+					return
+				}
+				if _, err := s2.Write(b); err != nil {
+					return
+				}
+			}
+		}()
 		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
 		if _, err := c.Write([]byte("unanswered")); err != nil {
 			t.Fatal(err)
+		}
+		b := make([]byte, 16)
+		for i := range others {
+			if _, err := c2.Write(b); err != nil {
+				t.Fatalf("other connection, request %d: %v", i, err)
+			}
+			if _, err := io.ReadFull(c2, b); err != nil {
+				t.Fatalf("other connection, answer %d: %v", i, err)
+			}
 		}
 		raw, err := c.(*net.TCPConn).SyscallConn()
 		if err != nil {
