@@ -1020,8 +1020,19 @@ static int any_engine_fd(const struct pollfd *fds, nfds_t n)
 	return 0;
 }
 
+int vmx_tcp_owed;
+
+/* pay_owed: the kernel is about to look at fds that may be TCP
+ * connections' mirrors. */
+static inline void pay_owed(void)
+{
+	if (__builtin_expect(__atomic_load_n(&vmx_tcp_owed, __ATOMIC_ACQUIRE) != 0, 0) && !vmx_forked)
+		vmxgo_tcp_pay();
+}
+
 int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
+	pay_owed();
 	if (!any_engine_fd(fds, n))
 		return REAL(poll)(fds, n, timeout);
 	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, vmx_thread()));
@@ -1031,6 +1042,7 @@ static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 100
 
 int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
 {
+	pay_owed();
 	if (!any_engine_fd(fds, n))
 		return REAL(ppoll)(fds, n, ts, mask);
 	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, vmx_thread()));
@@ -1110,6 +1122,7 @@ out:
 
 int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 {
+	pay_owed();
 	if (!vmx_forked) {
 		int res = select_engine(nfds, r, w, x, tv ? tv->tv_sec * 1000000000LL + tv->tv_usec * 1000LL : -1, NULL);
 		if (res != -2)
@@ -1120,6 +1133,7 @@ int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 
 int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts, const sigset_t *mask)
 {
+	pay_owed();
 	if (!vmx_forked) {
 		int res = select_engine(nfds, r, w, x, ts_ns(ts), mask);
 		if (res != -2)

@@ -26,4 +26,9 @@ struct vmx_signals {
 void vmx_set_state(int fd, int state);
 void vmx_set_internal(int fd, int on);
 
+/* engine.Options.Owed: the TCP connections whose mirrors epoll sets owe a
+ * mark; poll and select have the engine pay them (vmxgo_tcp_pay) before
+ * the kernel looks at the mirrors. */
+extern int vmx_tcp_owed;
+
 #endif

@@ -40,6 +40,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -133,7 +134,8 @@ func vmxgo_init(nofile *C.struct_rlimit) C.int {
 	}
 	var err error
 	onState := func(fd int, s engine.State) { C.vmx_set_state(C.int(fd), C.int(s)) }
-	if eng, err = engine.New(&engine.Options{OnState: onState}); err != nil {
+	owed := (*atomic.Int32)(unsafe.Pointer(&C.vmx_tcp_owed))
+	if eng, err = engine.New(&engine.Options{OnState: onState, Owed: owed}); err != nil {
 		fmt.Fprintf(os.Stderr, "vmaxdp: %v\n", err)
 		return 1
 	}
@@ -147,6 +149,9 @@ func vmxgo_init(nofile *C.struct_rlimit) C.int {
 func vmxgo_refused(fd C.int, call *C.char) {
 	eng.Log.Printf(params.LevelWarning, "%s onto fd %d refused (EBADF): vmaxdp's engine holds that fd for itself", C.GoString(call), int(fd))
 }
+
+//export vmxgo_tcp_pay
+func vmxgo_tcp_pay() { eng.PayOwed() }
 
 //export vmxgo_fini
 func vmxgo_fini() { eng.Shutdown() }

@@ -84,6 +84,10 @@ type Options struct {
 	// OnState is told each decision the engine takes on its own (the first
 	// send, a fall-back), so that the caller's fd table follows.
 	OnState func(fd int, s State)
+	// Owed counts the TCP connections whose mirrors epoll sets owe a mark
+	// (owed.go), for a caller that asks the kernel about them to call
+	// PayOwed first while it is not 0. Default: the engine's own.
+	Owed *atomic.Int32
 }
 
 // Engine serves one process's offloaded sockets.
@@ -92,6 +96,7 @@ type Engine struct {
 	rules   *rules.Config
 	program string
 	onState func(fd int, s State)
+	owed    *atomic.Int32 // Options.Owed
 	Log     *Log
 
 	mu       sync.Mutex // stacks, stackErr, epolls, Socket.fds
@@ -213,7 +218,10 @@ func New(opts *Options) (*Engine, error) {
 	if o.OnState == nil {
 		o.OnState = func(int, State) {}
 	}
-	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, stacks: map[string]*stack.Stack{},
+	if o.Owed == nil {
+		o.Owed = new(atomic.Int32)
+	}
+	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, owed: o.Owed, stacks: map[string]*stack.Stack{},
 		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD),
 		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }

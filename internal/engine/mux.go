@@ -281,6 +281,9 @@ func (e *Engine) Poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sigma
 }
 
 func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *stack.SignalWait) (int, unix.Errno) {
+	if e.owed.Load() != 0 { // the kernel's poll looks at TCP connections' mirrors
+		e.PayOwed()
+	}
 	zero := unix.Timespec{}
 	// known: a sleep just left the kernel fds' revents in pfds, and the
 	// scan after it need not poll them again (a system call per wait).
@@ -374,19 +377,40 @@ type epollSet struct {
 	list []*epollMember
 	next int
 	spin stack.Spin // how long its waits poll (VMAXDP_SELECT_POLL auto)
-	// tcp are its offloaded TCP connections, by fd. The kernel reports
-	// their events (their mirrors); its epoll_wait processes their
-	// segments itself (pollers: one per stack).
-	tcp     map[int]*tcpConn
+	// tcp are its offloaded TCP connections' registrations, by fd. The
+	// kernel reports their events (their mirrors), but for those whose
+	// marks the set owes (owed); its epoll_wait processes their segments
+	// itself (pollers: one per stack).
+	tcp     map[int]*tcpMember
 	pollers []*stack.TCPPoller
+	owed    owedSet // the marks its waits owe (owed.go)
 }
 
-// addTCP adds the connection t, named by fd. Caller holds set.mu.
-func (set *epollSet) addTCP(fd int, t *tcpConn) {
-	if set.tcp[fd] != nil {
+// addTCP adds the connection t, named by fd, or changes its events (ev).
+// Caller holds set.mu.
+func (set *epollSet) addTCP(fd int, t *tcpConn, ev *unix.EpollEvent) {
+	if m := set.tcp[fd]; m != nil {
+		t.mu.Lock()
+		m.events, m.data = ev.Events, [2]int32{ev.Fd, ev.Pad}
+		was := t.lazy == m
+		t.relazyLocked(m)
+		lost := was && t.lazy == nil
+		t.mu.Unlock()
+		if lost {
+			set.payOwed()
+		}
 		return
 	}
-	set.tcp[fd] = t
+	m := &tcpMember{t: t, set: set, events: ev.Events, data: [2]int32{ev.Fd, ev.Pad}}
+	set.tcp[fd] = m
+	t.mu.Lock()
+	t.sets++
+	was := t.lazy
+	t.relazyLocked(m)
+	t.mu.Unlock()
+	if was != nil && t.lazy == nil {
+		was.set.payOwed()
+	}
 	st := t.c.Stack()
 	for _, p := range set.pollers {
 		if p.Stack() == st {
@@ -401,11 +425,22 @@ func (set *epollSet) addTCP(fd int, t *tcpConn) {
 
 // delTCP removes fd's connection. Caller holds set.mu.
 func (set *epollSet) delTCP(fd int) {
-	t := set.tcp[fd]
-	if t == nil {
+	m := set.tcp[fd]
+	if m == nil {
 		return
 	}
 	delete(set.tcp, fd)
+	t := m.t
+	t.mu.Lock()
+	t.sets--
+	lost := t.lazy == m
+	if lost {
+		t.lazy = nil
+	}
+	t.mu.Unlock()
+	if lost {
+		set.payOwed()
+	}
 	st := t.c.Stack()
 	set.pollers = slices.DeleteFunc(set.pollers, func(p *stack.TCPPoller) bool {
 		if p.Stack() != st || p.Remove(t.c) {
@@ -420,6 +455,9 @@ func (set *epollSet) delTCP(fd int) {
 func (set *epollSet) close() {
 	set.mu.Lock()
 	defer set.mu.Unlock()
+	for fd := range set.tcp {
+		set.delTCP(fd)
+	}
 	for _, p := range set.pollers {
 		p.Close()
 	}
@@ -566,7 +604,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 	e.mu.Lock()
 	set := e.epolls[epfd]
 	if set == nil {
-		set = &epollSet{members: map[int]*epollMember{}, tcp: map[int]*tcpConn{}}
+		set = &epollSet{members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed}}
 		e.epolls[epfd] = set
 	}
 	e.mu.Unlock()
@@ -574,7 +612,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 	if t != nil {
 		switch op {
 		case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
-			set.addTCP(fd, t)
+			set.addTCP(fd, t, ev)
 		case unix.EPOLL_CTL_DEL:
 			set.delTCP(fd)
 		}
@@ -625,15 +663,26 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	if tcpOnly && !alone {
 		// The kernel reports the mirrors' readiness, and the drains
 		// process the segments, as for any kernel fd.
+		set.payOwed()
 		return 0, ErrPassOS
 	}
 	scan := func(osTurn bool) (int, int, unix.Errno) {
-		n := 0
 		var polled polledStacks
 		set.mu.Lock()
 		// The kernel reports what the set's TCP connections' own
-		// processing made ready, at once.
-		osTurn = set.pollTCP() || osTurn
+		// processing made ready, at once, but for the connections the
+		// set owes marks, which it reports itself (owed.go).
+		owed := 0
+		if alone {
+			set.owed.setPolling(true)
+			osTurn = set.pollTCP() || osTurn
+			set.owed.setPolling(false)
+			owed = set.reportOwed(out)
+			osTurn = osTurn || owed > 0
+		} else {
+			osTurn = set.pollTCP() || osTurn
+		}
+		n := owed
 		l := len(set.list)
 		start := set.next % max(l, 1)
 		set.next++
@@ -660,7 +709,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		if err != nil && err != unix.EINTR {
 			return n, 0, errnoOf(err)
 		}
-		os := e.mergeKernel(set, out[:n], out[n:n+max(k, 0)])
+		os := e.mergeKernel(set, out[:n], out[n:n+max(k, 0)], owed)
 		return n + os, os, 0
 	}
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
@@ -676,6 +725,9 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		set.mu.Unlock()
 		deadline, infinite = w.deadline(deadline, infinite)
 		_, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool {
+			if set.owed.any() {
+				return true
+			}
 			set.mu.Lock()
 			defer set.mu.Unlock()
 			var polled polledStacks
@@ -708,14 +760,22 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 }
 
 // mergeKernel folds the kernel's events for engine sockets (their kernel
-// sockets) into the engine's, marks those sockets' kernel side readable,
-// and returns how many kernel events remain in kev (compacted).
-func (e *Engine) mergeKernel(set *epollSet, ours, kev []unix.EpollEvent) int {
+// sockets) and for the TCP connections the set reported itself (the
+// first owed of ours: their mirrors) into the engine's, marks those
+// sockets' kernel side readable, and returns how many kernel events
+// remain in kev (compacted).
+func (e *Engine) mergeKernel(set *epollSet, ours, kev []unix.EpollEvent, owed int) int {
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	kept := 0
 	for _, k := range kev {
 		dup := false
+		for i := range ours[:owed] {
+			if ours[i].Fd == k.Fd && ours[i].Pad == k.Pad {
+				ours[i].Events |= k.Events
+				dup = true
+			}
+		}
 		for _, m := range set.list {
 			if m.data != [2]int32{k.Fd, k.Pad} {
 				continue

@@ -126,10 +126,14 @@ type tcpConn struct {
 	// in each round trip's path (about 1.5 us a side, sockperf --tcp pp).
 	readers  int
 	deferred bool
-	full     bool // app made unwritable: netstack's send buffer is
-	rdhup    bool // eng shut for writing: the peer's FIN
-	hangup   bool // eng shut both ways: the connection is over
-	closed   bool // eng is closed: its number may name another file
+	// sets counts the epoll sets the connection is a member of, and lazy
+	// is the member that may owe its marks (owed.go), if any.
+	sets   int
+	lazy   *tcpMember
+	full   bool // app made unwritable: netstack's send buffer is
+	rdhup  bool // eng shut for writing: the peer's FIN
+	hangup bool // eng shut both ways: the connection is over
+	closed bool // eng is closed: its number may name another file
 }
 
 // maxMarks bounds the bytes queued on app: a byte per notice gives
@@ -171,7 +175,7 @@ func (t *tcpConn) notify(ev stack.TCPEvents) {
 		return
 	}
 	if ev&stack.TCPReadable != 0 {
-		if t.readers > 0 {
+		if t.readers > 0 || t.lazy != nil && t.lazy.set.owed.owe(t) {
 			t.deferred = true
 			return
 		}

@@ -298,6 +298,50 @@ static int server(int port)
 	say("kernel's poll after the rest: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
 	fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
 
+	/* A level-triggered member of one epoll set, as an event loop has
+	 * it, whose waits spin on EPOLLOUT until the data comes: they report
+	 * it in one event with EPOLLOUT; poll sees it before it is read; and
+	 * after EPOLL_CTL_DEL with it unread, a raw ppoll sees it, after a
+	 * part is read the rest, and nothing once all is. */
+	epoll_ctl(ep, EPOLL_CTL_DEL, c, NULL);
+	int ep2 = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event lev = {.events = EPOLLIN | EPOLLOUT, .data.fd = c};
+	epoll_ctl(ep2, EPOLL_CTL_ADD, c, &lev);
+	for (int round = 6; round <= 7; round++) {
+		char go[4];
+		snprintf(go, sizeof go, "go%d", round);
+		writen(c, go, 3);
+		until = now() + 10;
+		do
+			n = epoll_wait(ep2, out, 4, 1000);
+		while (n == 1 && !(out[0].events & EPOLLIN) && now() < until);
+		say("level-triggered epoll, %s: %d %s", go, n, n == 1 && out[0].data.fd == c ? evnames(out[0].events) : "?");
+		usleep(100000); /* all 10 bytes in */
+		if (round == 6) {
+			struct pollfd lp = {.fd = c, .events = POLLIN};
+			n = poll(&lp, 1, 0);
+			say("poll after it: %d %s", n, (lp.revents & POLLIN) ? "IN" : "-");
+			res("recv it", recv(c, b, sizeof b, 0));
+			continue;
+		}
+		epoll_ctl(ep2, EPOLL_CTL_DEL, c, NULL);
+		kp.revents = 0;
+		k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
+		say("kernel's poll after EPOLL_CTL_DEL: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+		res("recv 4 of it", recv(c, b, 4, 0));
+		kp.revents = 0;
+		k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
+		say("kernel's poll after a part: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+		res("recv the rest", recv(c, b, sizeof b, 0));
+		kp.revents = 0;
+		k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
+		say("kernel's poll after the rest: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+	}
+	close(ep2);
+	ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+	ev.data.fd = c;
+	epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+
 	/* splice from the connection into a pipe and from a pipe onto it,
 	 * sendfile onto it. */
 	int pipefd[2];
@@ -584,6 +628,10 @@ static int client(const char *addr, int port, int closed)
 	say("sendmsg came back %.4s", b);
 	readn(c, b, 3); /* go5 */
 	writen(c, "partial-read", 12);
+	readn(c, b, 3); /* go6 */
+	writen(c, "level-data", 10);
+	readn(c, b, 3); /* go7 */
+	writen(c, "level-more", 10);
 	readn(c, b, 3); /* go4 */
 	writen(c, "splice-from-the-peer", 20);
 	readn(c, b, 12);

@@ -1,0 +1,189 @@
+package engine
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/stack"
+)
+
+// Owed marks. An offloaded connection's readiness reaches the kernel
+// through its mirror: a byte queued on the application's end when data
+// comes (markLocked), taken back once it is read (settleRead). For an
+// event loop those are two system calls in every request's path (18% of
+// redis-server's CPU under vmaxdp, perf): its epoll_wait processes the
+// request's segment, the byte makes the kernel report the connection, the
+// loop reads the request, and the byte is taken back.
+//
+// So while an epoll set's wait processes its connections' segments
+// (pollTCP), a connection that is a level-triggered EPOLLIN member of that
+// set and of no other (tcpConn.lazy) is left unmarked: the set owes its
+// mark (tcpConn.deferred with no receive under way, and the connection on
+// the set's owed list), and reports the connection itself for as long as
+// netstack has data for it (reportOwed). The application's receive pays
+// what it leaves unread, as any receive does (endRead); what it reads
+// whole costs no byte. Everything else that looks at the mirror pays
+// first: poll and select through the preload library (Engine.PayOwed, when
+// Owed says any is owed), the set's wait when it passes to the kernel, and
+// the end of the connection's membership. A raw system call on the mirror
+// between the wait and the receive finds it unready: it is the only
+// observer that cannot pay.
+
+// tcpMember is a TCP connection's registration in an epoll set.
+type tcpMember struct {
+	t      *tcpConn
+	set    *epollSet
+	events uint32
+	data   [2]int32 // epoll_data, opaque
+}
+
+// lazyEvents says whether a member registered for ev may owe its marks:
+// level-triggered EPOLLIN. Edge-triggered and one-shot members are the
+// kernel's to report, on the mirror.
+func lazyEvents(ev uint32) bool {
+	return ev&unix.EPOLLIN != 0 && ev&(unix.EPOLLET|unix.EPOLLONESHOT|unix.EPOLLEXCLUSIVE) == 0
+}
+
+// owedSet is an epoll set's part: the connections whose marks it owes.
+type owedSet struct {
+	mu      sync.Mutex
+	polling bool // its wait processes segments: notices are owed
+	owed    []*tcpConn
+	total   *atomic.Int32 // the engine's count of owed connections (Options.Owed)
+	scratch []*tcpConn
+}
+
+// owe records that the set owes t's mark, when its wait is processing
+// segments; false otherwise. Caller holds t.mu.
+func (o *owedSet) owe(t *tcpConn) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.polling {
+		return false
+	}
+	if !slices.Contains(o.owed, t) {
+		o.owed = append(o.owed, t)
+		o.total.Add(1)
+	}
+	return true
+}
+
+func (o *owedSet) setPolling(on bool) {
+	o.mu.Lock()
+	o.polling = on
+	o.mu.Unlock()
+}
+
+// take empties the owed list into the set's scratch slice.
+func (o *owedSet) take() []*tcpConn {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	list := append(o.scratch[:0], o.owed...)
+	o.total.Add(-int32(len(o.owed)))
+	clear(o.owed)
+	o.owed = o.owed[:0]
+	return list
+}
+
+// keep puts t back on the owed list.
+func (o *owedSet) keep(t *tcpConn) {
+	o.mu.Lock()
+	if !slices.Contains(o.owed, t) {
+		o.owed = append(o.owed, t)
+		o.total.Add(1)
+	}
+	o.mu.Unlock()
+}
+
+func (o *owedSet) any() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.owed) > 0
+}
+
+// report adds to out the set's owed connections that netstack has data
+// for (EPOLLIN, with their members' data) and keeps those owed; the others
+// leave the list. It returns how many it added. Caller holds set.mu.
+func (set *epollSet) reportOwed(out []unix.EpollEvent) int {
+	list := set.owed.take()
+	n := 0
+	for _, t := range list {
+		t.mu.Lock()
+		m := t.lazy
+		owed := t.deferred && t.readers == 0 && m != nil && m.set == set
+		t.mu.Unlock()
+		if !owed {
+			continue
+		}
+		if t.c.Events()&stack.TCPReadable == 0 {
+			t.mu.Lock()
+			if t.readers == 0 {
+				t.deferred = false // read meanwhile: nothing is owed
+			}
+			t.mu.Unlock()
+			continue
+		}
+		set.owed.keep(t)
+		if n < len(out) {
+			out[n] = unix.EpollEvent{Events: unix.EPOLLIN, Fd: m.data[0], Pad: m.data[1]}
+			n++
+		}
+	}
+	clear(list)
+	set.owed.scratch = list[:0]
+	return n
+}
+
+// payOwed marks the mirrors of every connection the set owes.
+func (set *epollSet) payOwed() {
+	for _, t := range set.owed.take() {
+		t.pay()
+	}
+}
+
+// pay marks t's mirror if a mark is owed and netstack has data. It asks
+// netstack with no lock of its own held, as endRead does.
+func (t *tcpConn) pay() {
+	t.mu.Lock()
+	owed := t.deferred && t.readers == 0
+	if owed {
+		t.deferred = false
+	}
+	t.mu.Unlock()
+	if owed && t.c.Events()&stack.TCPReadable != 0 {
+		t.mu.Lock()
+		if !t.closed {
+			t.markLocked()
+		}
+		t.mu.Unlock()
+	}
+}
+
+// relazyLocked says again which member, if any, may owe t's marks: only,
+// when it is t's only one and level-triggered EPOLLIN. The caller pays
+// what the set of a member that no longer may owed. Caller holds t.mu.
+func (t *tcpConn) relazyLocked(only *tcpMember) {
+	if t.sets == 1 && only != nil && lazyEvents(only.events) {
+		t.lazy = only
+		return
+	}
+	t.lazy = nil
+}
+
+// PayOwed marks the mirrors of all the connections epoll sets owe marks,
+// for a caller about to ask the kernel about them (poll and select on
+// TCP connections go to the kernel, which sees the mirrors).
+func (e *Engine) PayOwed() {
+	e.mu.Lock()
+	sets := make([]*epollSet, 0, len(e.epolls))
+	for _, set := range e.epolls {
+		sets = append(sets, set)
+	}
+	e.mu.Unlock()
+	for _, set := range sets {
+		set.payOwed()
+	}
+}
