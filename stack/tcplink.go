@@ -765,6 +765,17 @@ func (st *Stack) finArriving(ip header.IPv4, seg header.TCP) {
 // tcpKey names a connection by its 5-tuple (TCP implied).
 type tcpKey struct{ local, remote netip.AddrPort }
 
+// heldConn is ackKey.conn of the connection's segments.
+func (k tcpKey) heldConn() [12]byte {
+	var c [12]byte
+	binary.BigEndian.PutUint16(c[0:2], k.local.Port())
+	binary.BigEndian.PutUint16(c[2:4], k.remote.Port())
+	l, r := k.local.Addr().As4(), k.remote.Addr().As4()
+	copy(c[4:8], l[:])
+	copy(c[8:12], r[:])
+	return c
+}
+
 // TCPClosing counts the closed connections still exchanging their closing
 // segments (see TCPConn.Closing): a process that exits waits for them,
 // so that the peers' last segments find netstack, not the kernel.
@@ -1084,10 +1095,54 @@ func (st *Stack) appPolling() bool {
 
 // releaseHeld sends the acknowledgements held (tcpLink.hold), for an
 // event loop's thread that waits again.
-func (st *Stack) releaseHeld() {
-	if t := st.tcp.Load(); t != nil && t.link.heldN.Load() > 0 {
+func (st *Stack) releaseHeld() { st.releaseHeldBut(nil) }
+
+// releaseHeldBut sends the held ACKs but those of writers' connections.
+func (st *Stack) releaseHeldBut(writers []*TCPConn) {
+	t := st.tcp.Load()
+	switch {
+	case t == nil || t.link.heldN.Load() == 0:
+	case len(writers) == 0:
 		t.link.expireHeld()
+	default:
+		t.link.expireHeldBut(writers)
 	}
+}
+
+// expireHeldBut sends the held ACKs, counted as expireHeld does, but
+// those of writers' connections, which stay held until their time.
+func (l *tcpLink) expireHeldBut(writers []*TCPConn) {
+	l.heldMu.Lock()
+	out := l.spare
+	l.spare = nil
+	if out == nil {
+		out = make([]*nstack.PacketBuffer, 0, maxHeld)
+	}
+	kept := l.held[:0]
+	for i, h := range l.held {
+		conn := l.heldKeys[i].conn
+		if slices.ContainsFunc(writers, func(c *TCPConn) bool { return c.key.heldConn() == conn }) {
+			l.heldKeys[len(kept)] = l.heldKeys[i]
+			kept = append(kept, h)
+			continue
+		}
+		out = append(out, h)
+	}
+	clear(l.held[len(kept):])
+	l.held = kept
+	l.heldN.Store(int32(len(kept)))
+	if len(kept) == 0 {
+		l.heldArmed = false
+		l.heldDue.Store(0)
+	}
+	if len(out) == 0 {
+		l.spare = out
+		l.heldMu.Unlock()
+		return
+	}
+	l.heldMu.Unlock()
+	l.st.TCPCounters.AcksDelayed.Add(uint64(len(out)))
+	l.send(out)
 }
 
 // pollStopped tells the drains that the application thread that polled the

@@ -384,6 +384,21 @@ type epollSet struct {
 	tcp     map[int]*tcpMember
 	pollers []*stack.TCPPoller
 	owed    owedSet // the marks its waits owe (owed.go)
+	// writers are its connections registered for EPOLLOUT: their held
+	// ACKs stay held as its waits begin (TCPPoller.Wait).
+	writers []*stack.TCPConn
+}
+
+// noteWriter keeps m's connection in writers while m asks for EPOLLOUT.
+// Caller holds set.mu.
+func (set *epollSet) noteWriter(m *tcpMember, member bool) {
+	i := slices.Index(set.writers, m.t.c)
+	switch want := member && m.events&unix.EPOLLOUT != 0; {
+	case want && i < 0:
+		set.writers = append(set.writers, m.t.c)
+	case !want && i >= 0:
+		set.writers = slices.Delete(set.writers, i, i+1)
+	}
 }
 
 // addTCP adds the connection t, named by fd, or changes its events (ev).
@@ -392,6 +407,7 @@ func (set *epollSet) addTCP(fd int, t *tcpConn, ev *unix.EpollEvent) {
 	if m := set.tcp[fd]; m != nil {
 		t.mu.Lock()
 		m.events, m.data = ev.Events, [2]int32{ev.Fd, ev.Pad}
+		set.noteWriter(m, true)
 		was := t.lazy == m
 		t.relazyLocked(m)
 		lost := was && t.lazy == nil
@@ -403,6 +419,7 @@ func (set *epollSet) addTCP(fd int, t *tcpConn, ev *unix.EpollEvent) {
 	}
 	m := &tcpMember{t: t, set: set, events: ev.Events, data: [2]int32{ev.Fd, ev.Pad}}
 	set.tcp[fd] = m
+	set.noteWriter(m, true)
 	t.mu.Lock()
 	t.sets++
 	was := t.lazy
@@ -430,6 +447,7 @@ func (set *epollSet) delTCP(fd int) {
 		return
 	}
 	delete(set.tcp, fd)
+	set.noteWriter(m, false)
 	t := m.t
 	t.mu.Lock()
 	t.sets--
@@ -484,7 +502,7 @@ func (set *epollSet) tcpAlone() bool {
 func (set *epollSet) waitTCP() {
 	for _, p := range set.pollers {
 		if p.Alone() {
-			p.Wait()
+			p.Wait(set.writers)
 		}
 	}
 }
