@@ -384,6 +384,8 @@ type epollSet struct {
 	tcp     map[int]*tcpMember
 	pollers []*stack.TCPPoller
 	owed    owedSet // the marks its waits owe (owed.go)
+	// owedScratch is reportOwed's list, reused; under mu.
+	owedScratch []*tcpConn
 	// writers are its connections registered for EPOLLOUT: their held
 	// ACKs stay held as its waits begin (TCPPoller.Wait).
 	writers []*stack.TCPConn

@@ -53,7 +53,6 @@ type owedSet struct {
 	polling bool // its wait processes segments: notices are owed
 	owed    []*tcpConn
 	total   *atomic.Int32 // the engine's count of owed connections (Options.Owed)
-	scratch []*tcpConn
 }
 
 // owe records that the set owes t's mark, when its wait is processing
@@ -77,11 +76,11 @@ func (o *owedSet) setPolling(on bool) {
 	o.mu.Unlock()
 }
 
-// take empties the owed list into the set's scratch slice.
-func (o *owedSet) take() []*tcpConn {
+// take empties the owed list into list (its array reused) and returns it.
+func (o *owedSet) take(list []*tcpConn) []*tcpConn {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	list := append(o.scratch[:0], o.owed...)
+	list = append(list[:0], o.owed...)
 	o.total.Add(-int32(len(o.owed)))
 	clear(o.owed)
 	o.owed = o.owed[:0]
@@ -104,11 +103,11 @@ func (o *owedSet) any() bool {
 	return len(o.owed) > 0
 }
 
-// report adds to out the set's owed connections that netstack has data
+// reportOwed adds to out the set's owed connections that netstack has data
 // for (EPOLLIN, with their members' data) and keeps those owed; the others
 // leave the list. It returns how many it added. Caller holds set.mu.
 func (set *epollSet) reportOwed(out []unix.EpollEvent) int {
-	list := set.owed.take()
+	list := set.owed.take(set.owedScratch)
 	n := 0
 	for _, t := range list {
 		t.mu.Lock()
@@ -133,13 +132,14 @@ func (set *epollSet) reportOwed(out []unix.EpollEvent) int {
 		}
 	}
 	clear(list)
-	set.owed.scratch = list[:0]
+	set.owedScratch = list[:0]
 	return n
 }
 
-// payOwed marks the mirrors of every connection the set owes.
+// payOwed marks the mirrors of every connection the set owes. It may run
+// on any thread, set.mu held or not.
 func (set *epollSet) payOwed() {
-	for _, t := range set.owed.take() {
+	for _, t := range set.owed.take(nil) {
 		t.pay()
 	}
 }
