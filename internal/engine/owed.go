@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -63,11 +62,18 @@ func (o *owedSet) owe(t *tcpConn) bool {
 	if !o.polling {
 		return false
 	}
-	if !slices.Contains(o.owed, t) {
+	o.addLocked(t)
+	return true
+}
+
+// addLocked puts t on the owed list, once (tcpConn.owedListed: a wait
+// that processes many connections' segments appends each in constant
+// time). Caller holds o.mu.
+func (o *owedSet) addLocked(t *tcpConn) {
+	if t.owedListed.CompareAndSwap(false, true) {
 		o.owed = append(o.owed, t)
 		o.total.Add(1)
 	}
-	return true
 }
 
 func (o *owedSet) setPolling(on bool) {
@@ -81,6 +87,9 @@ func (o *owedSet) take(list []*tcpConn) []*tcpConn {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	list = append(list[:0], o.owed...)
+	for _, t := range o.owed {
+		t.owedListed.Store(false)
+	}
 	o.total.Add(-int32(len(o.owed)))
 	clear(o.owed)
 	o.owed = o.owed[:0]
@@ -90,10 +99,7 @@ func (o *owedSet) take(list []*tcpConn) []*tcpConn {
 // keep puts t back on the owed list.
 func (o *owedSet) keep(t *tcpConn) {
 	o.mu.Lock()
-	if !slices.Contains(o.owed, t) {
-		o.owed = append(o.owed, t)
-		o.total.Add(1)
-	}
+	o.addLocked(t)
 	o.mu.Unlock()
 }
 

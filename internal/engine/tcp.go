@@ -128,12 +128,14 @@ type tcpConn struct {
 	deferred bool
 	// sets counts the epoll sets the connection is a member of, and lazy
 	// is the member that may owe its marks (owed.go), if any.
-	sets   int
-	lazy   *tcpMember
-	full   bool // app made unwritable: netstack's send buffer is
-	rdhup  bool // eng shut for writing: the peer's FIN
-	hangup bool // eng shut both ways: the connection is over
-	closed bool // eng is closed: its number may name another file
+	sets int
+	lazy *tcpMember
+	// owedListed: on its set's owed list (owedSet.addLocked); not under mu.
+	owedListed atomic.Bool
+	full       bool // app made unwritable: netstack's send buffer is
+	rdhup      bool // eng shut for writing: the peer's FIN
+	hangup     bool // eng shut both ways: the connection is over
+	closed     bool // eng is closed: its number may name another file
 }
 
 // maxMarks bounds the bytes queued on app: a byte per notice gives
