@@ -765,12 +765,18 @@ func (st *Stack) finArriving(ip header.IPv4, seg header.TCP) {
 // tcpKey names a connection by its 5-tuple (TCP implied).
 type tcpKey struct{ local, remote netip.AddrPort }
 
-// heldConn is ackKey.conn of the connection's segments.
+// heldConn is ackKey.conn of the connection's segments (zero, which no
+// segment's is, for an address that is not IPv4's: netstack's link here
+// carries IPv4 only).
 func (k tcpKey) heldConn() [12]byte {
 	var c [12]byte
+	la, ra := k.local.Addr().Unmap(), k.remote.Addr().Unmap()
+	if !la.Is4() || !ra.Is4() {
+		return c
+	}
 	binary.BigEndian.PutUint16(c[0:2], k.local.Port())
 	binary.BigEndian.PutUint16(c[2:4], k.remote.Port())
-	l, r := k.local.Addr().As4(), k.remote.Addr().As4()
+	l, r := la.As4(), ra.As4()
 	copy(c[4:8], l[:])
 	copy(c[8:12], r[:])
 	return c
