@@ -609,15 +609,7 @@ func TestTCPAcksCarried(t *testing.T) {
 		if _, err := c.Write([]byte("unanswered")); err != nil {
 			t.Fatal(err)
 		}
-		b := make([]byte, 16)
-		for i := range others {
-			if _, err := c2.Write(b); err != nil {
-				t.Fatalf("other connection, request %d: %v", i, err)
-			}
-			if _, err := io.ReadFull(c2, b); err != nil {
-				t.Fatalf("other connection, answer %d: %v", i, err)
-			}
-		}
+		ask(t, c2, others)
 		raw, err := c.(*net.TCPConn).SyscallConn()
 		if err != nil {
 			t.Fatal(err)
@@ -743,14 +735,9 @@ func TestTCPPollerInline(t *testing.T) {
 	})
 }
 
-// askEach makes rounds requests of 16 bytes on c, a kernel client on side
-// A, reading each one's answer, then waits for the server's verdict; it
-// returns the segments the client's kernel took meanwhile and the
-// acknowledgements st's link did not send, answers carrying them.
-func askEach(t *testing.T, bed *testbed.Bed, st *stack.Stack, c net.Conn, rounds int, served <-chan error) (segs int, carried uint64) {
+// ask makes rounds requests of 16 bytes on c and reads each one's answer.
+func ask(t *testing.T, c net.Conn, rounds int) {
 	t.Helper()
-	inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
-	before := st.TCPCounters.AcksCarried.Load()
 	b := make([]byte, 16)
 	for i := range rounds {
 		if _, err := c.Write(b); err != nil {
@@ -760,6 +747,17 @@ func askEach(t *testing.T, bed *testbed.Bed, st *stack.Stack, c net.Conn, rounds
 			t.Fatalf("answer %d: %v", i, err)
 		}
 	}
+}
+
+// askEach makes rounds requests of 16 bytes on c, a kernel client on side
+// A, reading each one's answer, then waits for the server's verdict; it
+// returns the segments the client's kernel took meanwhile and the
+// acknowledgements st's link did not send, answers carrying them.
+func askEach(t *testing.T, bed *testbed.Bed, st *stack.Stack, c net.Conn, rounds int, served <-chan error) (segs int, carried uint64) {
+	t.Helper()
+	inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
+	before := st.TCPCounters.AcksCarried.Load()
+	ask(t, c, rounds)
 	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
