@@ -14,7 +14,7 @@
 //     back to the application's code, and a poll, select, epoll_wait or
 //     sleep of its own then returns EINTR though the application got no
 //     signal: sockperf's poll over offloaded TCP connections, which go to
-//     the kernel's poll, failed so in about 1 run in 40 under load. The
+//     the kernel's poll, failed so in 4 of 140 runs under load. The
 //     engine's loops make function calls, where goroutines are preempted
 //     without a signal.
 package main
