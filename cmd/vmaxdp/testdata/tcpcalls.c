@@ -300,14 +300,17 @@ static int server(int port)
 
 	/* A level-triggered member of one epoll set, as an event loop has
 	 * it, whose waits spin on EPOLLOUT until the data comes: they report
-	 * it in one event with EPOLLOUT; poll sees it before it is read; and
+	 * it in one event with EPOLLOUT; poll sees it before it is read;
 	 * after EPOLL_CTL_DEL with it unread, a raw ppoll sees it, after a
-	 * part is read the rest, and nothing once all is. */
+	 * part is read the rest, and nothing once all is; a raw ppoll sees it
+	 * once the set is closed; and a wait of the set that a second set of
+	 * connections (of a second connection, accepted meanwhile) leaves to
+	 * the kernel reports it. */
 	epoll_ctl(ep, EPOLL_CTL_DEL, c, NULL);
 	int ep2 = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event lev = {.events = EPOLLIN | EPOLLOUT, .data.fd = c};
 	epoll_ctl(ep2, EPOLL_CTL_ADD, c, &lev);
-	for (int round = 6; round <= 7; round++) {
+	for (int round = 6; round <= 9; round++) {
 		char go[4];
 		snprintf(go, sizeof go, "go%d", round);
 		writen(c, go, 3);
@@ -324,6 +327,30 @@ static int server(int port)
 			res("recv it", recv(c, b, sizeof b, 0));
 			continue;
 		}
+		if (round == 8) {
+			close(ep2);
+			kp.revents = 0;
+			k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
+			say("kernel's poll after closing the set: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+			res("recv it", recv(c, b, sizeof b, 0));
+			ep2 = epoll_create1(EPOLL_CLOEXEC);
+			epoll_ctl(ep2, EPOLL_CTL_ADD, c, &lev);
+			continue;
+		}
+		if (round == 9) {
+			int c2 = accept(l, NULL, NULL);
+			say("second connection accepted: %d", c2 >= 0);
+			int ep3 = epoll_create1(EPOLL_CLOEXEC);
+			struct epoll_event ev3 = {.events = EPOLLIN, .data.fd = c2};
+			epoll_ctl(ep3, EPOLL_CTL_ADD, c2, &ev3);
+			n = epoll_wait(ep2, out, 4, 0);
+			say("level-triggered epoll beside a second set: %d %s", n, n == 1 && out[0].data.fd == c ? evnames(out[0].events) : "?");
+			res("recv it", recv(c, b, sizeof b, 0));
+			close(ep3);
+			close(c2);
+			continue;
+		}
+		/* round 7 */
 		epoll_ctl(ep2, EPOLL_CTL_DEL, c, NULL);
 		kp.revents = 0;
 		k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
@@ -336,6 +363,7 @@ static int server(int port)
 		kp.revents = 0;
 		k = syscall(SYS_ppoll, &kp, 1, &zero, NULL, 8);
 		say("kernel's poll after the rest: %ld %s", k, (kp.revents & POLLIN) ? "IN" : "-");
+		epoll_ctl(ep2, EPOLL_CTL_ADD, c, &lev);
 	}
 	close(ep2);
 	ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
@@ -632,6 +660,15 @@ static int client(const char *addr, int port, int closed)
 	writen(c, "level-data", 10);
 	readn(c, b, 3); /* go7 */
 	writen(c, "level-more", 10);
+	readn(c, b, 3); /* go8 */
+	writen(c, "level-clos", 10);
+	readn(c, b, 3); /* go9 */
+	/* The second connection is in the listener's queue before the
+	 * data that makes the server accept it. */
+	int c2 = socket(AF_INET, SOCK_STREAM, 0);
+	res("connect a second", connect(c2, (struct sockaddr *)&a, sizeof a));
+	writen(c, "level-pass", 10);
+	close(c2);
 	readn(c, b, 3); /* go4 */
 	writen(c, "splice-from-the-peer", 20);
 	readn(c, b, 12);
