@@ -415,7 +415,7 @@ func (set *epollSet) addTCP(fd int, t *tcpConn, ev *unix.EpollEvent) {
 		lost := was && t.lazy == nil
 		t.mu.Unlock()
 		if lost {
-			set.payOwed()
+			set.payFor(t)
 		}
 		return
 	}
@@ -428,7 +428,7 @@ func (set *epollSet) addTCP(fd int, t *tcpConn, ev *unix.EpollEvent) {
 	t.relazyLocked(m)
 	t.mu.Unlock()
 	if was != nil && t.lazy == nil {
-		was.set.payOwed()
+		was.set.payFor(t)
 	}
 	st := t.c.Stack()
 	for _, p := range set.pollers {
@@ -459,7 +459,7 @@ func (set *epollSet) delTCP(fd int) {
 	}
 	t.mu.Unlock()
 	if lost {
-		set.payOwed()
+		set.payFor(t)
 	}
 	st := t.c.Stack()
 	set.pollers = slices.DeleteFunc(set.pollers, func(p *stack.TCPPoller) bool {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -103,6 +104,27 @@ func (o *owedSet) keep(t *tcpConn) {
 	o.mu.Unlock()
 }
 
+// drop takes t off the owed list, if it is there, and says whether it was.
+// The list is short (the connections of one wait's batch), so the scan is.
+func (o *owedSet) drop(t *tcpConn) bool {
+	if !t.owedListed.Load() {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := slices.Index(o.owed, t)
+	if i < 0 {
+		return false
+	}
+	last := len(o.owed) - 1
+	o.owed[i] = o.owed[last]
+	o.owed[last] = nil
+	o.owed = o.owed[:last]
+	t.owedListed.Store(false)
+	o.total.Add(-1)
+	return true
+}
+
 func (o *owedSet) any() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -146,6 +168,18 @@ func (set *epollSet) reportOwed(out []unix.EpollEvent) int {
 // on any thread, set.mu held or not.
 func (set *epollSet) payOwed() {
 	for _, t := range set.owed.take(nil) {
+		t.pay()
+	}
+}
+
+// payFor marks t's mirror if the set owes it: t stopped being the set's
+// to report (its member was removed or changed). What the set owes other
+// connections stays owed: paying those too would cost an event loop that
+// changes one member's events per request (redis-benchmark: EPOLL_CTL_DEL
+// and ADD after each reply) a mark and a settle for every other
+// connection its wait reported, about to be read anyway.
+func (set *epollSet) payFor(t *tcpConn) {
+	if set.owed.drop(t) {
 		t.pay()
 	}
 }
