@@ -135,7 +135,7 @@ func engineEcho(c *stack.TCPConn) {
 		}
 		polled = false
 		for off := 0; off < n; {
-			k, err := c.WriteNonblock(buf[off:n], false)
+			k, err := c.WriteNonblock([][]byte{buf[off:n]}, false)
 			if err != nil && err != unix.EAGAIN {
 				return
 			}
@@ -178,6 +178,51 @@ func TestTCPRoundTripAllocs(t *testing.T) {
 		// the test framework stay far below one a round trip.
 		if per := float64(after.Mallocs-before.Mallocs) / rounds; per > 0.5 {
 			t.Errorf("%.2f allocations a round trip, want none", per)
+		}
+	})
+}
+
+// TestTCPGatherOneSegment: a send of several buffers (writev, sendmsg) is
+// one send, as for the kernel: one segment when it fits (memcached's
+// replies, a header, the value and "END" in one sendmsg, left as three
+// segments, each acknowledged by the kernel peer), and a send of more
+// buffers than one netstack Write takes arrives whole and in order.
+func TestTCPGatherOneSegment(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7403)
+		sc := s.(*stack.TCPConn)
+		send := func(bufs [][]byte) (segs uint64) {
+			t.Helper()
+			want := bytes.Join(bufs, nil)
+			before := st.TCPCounters.TxSegments.Load()
+			n, err := sc.WriteNonblock(bufs, false)
+			for err == nil && n < len(want) {
+				var k int
+				k, err = sc.WriteNonblock([][]byte{want[n:]}, false)
+				n += k
+			}
+			if err != nil {
+				t.Fatalf("send of %d buffers: %v", len(bufs), err)
+			}
+			got := make([]byte, len(want))
+			if _, err := io.ReadFull(c, got); err != nil {
+				t.Fatalf("the kernel peer's read: %v", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("the kernel peer read %q, want %q", got, want)
+			}
+			return st.TCPCounters.TxSegments.Load() - before
+		}
+		if segs := send([][]byte{[]byte("VALUE key 0 5\r\n"), []byte("hello"), {}, []byte("\r\nEND\r\n")}); segs != 1 {
+			t.Errorf("a send of 4 buffers (31 bytes) left as %d segments, want 1", segs)
+		}
+		var many [][]byte
+		for i := range 40 {
+			many = append(many, []byte(fmt.Sprintf("<%02d>", i)))
+		}
+		if segs := send(many); segs > 3 {
+			t.Errorf("a send of 40 buffers (160 bytes) left as %d segments, want at most 3 (16 buffers a write)", segs)
 		}
 	})
 }
@@ -686,7 +731,7 @@ func TestTCPPollerInline(t *testing.T) {
 					if got[i] += n; got[i] == len(b) {
 						got[i] = 0
 						served++
-						if _, err := c.WriteNonblock(b, false); err != nil {
+						if _, err := c.WriteNonblock([][]byte{b}, false); err != nil {
 							return fmt.Errorf("connection %d: answer: %w", i, err)
 						}
 					}
@@ -836,7 +881,7 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 					p.Wait([]*stack.TCPConn{sc})
 					p.Poll()
 				}
-				if _, err := sc.WriteNonblock(b, false); err != nil {
+				if _, err := sc.WriteNonblock([][]byte{b}, false); err != nil {
 					return fmt.Errorf("answer %d: %w", i, err)
 				}
 			}
@@ -927,7 +972,7 @@ func TestTCPPollInline(t *testing.T) {
 					}
 					got += n
 				}
-				if _, err := sc.WriteNonblock(b, false); err != nil {
+				if _, err := sc.WriteNonblock([][]byte{b}, false); err != nil {
 					served <- fmt.Errorf("answer %d: %w", i, err)
 					return
 				}

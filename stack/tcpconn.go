@@ -1,7 +1,7 @@
 package stack
 
 import (
-	"bytes"
+	"io"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -46,7 +46,56 @@ type TCPConn struct {
 	// stack's rxMu.
 	inlineSegs int
 	wmu        sync.Mutex
-	wr         bytes.Reader
+	wr         gatherReader
+}
+
+// gatherReader is the payload of one netstack Write: a send's buffers
+// (writev, sendmsg) in order, read without copying them first. netstack
+// sends each Write as segments of its own with TCP_NODELAY, so a send is
+// one Write, as it is one send for the kernel: memcached's replies (a
+// sendmsg of a header, the value and "END") left as three segments, and
+// the peer acknowledged between them. It keeps its own array of the
+// buffers: holding the caller's would move that to the heap, an
+// allocation per send; a send of more than maxGather buffers takes a
+// Write for each maxGather.
+type gatherReader struct {
+	vec  [maxGather][]byte
+	bufs [][]byte // what is left: bufs[0][off:], then the rest
+	off  int
+	left int
+}
+
+const maxGather = 16
+
+// reset takes up to maxGather of bufs and says how many.
+func (r *gatherReader) reset(bufs [][]byte) int {
+	n := copy(r.vec[:], bufs)
+	clear(r.vec[n:])
+	r.bufs, r.off, r.left = r.vec[:n], 0, 0
+	for _, b := range r.bufs {
+		r.left += len(b)
+	}
+	return n
+}
+
+// Len is the bytes left to read (tcpip.Payloader).
+func (r *gatherReader) Len() int { return r.left }
+
+func (r *gatherReader) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	n := 0
+	for n < len(p) && len(r.bufs) > 0 {
+		k := copy(p[n:], r.bufs[0][r.off:])
+		n += k
+		r.off += k
+		if r.off == len(r.bufs[0]) {
+			r.bufs, r.off = r.bufs[1:], 0
+		}
+	}
+	r.left -= n
+	return n, nil
 }
 
 // WaitPoint tells the stack that the application receives or is about
@@ -208,17 +257,20 @@ func (c *TCPConn) ReadNonblock(b []byte, peek bool) (int, error) {
 	return 0, tcpipErrno(terr)
 }
 
-// WriteNonblock queues what of b the send buffer has room for (more:
-// MSG_MORE, more data follows), and returns unix.EAGAIN when it has none;
-// unix.EPIPE once the connection cannot send any more.
-func (c *TCPConn) WriteNonblock(b []byte, more bool) (int, error) {
+// WriteNonblock queues what of bufs (the first maxGather), in order, the
+// send buffer has room for, in one netstack Write (more: MSG_MORE, which netstack does not
+// implement), and returns unix.EAGAIN when it has none; unix.EPIPE once
+// the connection cannot send any more.
+func (c *TCPConn) WriteNonblock(bufs [][]byte, more bool) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	c.wr.Reset(b)
+	if c.wr.reset(bufs); c.wr.left == 0 {
+		return 0, nil
+	}
 	c.st.tcpAppSends.Add(1)
 	n, terr := c.ep.Write(&c.wr, tcpip.WriteOptions{More: more})
 	c.st.tcpAppSends.Add(-1)
-	c.wr.Reset(nil)
+	c.wr.reset(nil)
 	if terr != nil {
 		if _, closed := terr.(*tcpip.ErrClosedForSend); closed {
 			return 0, unix.EPIPE

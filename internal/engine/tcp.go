@@ -952,39 +952,55 @@ func (e *Engine) TCPSend(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	sw := sig.Begin(deadline.IsZero())
 	sent := 0
 	defer func() { t.txBytes.Add(uint64(sent)) }()
-	for i := range bufs {
-		b := bufs[i]
-		for len(b) > 0 {
-			n, err := t.c.WriteNonblock(b, flags&unix.MSG_MORE != 0 || i < len(bufs)-1)
-			sent += n
-			b = b[n:]
-			switch {
-			case err == nil:
-				continue
-			case !errors.Is(err, unix.EAGAIN):
-				if sent > 0 {
-					return sent, 0
-				}
-				t.txErrors.Add(1)
-				return 0, errnoOf(err)
+	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	for sent < total {
+		// All of what is left in one write: one send, one segment when
+		// it fits, as the kernel sends it.
+		n, err := t.c.WriteNonblock(bufs, flags&unix.MSG_MORE != 0)
+		sent += n
+		bufs = consumed(bufs, n)
+		switch {
+		case err == nil:
+			continue
+		case !errors.Is(err, unix.EAGAIN):
+			if sent > 0 {
+				return sent, 0
 			}
-			t.block()
-			t.c.WaitPoint() // the segments queued so far must leave to be acked
-			if nonblock {
-				if sent > 0 {
-					return sent, 0
-				}
-				return 0, unix.EAGAIN
+			t.txErrors.Add(1)
+			return 0, errnoOf(err)
+		}
+		t.block()
+		t.c.WaitPoint() // the segments queued so far must leave to be acked
+		if nonblock {
+			if sent > 0 {
+				return sent, 0
 			}
-			if errno := t.wait(unix.POLLOUT, deadline, &sw); errno != 0 {
-				if sent > 0 {
-					return sent, 0
-				}
-				return 0, errno
+			return 0, unix.EAGAIN
+		}
+		if errno := t.wait(unix.POLLOUT, deadline, &sw); errno != 0 {
+			if sent > 0 {
+				return sent, 0
 			}
+			return 0, errno
 		}
 	}
 	return sent, 0
+}
+
+// consumed drops the first n bytes of bufs, in place, and returns what is
+// left.
+func consumed(bufs [][]byte, n int) [][]byte {
+	for len(bufs) > 0 && n >= len(bufs[0]) {
+		n -= len(bufs[0])
+		bufs = bufs[1:]
+	}
+	if n > 0 {
+		bufs[0] = bufs[0][n:]
+	}
+	return bufs
 }
 
 // spliceChunk bounds one splice onto or from a connection: a pipe's
