@@ -160,7 +160,8 @@ func lineDiff(want, got string) string {
 
 // TestRunTCPApps: unmodified TCP programs from Debian (redis-server with
 // redis-cli, whose every reply is checked, and redis-benchmark; iperf3
-// with four parallel streams and in reverse), with vmaxdp (VMAXDP_TCP=1)
+// with four parallel streams and in reverse; memcached with four worker
+// threads, memcaslap checking values; and the rest of apps.TCP), with vmaxdp (VMAXDP_TCP=1)
 // under the server, the client and both, against the kernel on the other
 // side, on a plain bed and a tuned one. An offloaded side says so in its
 // log, and the kernel of its namespace carried none of its segments but

@@ -326,13 +326,14 @@ func perFD(re *regexp.Regexp, report string) map[int]int64 {
 }
 
 var (
-	reQPS       = regexp.MustCompile(`Queries per second:\s+([0-9.]+)`)
-	reQSent     = regexp.MustCompile(`Queries sent:\s+(\d+)`)
-	reQLost     = regexp.MustCompile(`Queries lost:\s+(\d+)`)
-	reIperfRecv = regexp.MustCompile(`(?m)-([0-9.]+)\s+sec\s+\S+ \S+\s+\S+ \S+/sec\s+[0-9.]+ ms\s+(\d+)/(\d+) \(.*\)\s+receiver`)
-	reMcTPS     = regexp.MustCompile(`Run time: [0-9.]+s Ops: (\d+) TPS: (\d+)`)
-	reMcDrop    = regexp.MustCompile(`packet_drop: (\d+)`)
-	reMcTimeout = regexp.MustCompile(`udp_timeout: (\d+)`)
+	reQPS            = regexp.MustCompile(`Queries per second:\s+([0-9.]+)`)
+	reQSent          = regexp.MustCompile(`Queries sent:\s+(\d+)`)
+	reQLost          = regexp.MustCompile(`Queries lost:\s+(\d+)`)
+	reIperfRecv      = regexp.MustCompile(`(?m)-([0-9.]+)\s+sec\s+\S+ \S+\s+\S+ \S+/sec\s+[0-9.]+ ms\s+(\d+)/(\d+) \(.*\)\s+receiver`)
+	reMcTPS          = regexp.MustCompile(`Run time: [0-9.]+s Ops: (\d+) TPS: (\d+)`)
+	reMcDrop         = regexp.MustCompile(`packet_drop: (\d+)`)
+	reMcTimeout      = regexp.MustCompile(`udp_timeout: (\d+)`)
+	reMcVerifyFailed = regexp.MustCompile(`verify_failed: (\d+)`)
 )
 
 func parseDnsperf(out string) (Result, error) {
@@ -377,6 +378,23 @@ func parseMemcaslap(out string) (Result, error) {
 			n, _ := strconv.ParseInt(x[1], 10, 64)
 			r.Lost += n
 		}
+	}
+	return r, nil
+}
+
+// parseMemcaslapVerified is parseMemcaslap for a run with --verify: a
+// value that came back wrong fails it.
+func parseMemcaslapVerified(out string) (Result, error) {
+	r, err := parseMemcaslap(out)
+	if err != nil {
+		return r, err
+	}
+	m := reMcVerifyFailed.FindStringSubmatch(out)
+	if m == nil {
+		return r, fmt.Errorf("memcaslap printed no verify_failed count:\n%s", tail(out, 20))
+	}
+	if m[1] != "0" {
+		return r, fmt.Errorf("memcaslap: %s values came back wrong:\n%s", m[1], tail(out, 20))
 	}
 	return r, nil
 }
@@ -601,6 +619,22 @@ redis-benchmark -h %[1]s -p 6379 -c 10 -n %[2]d -t set,get -q
 	sockperfTCP("pp"),
 	sockperfTCP("tp"),
 	knotTCP(2),
+	{
+		// memcached over TCP as it comes: a listening thread that hands
+		// each connection to one of four worker threads, each with its
+		// epoll set (libevent), replies written with sendmsg of several
+		// buffers; memcaslap's gets and sets over 16 connections from 2
+		// threads, a twentieth of the gets' values checked.
+		Name: "memcached-tcp", Unit: "ops/s", Programs: []string{"memcached", "memcaslap"}, Package: "memcached libmemcached-tools",
+		Proto: "tcp", Port: 11211,
+		Server: func(dir, addr string) []string {
+			return []string{"memcached", "-u", "root", "-U", "0", "-p", "11211", "-l", addr, "-t", "4"}
+		},
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			return []string{"memcaslap", "-s", addr + ":11211", "-T", "2", "-c", "16", "--verify=0.05", "-t", strconv.Itoa(max(1, int(d.Seconds()))) + "s"}
+		},
+		Parse: parseMemcaslapVerified,
+	},
 }
 
 // sockperfTCP is sockperf --tcp with 64-byte messages, blocking calls:
