@@ -5,8 +5,10 @@
 // A Backend lends frames: Receive hands out frames that stay valid until
 // Release gives them back, and Alloc hands out transmit frames that belong
 // to the backend again once passed to Transmit. A Backend is not safe for
-// concurrent use: its owner (one stack queue) serialises calls. Nothing in
-// this package may allocate per packet.
+// concurrent use: its owner (one stack queue) serialises calls, but for
+// Flush and Unsent, which may run beside the others (a kick's system call
+// need not hold up the next sender). Nothing in this package may allocate
+// per packet.
 package backend
 
 import "errors"
@@ -14,6 +16,10 @@ import "errors"
 // ErrNotSupported is returned when the kernel or device lacks a feature a
 // backend needs.
 var ErrNotSupported = errors.New("not supported")
+
+// ErrBusy is Flush's when the device stayed busy through the kick: frames
+// stay queued (Unsent) for a later one.
+var ErrBusy = errors.New("device busy: frames stay queued")
 
 // Buf is one frame lent by a backend. Data starts at the Ethernet header.
 // For transmit, Alloc sets Data to the frame's full capacity and the caller
@@ -47,11 +53,17 @@ type Backend interface {
 	// TransmitLater queues the frames as Transmit does, but may leave
 	// them for a later Transmit or Flush to send.
 	TransmitLater(bufs []Buf) (int, error)
-	// Flush sends what TransmitLater, or a busy device, left.
+	// Enqueue queues the frames as Transmit does, for the Flush its
+	// caller makes next, once it has let go of the lock that serialises
+	// the other calls.
+	Enqueue(bufs []Buf) (int, error)
+	// Flush sends what Enqueue, TransmitLater or a busy device left;
+	// ErrBusy when the device stays busy. It may run beside the other
+	// calls, one Flush at a time.
 	Flush() error
-	// Unsent reports whether frames queued by the calls above still wait
-	// for a Transmit or Flush: TransmitLater left them, or the device
-	// stayed busy.
+	// Unsent reports whether queued frames still wait for a Transmit or
+	// Flush: TransmitLater or Enqueue left them, or the device stayed busy.
+	// It may run beside the other calls.
 	Unsent() bool
 	// TxChecksum reports whether Transmit completes checksums that
 	// Buf.CsumStart asks for.

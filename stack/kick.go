@@ -1,7 +1,10 @@
 package stack
 
 import (
+	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmaxdp/vmaxdp/backend"
@@ -18,6 +21,14 @@ import (
 // is not delayed, and a lone datagram needs no timer, whose arming wakes
 // Go's netpoller thread (3.5 us a send on each side of a sockperf
 // ping-pong when every send armed it).
+//
+// The kick runs without the queue's txMu (kick): the system call runs the
+// device's transmit, for a veth the peer's receive on this CPU, and the
+// threads that sent meanwhile waited for it on txMu. An application
+// thread that waits on a Go mutex in a cgo call hands its P to another
+// thread and is woken by a third: memcached's four workers over TCP
+// spent 2.8 s of every 3 s blocked on txMu (Go's block profile), and a
+// futex wait or wake per request.
 
 // transmit sends bufs on q, at once or (Options.TxKickDelay, when the
 // send follows another) at the next flush. now is monoNow's, or 0 for
@@ -47,9 +58,7 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf, now int64) (int, er
 			now = monoNow()
 		}
 		if now-q.unkickedAt >= int64(st.opts.TxKickDelay) {
-			if ferr := st.kickLocked(q, now); err == nil {
-				err = ferr
-			}
+			q.kickDue = true
 			return n, err
 		}
 	}
@@ -57,27 +66,108 @@ func (st *Stack) transmitLater(q *queue, bufs []backend.Buf, now int64) (int, er
 	return n, err
 }
 
-// transmitNow sends bufs and whatever earlier sends left on q. Caller
+// transmitNow sends bufs and whatever earlier sends left on q, with the
+// kick its caller makes once it has let go of q.txMu (unlockTx). Caller
 // holds q.txMu.
 func (st *Stack) transmitNow(q *queue, bufs []backend.Buf) (int, error) {
-	n, err := q.be.Transmit(bufs)
-	if q.unkicked.Load() || q.be.Unsent() {
-		st.noteUnsent(q, 0, true)
-	}
-	return n, err
+	q.kickDue = true
+	return q.be.Enqueue(bufs)
 }
 
-// kickLocked kicks what q holds back, unless a kick found its device busy
-// or failing less than txBusyRetry ago: a busy device's kick spins up to
-// 1 ms (xsk's drainTx), and every wait point and drain would pay it.
-// Caller holds q.txMu.
-func (st *Stack) kickLocked(q *queue, now int64) error {
-	if q.busyAt != 0 && now-q.busyAt < int64(txBusyRetry) {
+// unlockTx lets go of q.txMu and makes the kick that the sends under it
+// asked for (kickDue); the kick's error, but for a busy device's.
+func (st *Stack) unlockTx(q *queue) error {
+	due := q.kickDue
+	q.kickDue = false
+	q.txMu.Unlock()
+	if !due {
 		return nil
 	}
-	err := q.be.Flush()
-	st.noteUnsent(q, now, true)
-	return err
+	if _, err := st.kick(q, 0, false); err != nil && !errors.Is(err, backend.ErrBusy) {
+		return err
+	}
+	return nil
+}
+
+// kickLatch makes a queue's kicks one at a time: a kick that finds
+// another under way leaves its frames to that one, which kicks again once
+// done, so that what was queued meanwhile goes too.
+type kickLatch struct {
+	mu     sync.Mutex
+	wanted atomic.Bool // a kick was asked for since the holder's began
+}
+
+// take says whether the caller is to kick, holding the latch; false: the
+// holder kicks again for it. With wait it waits for the latch.
+func (l *kickLatch) take(wait bool) bool {
+	l.wanted.Store(true)
+	if wait {
+		l.mu.Lock()
+	} else if !l.mu.TryLock() {
+		return false
+	}
+	l.wanted.Store(false)
+	return true
+}
+
+// again lets go of the latch and says whether the caller is to kick
+// again, holding it: a kick was asked for meanwhile.
+func (l *kickLatch) again() bool {
+	l.mu.Unlock()
+	if !l.wanted.Load() || !l.mu.TryLock() {
+		return false // nobody asked, or the one who holds it now kicks
+	}
+	l.wanted.Store(false)
+	return true
+}
+
+// kick sends what q's TX ring holds, without q.txMu (see above), one kick
+// at a time (q.kicks). A kick that found the device busy or failing less
+// than txBusyRetry ago is passed over: a busy device's kick spins up to 1
+// ms (xsk's drainTx), and every send and wait point would pay it. What a
+// busy or failing device keeps is noted under txMu (noteUnsent), for
+// kickTimer; now is monoNow's, or 0 for read when needed.
+func (st *Stack) kick(q *queue, now int64, wait bool) (flushResult, error) {
+	if !q.kicks.take(wait) {
+		return flushPassed, nil
+	}
+	var err error
+	for ok := true; ok; ok = q.kicks.again() {
+		err = nil
+		if b := q.busyAt.Load(); b != 0 {
+			if now == 0 {
+				now = monoNow()
+			}
+			if now-b < int64(txBusyRetry) {
+				q.kicks.mu.Unlock()
+				return flushBusy, nil
+			}
+		}
+		if !q.closed {
+			err = q.be.Flush()
+		}
+	}
+	switch {
+	case err != nil:
+		// A busy device, or a failed kick (the backend counts both: xsk's
+		// TxBacklog, TxKickErrs): the frames stay for kickTimer.
+		q.txMu.Lock()
+		st.noteUnsent(q, now, true)
+		q.txMu.Unlock()
+		return flushBusy, err
+	case q.unkicked.Load() || q.busyAt.Load() != 0:
+		// Sent what earlier sends left, or what a busy device kept: say
+		// so, unless a sender holds txMu, which notes it itself (or
+		// kickTimer finds nothing left).
+		if q.txMu.TryLock() {
+			st.noteUnsent(q, now, false)
+			q.txMu.Unlock()
+		}
+		if q.unkicked.Load() {
+			return flushPassed, nil
+		}
+	}
+	return flushDone, nil
 }
 
 // noteUnsent records what q's backend holds back after a send or a kick
@@ -87,14 +177,14 @@ func (st *Stack) kickLocked(q *queue, now int64) error {
 func (st *Stack) noteUnsent(q *queue, now int64, kicked bool) {
 	if !q.be.Unsent() {
 		q.unkicked.Store(false)
-		q.busyAt = 0
+		q.busyAt.Store(0)
 		return
 	}
 	if now == 0 {
 		now = monoNow()
 	}
 	if kicked {
-		q.busyAt = now
+		q.busyAt.Store(now)
 	}
 	if !q.unkicked.Load() {
 		q.unkickedAt = now
@@ -181,7 +271,8 @@ const (
 )
 
 // flushQueue kicks what sends left on q, if they have waited at least
-// age. Without wait it passes over q when its lock is taken.
+// age. Without wait it passes over q when its lock, or the kick, is
+// taken.
 func (st *Stack) flushQueue(q *queue, wait bool, age time.Duration) flushResult {
 	if !q.unkicked.Load() {
 		return flushDone
@@ -191,22 +282,21 @@ func (st *Stack) flushQueue(q *queue, wait bool, age time.Duration) flushResult 
 	} else if !q.txMu.TryLock() {
 		return flushPassed
 	}
-	defer q.txMu.Unlock()
 	// unkickedAt is written under txMu.
 	if !q.unkicked.Load() || q.closed {
+		q.txMu.Unlock()
 		return flushDone
 	}
 	now := monoNow()
-	if age > 0 && now-q.unkickedAt < int64(age) {
+	young := age > 0 && now-q.unkickedAt < int64(age)
+	q.txMu.Unlock()
+	if young {
 		return flushPassed
 	}
 	// A failed kick leaves the frames for the next one; the backend
 	// counts it (xsk: TxKickErrs, TxBacklog).
-	st.kickLocked(q, now)
-	if q.unkicked.Load() {
-		return flushBusy
-	}
-	return flushDone
+	res, _ := st.kick(q, now, wait)
+	return res
 }
 
 // armKick starts kickTimer unless it runs already. With coalescing off

@@ -1,7 +1,10 @@
 package stack_test
 
 import (
+	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,6 +121,83 @@ func TestTxKickBeforeReceive(t *testing.T) {
 		}
 		if d := time.Since(began); d > 500*time.Millisecond {
 			t.Errorf("20 exchanges took %v: requests waited for the 1 s kick delay", d)
+		}
+	})
+}
+
+// TestConcurrentSendsKicked: senders on several goroutines share a queue
+// whose kicks run outside its transmit lock, one at a time; a send that
+// finds a kick under way leaves its frames to it, and it kicks again. No
+// frame may stay on the ring: each sender keeps a window of 32 datagrams
+// in flight to a kernel receiver and waits for it to drain, so one left
+// behind stalls its sender, and the last ones have no send after them.
+// (The hand-over's window is a few instructions wide: TestKickLatch checks
+// it step by step.)
+func TestConcurrentSendsKicked(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		// Kicks at once (no coalescing delay): only the kicks' hand-over
+		// can send the frames.
+		_, st := stackOn(t, bed, &stack.Options{TxKickDelay: stack.TxKickNever, ProgressInterval: stack.ProgressNever})
+		k := kernelConn(t, bed, "198.18.0.1:9106")
+		const senders, each, window = 4, 2000, 32
+		var got [senders]atomic.Int64
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				n, err := k.Read(buf)
+				if err != nil {
+					return
+				}
+				if n == 8 && buf[0] < senders {
+					got[buf[0]].Add(1)
+				}
+			}
+		}()
+		errs := make(chan error, senders)
+		for s := range senders {
+			go func() {
+				c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9106"))
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Close()
+				msg := make([]byte, 8)
+				msg[0] = byte(s)
+				for i := range each {
+					binary.BigEndian.PutUint32(msg[4:], uint32(i))
+					if _, err := c.Write(msg); err != nil {
+						errs <- fmt.Errorf("sender %d, datagram %d: %w", s, i, err)
+						return
+					}
+					for deadline := time.Now().Add(time.Second); int64(i+1)-got[s].Load() >= window; time.Sleep(20 * time.Microsecond) {
+						if time.Now().After(deadline) {
+							errs <- fmt.Errorf("sender %d: %d of its first %d datagrams arrived in 1 s: frames left on the TX ring", s, got[s].Load(), i+1)
+							return
+						}
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range senders {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+			done := 0
+			for s := range senders {
+				if got[s].Load() == each {
+					done++
+				}
+			}
+			if done == senders {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("datagrams that arrived per sender: %d, %d, %d, %d of %d: frames left on the TX ring", got[0].Load(), got[1].Load(), got[2].Load(), got[3].Load(), each)
+			}
 		}
 	})
 }

@@ -166,14 +166,19 @@ type queue struct {
 	// is read without it to skip queues with nothing to flush.
 	unkicked   atomic.Bool
 	unkickedAt int64
-	busyAt     int64                // monoNow when a kick last left frames (device busy or failing; 0: none), guarded by txMu
+	busyAt     atomic.Int64         // monoNow when a kick last left frames (device busy or failing; 0: none)
 	sendGen    uint32               // Stack.waitGen at the last send, guarded by txMu
-	closed     bool                 // the backend is closed (Stack.Close), guarded by txMu
+	closed     bool                 // the backend is closed (Stack.Close), guarded by txMu and kicks.mu
+	kickDue    bool                 // a send asks for a kick once txMu is let go (unlockTx), guarded by txMu
 	rx         [rxBatch]backend.Buf // guarded by Stack.rxMu
 	rel        []backend.Buf        // frames to release, guarded by Stack.rxMu
 
 	txMu   sync.Mutex
 	txBufs [rxBatch]backend.Buf // guarded by txMu
+
+	// kicks makes the kicks (the backend's Flush), without txMu, one at
+	// a time (kick.go).
+	kicks kickLatch
 }
 
 // QueueError is an interface queue the stack does not serve, and why. The
@@ -1102,10 +1107,13 @@ func (st *Stack) Close() error {
 	// no reference count), so the rings are closed under rxMu too.
 	st.rxMu.Lock()
 	for _, q := range st.queueList() {
-		// Under txMu too: kickTimer's flush may be running.
+		// Under txMu and the kick latch too: kickTimer's flush, or a sender's
+		// kick, may be running.
 		q.txMu.Lock()
+		q.kicks.mu.Lock()
 		q.closed = true
 		errs = append(errs, q.be.Close())
+		q.kicks.mu.Unlock()
 		q.txMu.Unlock()
 	}
 	st.queues.Store(nil)

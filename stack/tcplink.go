@@ -340,7 +340,6 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 		return nil
 	}
 	q.txMu.Lock()
-	defer q.txMu.Unlock()
 	got := q.be.Alloc(q.txBufs[:n])
 	for k, i := range send[:got] {
 		b := &q.txBufs[k]
@@ -355,6 +354,7 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	}
 	st.TCPCounters.TxDropped.Add(uint64(n - got))
 	if got == 0 {
+		q.txMu.Unlock()
 		return &tcpip.ErrNoBufferSpace{}
 	}
 	// netstack acks every segment at once, before the application can
@@ -378,6 +378,9 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 		m, err = st.transmit(q, q.txBufs[:got], now)
 	default:
 		m, err = st.transmitNow(q, q.txBufs[:got])
+	}
+	if kerr := st.unlockTx(q); err == nil {
+		err = kerr
 	}
 	st.TCPCounters.TxSegments.Add(uint64(m))
 	if err != nil {

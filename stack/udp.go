@@ -1204,7 +1204,17 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 	maxPayload := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
 	q := c.txq
 	q.txMu.Lock()
-	defer q.txMu.Unlock()
+	sent, err := c.sendLocked(q, msgs, to, &f, maxPayload, now)
+	if kerr := c.st.unlockTx(q); err == nil && kerr != nil {
+		err = c.sendErr(to, kerr)
+	}
+	return sent, err
+}
+
+// sendLocked is sendBatch's part under q.txMu: msgs on q's TX ring, or
+// to the kernel when they are too long.
+func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *header.UDPFields, maxPayload int, now int64) (int, error) {
+	st := c.st
 	sent := 0
 	for sent < len(msgs) {
 		if len(msgs[sent]) > maxPayload {
@@ -1238,7 +1248,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 			// small one is summed here all the same (txSoftSumMax).
 			f.PartialChecksum = devSum && len(b) > txSoftSumMax
 			f.ID = uint16(st.ipID.Add(1))
-			tb.Data = tb.Data[:header.BuildUDP(tb.Data, &f, len(b))]
+			tb.Data = tb.Data[:header.BuildUDP(tb.Data, f, len(b))]
 			if f.PartialChecksum {
 				tb.CsumStart, tb.CsumOffset = header.UDPChecksumStart, header.UDPChecksumOffset
 			}

@@ -142,7 +142,6 @@ type Socket struct {
 	rxDescs, txDescs     []unix.XDPDesc
 	txFree               []uint64      // stack of free transmit frame addresses
 	txOutstanding        uint32        // frames on the TX or completion ring
-	txUnsent             bool          // frames on the TX ring wait for a kick (Unsent)
 	txFreeN              atomic.Uint32 // len(txFree), for Pools from other goroutines
 	txSize               uint32        // the transmit half of the UMEM, in frames
 	fillHeld             []uint64      // RX frames waiting for room on the fill ring
@@ -439,13 +438,14 @@ func (s *Socket) Alloc(bufs []backend.Buf) int {
 	return n
 }
 
-// Transmit implements backend.Backend.
+// Transmit implements backend.Backend. A device that stays busy keeps
+// frames queued (Unsent), which is no error of Transmit's.
 func (s *Socket) Transmit(bufs []backend.Buf) (int, error) {
 	n, err := s.enqueue(bufs)
 	if err != nil {
 		return 0, err
 	}
-	if err := s.drainTx(); err != nil {
+	if err := s.drainTx(); err != nil && !errors.Is(err, backend.ErrBusy) {
 		return n, fmt.Errorf("xsk %s: transmit: %w", s, err)
 	}
 	return n, nil
@@ -464,22 +464,25 @@ func (s *Socket) TransmitLater(bufs []backend.Buf) (int, error) {
 		return 0, err
 	}
 	if s.tx.occupancy() >= txKickBatch {
-		if err := s.drainTx(); err != nil {
+		if err := s.drainTx(); err != nil && !errors.Is(err, backend.ErrBusy) {
 			return n, fmt.Errorf("xsk %s: transmit: %w", s, err)
 		}
 		return n, nil
 	}
-	s.txUnsent = true
 	s.Counters.TxDeferred.Add(uint64(n))
 	return n, nil
 }
 
+// Enqueue implements backend.Backend.
+func (s *Socket) Enqueue(bufs []backend.Buf) (int, error) { return s.enqueue(bufs) }
+
 // Flush implements backend.Backend. An empty ring needs no kick: the
 // kernel took the frames already (in copy mode a poll(2) on the socket
-// sends its TX ring too).
+// sends its TX ring too). It reads only the rings' shared indices and
+// flags, so it may run beside enqueue and reap on another thread: the
+// ring has one producer, and the kernel is its consumer.
 func (s *Socket) Flush() error {
 	if s.tx.occupancy() == 0 {
-		s.txUnsent = false
 		return nil
 	}
 	if err := s.drainTx(); err != nil {
@@ -488,8 +491,12 @@ func (s *Socket) Flush() error {
 	return nil
 }
 
-// Unsent implements backend.Backend.
-func (s *Socket) Unsent() bool { return s.txUnsent }
+// Unsent implements backend.Backend: frames on the TX ring that the
+// kernel takes only at a kick. Read from the ring, so that it holds
+// whoever kicked last.
+func (s *Socket) Unsent() bool {
+	return s.txDescs != nil && s.tx.needWakeup() && s.tx.occupancy() > 0
+}
 
 // enqueue puts the frames on the TX ring.
 func (s *Socket) enqueue(bufs []backend.Buf) (int, error) {
@@ -533,17 +540,15 @@ const txDrainWait = time.Millisecond
 // frames a kick, and leaves the rest when the device is busy (a veth
 // peer's ring full): with one kick per Transmit, a batch of 64 left 32
 // on the ring until the next send, and the last batch's for good. What
-// a busy device or a failed kick leaves is Unsent, for the owner's
-// next Flush.
+// a busy device (backend.ErrBusy) or a failed kick leaves is Unsent, for
+// the owner's next Flush.
 func (s *Socket) drainTx() error {
 	var deadline time.Time
-	s.txUnsent = true
 	for {
 		if err := s.kick(); err != nil {
 			return err
 		}
 		if s.tx.occupancy() == 0 || !s.tx.needWakeup() {
-			s.txUnsent = false
 			return nil
 		}
 		switch now := time.Now(); {
@@ -551,7 +556,7 @@ func (s *Socket) drainTx() error {
 			deadline = now.Add(txDrainWait)
 		case now.After(deadline):
 			s.Counters.TxBacklog.Add(1)
-			return nil
+			return backend.ErrBusy
 		}
 	}
 }
