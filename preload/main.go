@@ -631,13 +631,7 @@ func vmxgo_tcp_name(fd, peer C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.
 
 //export vmxgo_tcp_queued
 func vmxgo_tcp_queued(fd, out C.int) C.long {
-	if out != 0 {
-		if eng.TCPConnOf(int(fd)) == nil {
-			return -C.long(engine.ErrPassOS)
-		}
-		return -C.long(unix.EOPNOTSUPP) // netstack does not tell the unacknowledged bytes
-	}
-	n, errno := eng.TCPUnread(int(fd))
+	n, errno := eng.TCPUnread(int(fd), out != 0)
 	if errno != 0 {
 		return -C.long(errno)
 	}

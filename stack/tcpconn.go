@@ -302,14 +302,37 @@ func (c *TCPConn) Shutdown(how int) error {
 // Abort resets the connection (close with SO_LINGER 0).
 func (c *TCPConn) Abort() { c.ep.Abort() }
 
-// Unread is the bytes received and not yet read (FIONREAD). netstack
-// does not tell the bytes sent and not yet acknowledged (SIOCOUTQ).
+// Unread is the bytes received and not yet read (FIONREAD).
 func (c *TCPConn) Unread() int {
 	n, terr := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
 	if terr != nil || n < 0 {
 		return 0
 	}
 	return n
+}
+
+// Unacked is the bytes written and not yet acknowledged by the peer, sent
+// or not (SIOCOUTQ, as the kernel's write_seq - snd_una); 0 while the
+// connection is not established yet, or no more. netstack's
+// GetSockOptInt does not serve SendQueueSizeOption for TCP: its send
+// buffer's use is read from the endpoint's state, which netstack copies
+// whole for its probes (an allocation; SIOCOUTQ is no per-packet call).
+func (c *TCPConn) Unacked() int {
+	ep, ok := c.ep.(*tcp.Endpoint)
+	if !ok {
+		return 0
+	}
+	ep.LockUser()
+	defer ep.UnlockUser()
+	switch ep.EndpointState() {
+	case tcp.StateEstablished, tcp.StateFinWait1, tcp.StateFinWait2, tcp.StateTimeWait, tcp.StateCloseWait, tcp.StateLastAck, tcp.StateClosing:
+		// Connected: the endpoint has its sender, which the copy reads.
+	default:
+		return 0
+	}
+	var s tcp.TCPEndpointState
+	tcpCompleteStateLocked(ep, &s)
+	return max(s.SndBufState.SndBufUsed, 0)
 }
 
 // SoError takes the pending error (SO_ERROR): 0 when none.

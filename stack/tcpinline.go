@@ -62,6 +62,14 @@ func tcpDrainClosingSegmentQueue(ep *tcp.Endpoint)
 //go:linkname tcpStartTimeWait gvisor.dev/gvisor/pkg/tcpip/transport/tcp.startTimeWait
 func tcpStartTimeWait(ep *tcp.Endpoint)
 
+// tcpCompleteStateLocked copies the endpoint's state (TCPConn.Unacked,
+// not inline processing: the go:linkname declarations live here, where
+// TestTCPInlineSignatures checks them). Caller holds the endpoint
+// (LockUser), connected.
+//
+//go:linkname tcpCompleteStateLocked gvisor.dev/gvisor/pkg/tcpip/transport/tcp.(*Endpoint).completeStateLocked
+func tcpCompleteStateLocked(ep *tcp.Endpoint, s *tcp.TCPEndpointState)
+
 // maxInlineSegs is the most segments a drain processes inline: a
 // request, an answer, their acknowledgements.
 const maxInlineSegs = 2

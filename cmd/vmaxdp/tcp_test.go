@@ -81,7 +81,7 @@ func tcpTranscript(t *testing.T, b *testbed.Bed, prog string, port int, server, 
 }
 
 // TestRunTCPCalls: the TCP calls of an application (testdata/tcpcalls:
-// accept4 and its flags, names, options, TCP_INFO, FIONREAD, MSG_PEEK,
+// accept4 and its flags, names, options, TCP_INFO, FIONREAD, SIOCOUTQ, MSG_PEEK,
 // MSG_WAITALL, readv and writev, recvmsg and sendmsg, epoll with EPOLLET
 // and EPOLLRDHUP, shutdown each way, EPIPE and SIGPIPE with and without
 // MSG_NOSIGNAL, resets by SO_LINGER 0 and by close with unread data, a

@@ -942,7 +942,7 @@ func (e *Engine) TCPSend(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 		return 0, ErrPassOS
 	}
 	if flags&^tcpSendFlags != 0 {
-		return 0, unix.EOPNOTSUPP
+		return t.c.Unacked(), 0
 	}
 	nonblock := t.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
 	var deadline time.Time
@@ -1154,12 +1154,15 @@ func (e *Engine) TCPAddrs(fd int) (local, remote netip.AddrPort, errno unix.Errn
 	return local, remote, 0
 }
 
-// TCPUnread serves FIONREAD (SIOCINQ). SIOCOUTQ is refused
-// (EOPNOTSUPP): netstack does not tell the bytes not yet acknowledged.
-func (e *Engine) TCPUnread(fd int) (int, unix.Errno) {
+// TCPUnread serves FIONREAD (SIOCINQ), and with out SIOCOUTQ: the bytes
+// written and not yet acknowledged.
+func (e *Engine) TCPUnread(fd int, out bool) (int, unix.Errno) {
 	t := e.tcpConn(fd)
 	if t == nil {
 		return 0, ErrPassOS
+	}
+	if out {
+		return t.c.Unacked(), 0
 	}
 	return t.c.Unread(), 0
 }

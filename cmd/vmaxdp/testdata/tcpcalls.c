@@ -13,6 +13,7 @@
  * through the connection itself. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <linux/sockios.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -470,6 +471,9 @@ static int server(int port)
 		sent += w;
 	}
 	say("write until full: %s", errno == EAGAIN ? "EAGAIN" : strerrorname_np(errno));
+	int outq = -1;
+	res("SIOCOUTQ", ioctl(c, SIOCOUTQ, &outq));
+	say("SIOCOUTQ with the reader stopped: more than 0 %d", outq > 0);
 	ev.events = EPOLLOUT | EPOLLET;
 	ev.data.fd = c;
 	epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
@@ -481,6 +485,9 @@ static int server(int port)
 	writen(c, chunk, 1000);
 	shutdown(c, SHUT_WR);
 	readn(c, b, 2);
+	/* The reader read all, then wrote: all is acknowledged. */
+	res("SIOCOUTQ", ioctl(c, SIOCOUTQ, &outq));
+	say("SIOCOUTQ once the reader has all: %d", outq);
 	close(c);
 
 	/* 6: the client waits out its SO_RCVTIMEO, then closes. */
