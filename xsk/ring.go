@@ -87,6 +87,15 @@ func (r *ring) release(n uint32) {
 	atomic.StoreUint32(r.consumer, r.cachedCons)
 }
 
+// produced is the producer index as the other side sees it.
+func (r *ring) produced() uint32 { return atomic.LoadUint32(r.producer) }
+
+// pending says whether the consumer has yet to pass the producer index
+// end (produced's).
+func (r *ring) pending(end uint32) bool {
+	return int32(end-atomic.LoadUint32(r.consumer)) > 0
+}
+
 // occupancy is the number of entries between the two indices, for stats.
 func (r *ring) occupancy() uint32 {
 	if r.mem == nil {

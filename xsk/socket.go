@@ -542,13 +542,20 @@ const txDrainWait = time.Millisecond
 // on the ring until the next send, and the last batch's for good. What
 // a busy device (backend.ErrBusy) or a failed kick leaves is Unsent, for
 // the owner's next Flush.
+//
+// It drains what the ring held when it began: a sender on another thread
+// that queues meanwhile kicks for its own frames (the stack's kick latch
+// hands them to this one's next Flush). Draining until the ring was
+// empty kept a thread kicking for as long as another one sent, and past
+// the deadline took that for a busy device.
 func (s *Socket) drainTx() error {
 	var deadline time.Time
+	end := s.tx.produced()
 	for {
 		if err := s.kick(); err != nil {
 			return err
 		}
-		if s.tx.occupancy() == 0 || !s.tx.needWakeup() {
+		if !s.tx.pending(end) || !s.tx.needWakeup() {
 			return nil
 		}
 		switch now := time.Now(); {
