@@ -90,6 +90,9 @@ func (r *ring) release(n uint32) {
 // produced is the producer index as the other side sees it.
 func (r *ring) produced() uint32 { return atomic.LoadUint32(r.producer) }
 
+// consumed is the consumer index as the other side sees it.
+func (r *ring) consumed() uint32 { return atomic.LoadUint32(r.consumer) }
+
 // pending says whether the consumer has yet to pass the producer index
 // end (produced's).
 func (r *ring) pending(end uint32) bool {

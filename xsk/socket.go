@@ -530,33 +530,39 @@ func (s *Socket) putCsumMeta(b *backend.Buf) {
 	*(*uint64)(unsafe.Pointer(&m[16])) = 0
 }
 
-// txDrainWait bounds how long Transmit kicks a TX ring the kernel does not
-// empty: a device that stays busy longer (a veth peer that does not
-// drain) keeps the rest for the next kick, counted in TxBacklog.
+// txDrainWait bounds how long Transmit kicks a TX ring the kernel takes
+// nothing from: a device that stays busy longer (a veth peer that does
+// not drain) keeps the rest for the next kick, counted in TxBacklog.
 const txDrainWait = time.Millisecond
 
-// drainTx kicks until the kernel has taken every descriptor of the TX
-// ring. In copy mode the kernel sends only inside a kick, at most 32
-// frames a kick, and leaves the rest when the device is busy (a veth
-// peer's ring full): with one kick per Transmit, a batch of 64 left 32
-// on the ring until the next send, and the last batch's for good. What
-// a busy device (backend.ErrBusy) or a failed kick leaves is Unsent, for
-// the owner's next Flush.
+// drainTx kicks until the kernel has taken every descriptor the TX ring
+// held when it began. In copy mode the kernel sends only inside a kick,
+// at most 32 frames a kick, and leaves the rest when the device is busy
+// (a veth peer's ring full): with one kick per Transmit, a batch of 64
+// left 32 on the ring until the next send, and the last batch's for
+// good. What a device that takes nothing for txDrainWait
+// (backend.ErrBusy), or a failed kick, leaves is Unsent, for the owner's
+// next Flush.
 //
-// It drains what the ring held when it began: a sender on another thread
-// that queues meanwhile kicks for its own frames (the stack's kick latch
-// hands them to this one's next Flush). Draining until the ring was
-// empty kept a thread kicking for as long as another one sent, and past
-// the deadline took that for a busy device.
+// What a sender on another thread queues meanwhile is its own to kick
+// (the stack's kick latch hands it to this one's next Flush): draining
+// until the ring was empty kept one thread kicking for as long as another
+// sent, and a deep ring (2048 frames, 64 kicks) outlasted a deadline on
+// the whole drain, which took it for a busy device.
 func (s *Socket) drainTx() error {
-	var deadline time.Time
 	end := s.tx.produced()
+	took := s.tx.consumed()
+	var deadline time.Time
 	for {
 		if err := s.kick(); err != nil {
 			return err
 		}
 		if !s.tx.pending(end) || !s.tx.needWakeup() {
 			return nil
+		}
+		if c := s.tx.consumed(); c != took {
+			took, deadline = c, time.Time{} // the device takes frames
+			continue
 		}
 		switch now := time.Now(); {
 		case deadline.IsZero():

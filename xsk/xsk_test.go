@@ -349,3 +349,62 @@ func TestUnsent(t *testing.T) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// TestFlushBesideSends: a Flush on one goroutine while another queues
+// frames without pause (Enqueue) drains what the ring held when it began
+// and returns: it neither kicks for as long as the other sends nor takes
+// a deep ring for a busy device (backend.ErrBusy: nothing taken for
+// txDrainWait, 1 ms).
+func TestFlushBesideSends(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, s, _ := open(t, bed, 7006)
+		srcMAC, dstMAC := macs(t, bed)
+		f := header.UDPFields{DstMAC: dstMAC, SrcMAC: srcMAC, TTL: 64,
+			Src: netip.AddrPortFrom(bed.Addr(testbed.B), 7006), Dst: netip.AddrPortFrom(bed.Addr(testbed.A), 9306)}
+		stop := make(chan struct{})
+		sent := make(chan int)
+		go func() {
+			bufs := make([]backend.Buf, 1)
+			n := 0
+			for {
+				select {
+				case <-stop:
+					sent <- n
+					return
+				default:
+				}
+				if s.Alloc(bufs) != 1 {
+					continue // all in flight: Alloc kicks and reaps
+				}
+				bufs[0].Data = bufs[0].Data[:header.BuildUDP(bufs[0].Data, &f, 18)]
+				if k, err := s.Enqueue(bufs); k == 1 && err == nil {
+					n++
+				}
+			}
+		}()
+		var busy, slow int
+		deadline := time.Now().Add(200 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			start := time.Now()
+			err := s.Flush()
+			if errors.Is(err, backend.ErrBusy) {
+				busy++
+			} else if err != nil {
+				t.Errorf("flush: %v", err)
+			}
+			if time.Since(start) >= 50*time.Millisecond {
+				slow++
+			}
+		}
+		close(stop)
+		n := <-sent
+		s.Flush()
+		t.Logf("%d frames queued beside the flushes; %d flushes said busy, %d took 50 ms or more", n, busy, slow)
+		if busy > 0 {
+			t.Errorf("%d flushes said the device was busy while another goroutine queued (%d frames): it took frames all along", busy, n)
+		}
+		if slow > 0 {
+			t.Errorf("%d flushes took 50 ms or more while another goroutine queued: a flush must drain what the ring held when it began, not what comes after", slow)
+		}
+	})
+}
