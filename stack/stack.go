@@ -234,8 +234,9 @@ type Stack struct {
 	hops        nextHops
 	nextTxq     atomic.Uint32 // the queue the next socket transmits on
 
-	rxMu  sync.Mutex
-	polls uint64 // pollLocked calls, guarded by rxMu
+	rxMu     sync.Mutex
+	polls    uint64 // pollLocked calls, guarded by rxMu
+	appPolls uint64 // notePoll calls, guarded by rxMu
 
 	progressStop chan struct{} // nil: no progress engine
 	progressDone chan struct{}
@@ -722,10 +723,11 @@ func (st *Stack) Backends() []backend.Backend {
 }
 
 // Poll drains the queues' RX rings into the sockets' queues and returns
-// how many frames it saw.
+// how many frames it saw; for an application thread (notePoll).
 func (st *Stack) Poll() int {
 	st.rxMu.Lock()
 	defer st.rxMu.Unlock()
+	st.notePoll()
 	return st.pollLocked()
 }
 

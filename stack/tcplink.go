@@ -1096,6 +1096,25 @@ func (d *drain) closeFile() {
 	d.f = nil
 }
 
+// notePoll says that an application thread polls the queues for a UDP
+// socket or a multiplexer (appPolled), once in pollerMarkEvery polls, as
+// a TCPPoller says it: the drains then leave it the frames, and it
+// releases the held ACKs that are due, as they would. Without it, a
+// program that receives UDP with TCP offload on (iperf3 -u, whose
+// control connection is TCP) had the drains in Go's netpoller woken by
+// every datagram it was about to take itself: 71k epoll_pwait and 36k
+// context switches a second in iperf3's server, 0.66x-0.84x the kernel's
+// rate against 1.03x-1.05x with TCP offload off. Caller holds rxMu.
+func (st *Stack) notePoll() {
+	if st.appPolls++; st.appPolls%pollerMarkEvery != 0 {
+		return
+	}
+	if t := st.tcp.Load(); t != nil {
+		st.appPolled.Store(monoNow())
+		t.link.pollHeld()
+	}
+}
+
 // appPolling says whether an application thread polls the queues.
 func (st *Stack) appPolling() bool {
 	t := st.appPolled.Load()

@@ -675,6 +675,7 @@ func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool, meta *RecvMeta) 
 	var it rxItem
 	st.rxMu.Lock()
 	defer st.rxMu.Unlock()
+	st.notePoll()
 	if c.rxLen == 0 && (st.pollLocked() == 0 || c.rxLen == 0) {
 		return 0, 0, netip.AddrPort{}, false
 	}
