@@ -399,6 +399,24 @@ func parseMemcaslapVerified(out string) (Result, error) {
 	return r, nil
 }
 
+// memcached is memcached on port 11211 (server: its arguments after the
+// address) under memcaslap, memaslap's Debian name (client: its
+// arguments after the server's address).
+func memcached(name, proto string, server, client []string, parse func(string) (Result, error), defect *regexp.Regexp) *App {
+	return &App{
+		Name: name, Unit: "ops/s", Programs: []string{"memcached", "memcaslap"}, Package: "memcached libmemcached-tools",
+		Proto: proto, Port: 11211,
+		Server: func(dir, addr string) []string {
+			return append([]string{"memcached", "-u", "root", "-p", "11211", "-l", addr}, server...)
+		},
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			return append(append([]string{"memcaslap", "-s", addr + ":11211"}, client...), "-t", strconv.Itoa(max(1, int(d.Seconds())))+"s")
+		},
+		Parse:  parse,
+		Defect: defect,
+	}
+}
+
 func iperf(size int) *App {
 	return &App{
 		Name: fmt.Sprintf("iperf3-%dB", size), Unit: "datagrams/s", Programs: []string{"iperf3"}, Package: "iperf3",
@@ -559,27 +577,16 @@ zone:
 	},
 	iperf(64),
 	iperf(1400),
-	{
-		// memcached's UDP protocol, one worker thread; memcaslap (memaslap)
-		// gets and sets over UDP with 16 concurrent requests.
-		Name: "memcached", Unit: "ops/s", Programs: []string{"memcached", "memcaslap"}, Package: "memcached libmemcached-tools",
-		Proto: "udp", Port: 11211,
-		Server: func(dir, addr string) []string {
-			return []string{"memcached", "-u", "root", "-U", "11211", "-p", "11211", "-l", addr, "-t", "1"}
-		},
-		// memcaslap has no rate: it keeps 16 requests outstanding, and
-		// counts a request that got no answer in time as udp_timeout.
-		Client: func(dir, addr string, d time.Duration, paced bool) []string {
-			return []string{"memcaslap", "-s", addr + ":11211", "-U", "-T", "1", "-c", "16", "-t", strconv.Itoa(max(1, int(d.Seconds()))) + "s"}
-		},
-		Parse: parseMemcaslap,
-		// Its 16 sockets set SO_REUSEADDR and send unbound, so the
-		// kernel's autobind may give two of them one port; the answers of
-		// both then reach one socket, and it aborts on one it did not ask
-		// for. Under vmaxdp each gets a port of its own
-		// (engine.bindEphemeral).
-		Defect: regexp.MustCompile(`ms_sort_udp_packet: Assertion .*`),
-	},
+	// memcached's UDP protocol, one worker thread; memcaslap gets and sets
+	// over UDP with 16 concurrent requests. It has no rate: it keeps 16
+	// requests outstanding, and counts a request that got no answer in
+	// time as udp_timeout. Its 16 sockets set SO_REUSEADDR and send
+	// unbound, so the kernel's autobind may give two of them one port; the
+	// answers of both then reach one socket, and it aborts on one it did
+	// not ask for (the Defect). Under vmaxdp each gets a port of its own
+	// (engine.bindEphemeral).
+	memcached("memcached", "udp", []string{"-U", "11211", "-t", "1"}, []string{"-U", "-T", "1", "-c", "16"},
+		parseMemcaslap, regexp.MustCompile(`ms_sort_udp_packet: Assertion .*`)),
 	knot(2),
 	unbound(2),
 }
@@ -619,22 +626,13 @@ redis-benchmark -h %[1]s -p 6379 -c 10 -n %[2]d -t set,get -q
 	sockperfTCP("pp"),
 	sockperfTCP("tp"),
 	knotTCP(2),
-	{
-		// memcached over TCP as it comes: a listening thread that hands
-		// each connection to one of four worker threads, each with its
-		// epoll set (libevent), replies written with sendmsg of several
-		// buffers; memcaslap's gets and sets over 16 connections from 2
-		// threads, a twentieth of the gets' values checked.
-		Name: "memcached-tcp", Unit: "ops/s", Programs: []string{"memcached", "memcaslap"}, Package: "memcached libmemcached-tools",
-		Proto: "tcp", Port: 11211,
-		Server: func(dir, addr string) []string {
-			return []string{"memcached", "-u", "root", "-U", "0", "-p", "11211", "-l", addr, "-t", "4"}
-		},
-		Client: func(dir, addr string, d time.Duration, paced bool) []string {
-			return []string{"memcaslap", "-s", addr + ":11211", "-T", "2", "-c", "16", "--verify=0.05", "-t", strconv.Itoa(max(1, int(d.Seconds()))) + "s"}
-		},
-		Parse: parseMemcaslapVerified,
-	},
+	// memcached over TCP as it comes: a listening thread that hands each
+	// connection to one of four worker threads, each with its epoll set
+	// (libevent), replies written with sendmsg of several buffers;
+	// memcaslap's gets and sets over 16 connections from 2 threads, a
+	// twentieth of the gets' values checked.
+	memcached("memcached-tcp", "tcp", []string{"-U", "0", "-t", "4"}, []string{"-T", "2", "-c", "16", "--verify=0.05"},
+		parseMemcaslapVerified, nil),
 }
 
 // sockperfTCP is sockperf --tcp with 64-byte messages, blocking calls:
