@@ -121,6 +121,10 @@ func (l *kickLatch) again() bool {
 	return true
 }
 
+// release lets go of the latch without kicking again: what was asked
+// for meanwhile waits for kickTimer (a busy device, see kick).
+func (l *kickLatch) release() { l.mu.Unlock() }
+
 // kick sends what q's TX ring holds, without q.txMu (see above), one kick
 // at a time (q.kicks). A kick that found the device busy or failing less
 // than txBusyRetry ago is passed over: a busy device's kick spins up to 1
@@ -139,7 +143,7 @@ func (st *Stack) kick(q *queue, now int64, wait bool) (flushResult, error) {
 				now = monoNow()
 			}
 			if now-b < int64(txBusyRetry) {
-				q.kicks.mu.Unlock()
+				q.kicks.release()
 				return flushBusy, nil
 			}
 		}
