@@ -2,7 +2,12 @@ package stack
 
 import (
 	"net/netip"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/backend"
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 )
 
@@ -37,3 +42,34 @@ func DeliverFrame(st *Stack, frame []byte) bool {
 	st.deliverTCP(p.IP)
 	return true
 }
+
+// Poller is the descriptor a drain goroutine waits on for be's frames
+// (pollerFile): readable reports whether it polls readable within wait.
+func Poller(be backend.Backend) (readable func(wait time.Duration) (bool, error), close func(), err error) {
+	f, rc, err := pollerFile(be)
+	if err != nil {
+		return nil, nil, err
+	}
+	readable = func(wait time.Duration) (bool, error) {
+		var n int
+		var werr error
+		evs := make([]unix.EpollEvent, 1)
+		if err := rc.Control(func(fd uintptr) {
+			n, werr = unix.EpollWait(int(fd), evs, int(wait.Milliseconds()))
+		}); err != nil {
+			return false, err
+		}
+		return n > 0, werr
+	}
+	close = func() {
+		highfd.Forget(int(f.Fd()))
+		f.Close()
+	}
+	return readable, close, nil
+}
+
+// AppPolling says whether st takes an application thread to poll its
+// queues now (notePoll), and AppPollRecent how long one poll says so.
+func AppPolling(st *Stack) bool { return st.appPolling() }
+
+const AppPollRecent = appPollRecent

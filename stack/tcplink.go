@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"slices"
@@ -45,7 +46,7 @@ type TCPCounters struct {
 	// no next hop behind the interface; TCP sends them again.
 	TxDropped atomic.Uint64
 	// DrainErrors counts queues no goroutine drains for netstack: their
-	// descriptor could not join Go's netpoller.
+	// descriptor could not join Go's netpoller (logged too).
 	DrainErrors atomic.Uint64
 	// AcksCarried counts netstack's bare ACKs not sent: a segment with
 	// data or a FIN of the same connection carried the acknowledgement
@@ -58,6 +59,14 @@ type TCPCounters struct {
 	// a receive that polled for them, not on its processor goroutine
 	// (tcpinline.go).
 	RxInline atomic.Uint64
+	// RxDrained counts the frames the drain goroutines took from the
+	// rings (startDrains): no application thread polled them.
+	RxDrained atomic.Uint64
+	// DrainWakeups counts the times Go's netpoller woke a drain goroutine
+	// for its queue's frames: a Go thread woken, often on the other CPU.
+	// While an application thread polls the queues the drains stay out of
+	// the netpoller (notePoll), and this stays still.
+	DrainWakeups atomic.Uint64
 }
 
 // tcpState is netstack and what drives it, made by the first TCP socket.
@@ -1015,13 +1024,20 @@ const (
 
 func (d *drain) run() {
 	st := d.st
+	woken := false // the netpoller woke the drain: not Read's first look
 	ready := func(uintptr) bool {
+		if woken {
+			st.TCPCounters.DrainWakeups.Add(1)
+		}
+		woken = true
 		if st.appPolling() {
 			return true // Read returns: leave the netpoller
 		}
 		st.rxMu.Lock()
 		defer st.rxMu.Unlock()
-		return st.drainBatchesLocked() > 0
+		n := st.drainBatchesLocked()
+		st.TCPCounters.RxDrained.Add(uint64(n))
+		return n > 0
 	}
 	t := time.NewTimer(appPollCheck)
 	t.Stop()
@@ -1034,12 +1050,13 @@ func (d *drain) run() {
 		f, rc, err := pollerFile(d.be)
 		if err != nil {
 			d.mu.Unlock()
-			st.TCPCounters.DrainErrors.Add(1)
+			d.failed(err)
 			return
 		}
 		d.f = f
 		d.mu.Unlock()
 		for err == nil && !st.appPolling() {
+			woken = false
 			err = rc.Read(ready)
 		}
 		d.mu.Lock()
@@ -1048,7 +1065,7 @@ func (d *drain) run() {
 		d.mu.Unlock()
 		if err != nil {
 			if !done {
-				st.TCPCounters.DrainErrors.Add(1)
+				d.failed(err)
 			}
 			return
 		}
@@ -1073,6 +1090,14 @@ func (d *drain) run() {
 			// netpoller's first look drains what waits.
 		}
 	}
+}
+
+// failed counts and logs a drain that stops before its stack closes: its
+// queue's TCP segments then wait for an application thread's poll, and
+// those of connections nobody polls for, for ever.
+func (d *drain) failed(err error) {
+	d.st.TCPCounters.DrainErrors.Add(1)
+	slog.Error(fmt.Sprintf("stack %s: %s: TCP segments are drained only by the application's polls from now on: %v", d.st.ifname, d.be, err))
 }
 
 // close stops the drain: its Read in the netpoller returns as its file

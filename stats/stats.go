@@ -214,7 +214,13 @@ type TCPCounters struct {
 	AcksDelayed uint64 `json:"acks_delayed"`
 	// RxInline: segments netstack processed on the thread of a receive
 	// that polled for them, without waking its processor goroutine.
-	RxInline              uint64 `json:"rx_inline"`
+	RxInline uint64 `json:"rx_inline"`
+	// RxDrained: frames the drain goroutines took from the rings, no
+	// application thread polling them.
+	RxDrained uint64 `json:"rx_drained"`
+	// DrainWakeups: the drain goroutines woken by Go's netpoller for
+	// their queues' frames, each a Go thread woken.
+	DrainWakeups          uint64 `json:"drain_wakeups"`
 	ActiveOpens           uint64 `json:"active_opens"`
 	PassiveOpens          uint64 `json:"passive_opens"`
 	CurrentEstablished    uint64 `json:"current_established" stats:"gauge"`
