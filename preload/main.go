@@ -34,6 +34,7 @@ package main
 import "C"
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -638,6 +639,10 @@ func vmxgo_tcp_queued(fd, out C.int) C.long {
 	return C.long(n)
 }
 
+// tcpCANameMax is TCP_CA_NAME_MAX (linux/tcp.h): a congestion control
+// algorithm's name, its NUL included.
+const tcpCANameMax = 16
+
 //export vmxgo_tcp_setsockopt
 func vmxgo_tcp_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) C.long {
 	f := int(fd)
@@ -659,6 +664,13 @@ func vmxgo_tcp_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen
 			return 0
 		}
 		return -C.long(engine.ErrPassOS)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_CONGESTION:
+		// The kernel reads up to TCP_CA_NAME_MAX-1 bytes, to a NUL.
+		b := unsafe.Slice((*byte)(val), min(int(n), tcpCANameMax-1))
+		if i := bytes.IndexByte(b, 0); i >= 0 {
+			b = b[:i]
+		}
+		return -C.long(eng.TCPSetCongestion(f, string(b)))
 	case n < 1:
 		return -C.long(unix.EINVAL)
 	}
@@ -694,6 +706,14 @@ func vmxgo_tcp_getsockopt(fd, level, name C.int, val unsafe.Pointer, n *C.sockle
 		return put(unsafe.Pointer(&l), unsafe.Sizeof(l))
 	case level == unix.SOL_SOCKET && (name == unix.SO_RCVTIMEO || name == unix.SO_SNDTIMEO):
 		return -C.long(engine.ErrPassOS)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_CONGESTION:
+		cc, errno := eng.TCPCongestion(f)
+		if errno != 0 {
+			return -C.long(errno)
+		}
+		var b [tcpCANameMax]byte // NUL-padded, as the kernel's copy
+		copy(b[:tcpCANameMax-1], cc)
+		return put(unsafe.Pointer(&b[0]), uintptr(len(b)))
 	}
 	v, errno := eng.TCPOption(f, int(level), int(name))
 	if errno != 0 {

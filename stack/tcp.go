@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -86,6 +87,11 @@ func (st *Stack) ListenNetstack(laddr netip.AddrPort, kfd int) (*NetstackListene
 	}
 	if err := l.listen(t); err != nil {
 		return nil, fmt.Errorf("tcp listen %s: %w", laddr, err)
+	}
+	if kfd >= 0 {
+		if secs, err := unix.GetsockoptInt(kfd, unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT); err == nil && secs > 0 {
+			l.SetDeferAccept(secs)
+		}
 	}
 	st.mu.Lock()
 	st.listeners[l] = struct{}{}
@@ -175,6 +181,15 @@ func (l *NetstackListener) listen(t *tcpState) error {
 	}
 	l.ep, l.rule = ep, id
 	return nil
+}
+
+// SetDeferAccept is TCP_DEFER_ACCEPT: a connection whose handshake
+// completes without data waits up to secs seconds for its first data
+// before accept gives it out, as on the kernel's listener (which keeps
+// the setting too).
+func (l *NetstackListener) SetDeferAccept(secs int) {
+	o := tcpip.TCPDeferAcceptOption(time.Duration(max(secs, 0)) * time.Second)
+	l.ep.SetSockOpt(&o)
 }
 
 // Accept takes a connection netstack has established, or returns
@@ -555,6 +570,8 @@ func tcpipErrno(e tcpip.Error) error {
 		return unix.EALREADY
 	case *tcpip.ErrConnectStarted:
 		return unix.EINPROGRESS
+	case *tcpip.ErrNoSuchFile:
+		return unix.ENOENT // an unknown TCP_CONGESTION, as the kernel's
 	}
 	return errors.New(e.String())
 }

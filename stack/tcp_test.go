@@ -439,6 +439,79 @@ func exchange(c net.Conn, size, chunk, seed int) error {
 	return nil
 }
 
+// TestTCPDeferAccept: a netstack listener whose kernel half has
+// TCP_DEFER_ACCEPT, set before listen or (SetDeferAccept, as the engine
+// passes it on) after, gives out a connection only once its first data
+// came, as the kernel's listener does (nginx's "deferred" sets it after
+// listen); without, at the handshake.
+func TestTCPDeferAccept(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := bedStackOnBed(t, bed)
+		for i, how := range []string{"unset", "before listen", "after listen"} {
+			deferred := how != "unset"
+			laddr := netip.AddrPortFrom(bed.Addr(testbed.B), uint16(7420+i))
+			var kfd int
+			var nl *stack.NetstackListener
+			if err := bed.Do(testbed.B, func() (err error) {
+				if kfd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+					return err
+				}
+				unix.SetsockoptInt(kfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+				if err := unix.Bind(kfd, &unix.SockaddrInet4{Port: int(laddr.Port()), Addr: laddr.Addr().As4()}); err != nil {
+					return err
+				}
+				if err := unix.Listen(kfd, 8); err != nil {
+					return err
+				}
+				if how == "before listen" {
+					if err := unix.SetsockoptInt(kfd, unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT, 1); err != nil {
+						return err
+					}
+				}
+				nl, err = st.ListenNetstack(laddr, kfd)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(kfd)
+			defer nl.Close()
+			if how == "after listen" {
+				nl.SetDeferAccept(1)
+			}
+			c, err := dialFromA(bed, laddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			time.Sleep(300 * time.Millisecond)
+			switch pending := nl.Pending(); {
+			case deferred && pending:
+				t.Fatalf("TCP_DEFER_ACCEPT %s: a connection is given out to accept before its first data", how)
+			case !deferred && !pending:
+				t.Fatal("no connection to accept 300 ms after its handshake")
+			}
+			if _, err := c.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			var a *stack.TCPConn
+			for deadline := time.Now().Add(2 * time.Second); a == nil; time.Sleep(5 * time.Millisecond) {
+				if a, err = nl.Accept(); err != nil && !errors.Is(err, unix.EAGAIN) {
+					t.Fatal(err)
+				}
+				if a == nil && time.Now().After(deadline) {
+					t.Fatalf("TCP_DEFER_ACCEPT %s: nothing to accept 2 s after the first data", how)
+				}
+			}
+			a.SetReadDeadline(time.Now().Add(2 * time.Second))
+			b := make([]byte, 1)
+			if _, err := io.ReadFull(a, b); err != nil || b[0] != 'x' {
+				t.Fatalf("TCP_DEFER_ACCEPT %s: the accepted connection read %q, %v", how, b, err)
+			}
+			a.Close()
+		}
+	})
+}
+
 // TestTCPListenKernelClients: a listener on the stack serves kernel-stack
 // clients of the peer namespace through netstack, with the kernel's TCP
 // on the stack's side untouched, and clients of its own namespace (over

@@ -3,6 +3,7 @@ package stack
 import (
 	"io"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
 )
 
@@ -315,12 +317,22 @@ func (c *TCPConn) Unread() int {
 // or not (SIOCOUTQ, as the kernel's write_seq - snd_una); 0 while the
 // connection is not established yet, or no more. netstack's
 // GetSockOptInt does not serve SendQueueSizeOption for TCP: its send
-// buffer's use is read from the endpoint's state, which netstack copies
-// whole for its probes (an allocation; SIOCOUTQ is no per-packet call).
+// buffer's use is read from the endpoint's state (connState).
 func (c *TCPConn) Unacked() int {
+	var s tcp.TCPEndpointState
+	if !c.connState(&s) {
+		return 0
+	}
+	return max(s.SndBufState.SndBufUsed, 0)
+}
+
+// connState copies the endpoint's state into s while it is connected,
+// and says whether it was; netstack copies it whole for its probes (no
+// per-packet call uses it).
+func (c *TCPConn) connState(s *tcp.TCPEndpointState) bool {
 	ep, ok := c.ep.(*tcp.Endpoint)
 	if !ok {
-		return 0
+		return false
 	}
 	ep.LockUser()
 	defer ep.UnlockUser()
@@ -328,11 +340,59 @@ func (c *TCPConn) Unacked() int {
 	case tcp.StateEstablished, tcp.StateFinWait1, tcp.StateFinWait2, tcp.StateTimeWait, tcp.StateCloseWait, tcp.StateLastAck, tcp.StateClosing:
 		// Connected: the endpoint has its sender, which the copy reads.
 	default:
+		return false
+	}
+	tcpCompleteStateLocked(ep, s)
+	return true
+}
+
+// MSS is TCP_MAXSEG as the kernel reads it: connected, the most payload
+// a segment carries (the peer's MSS less the room netstack keeps for its
+// options); before, what TCP_MAXSEG set, or netstack's default.
+func (c *TCPConn) MSS() int {
+	var s tcp.TCPEndpointState
+	if c.connState(&s) && s.Sender.MaxPayloadSize > 0 {
+		return s.Sender.MaxPayloadSize
+	}
+	v, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption)
+	if terr != nil {
 		return 0
 	}
-	var s tcp.TCPEndpointState
-	tcpCompleteStateLocked(ep, &s)
-	return max(s.SndBufState.SndBufUsed, 0)
+	return v
+}
+
+// SetCongestion is TCP_CONGESTION: one of the algorithms netstack has
+// (Congestions), unix.ENOENT for another, as the kernel for one it lacks.
+func (c *TCPConn) SetCongestion(name string) error { return setCongestion(c.ep, name) }
+
+func setCongestion(ep tcpip.Endpoint, name string) error {
+	o := tcpip.CongestionControlOption(name)
+	if terr := ep.SetSockOpt(&o); terr != nil {
+		return tcpipErrno(terr)
+	}
+	return nil
+}
+
+// Congestion is the connection's congestion control algorithm.
+func (c *TCPConn) Congestion() string {
+	var o tcpip.CongestionControlOption
+	if terr := c.ep.GetSockOpt(&o); terr != nil {
+		return ""
+	}
+	return string(o)
+}
+
+// Congestions are the congestion control algorithms netstack has.
+func (st *Stack) Congestions() []string {
+	t := st.tcp.Load()
+	if t == nil {
+		return nil
+	}
+	var o tcpip.TCPAvailableCongestionControlOption
+	if terr := t.ns.TransportProtocolOption(tcp.ProtocolNumber, &o); terr != nil {
+		return nil
+	}
+	return strings.Fields(string(o))
 }
 
 // SoError takes the pending error (SO_ERROR): 0 when none.
@@ -395,6 +455,9 @@ func setOption(ep tcpip.Endpoint, level, name, v int) error {
 		terr = ep.SetSockOptInt(tcpip.IPv4TTLOption, v)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_SYNCNT:
 		terr = ep.SetSockOptInt(tcpip.TCPSynCountOption, v)
+	case level == unix.IPPROTO_TCP && name == unix.TCP_WINDOW_CLAMP:
+		// 0 only before connect, as on the kernel (EINVAL after).
+		terr = ep.SetSockOptInt(tcpip.TCPWindowClampOption, v)
 	case level == unix.IPPROTO_TCP && name == unix.TCP_LINGER2:
 		// Seconds in FIN-WAIT-2; < 0 skips it, 0 is the default, as on
 		// the kernel.
@@ -449,7 +512,9 @@ func (c *TCPConn) Option(level, name int) (int, error) {
 		}
 		return int(time.Duration(o) / time.Millisecond), nil
 	case level == unix.IPPROTO_TCP && name == unix.TCP_MAXSEG:
-		v, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption)
+		return c.MSS(), nil
+	case level == unix.IPPROTO_TCP && name == unix.TCP_WINDOW_CLAMP:
+		v, terr := c.ep.GetSockOptInt(tcpip.TCPWindowClampOption)
 		if terr != nil {
 			return 0, tcpipErrno(terr)
 		}
@@ -518,8 +583,11 @@ func (c *TCPConn) Linger() (on bool, secs int) {
 	return l.Enabled, int(l.Timeout / time.Second)
 }
 
-// Info fills TCP_INFO's fields netstack keeps: state, retransmissions,
-// RTO, RTT and its variation, congestion window and threshold, MSS.
+// Info fills TCP_INFO's fields netstack keeps: state, congestion state,
+// retransmissions, RTO, RTT and its variation, congestion window and
+// threshold, the MSS sent and advertised, the options agreed (timestamps,
+// SACK, window scaling), segments unacknowledged and SACKed, and
+// segments in and out.
 func (c *TCPConn) Info() unix.TCPInfo {
 	var o tcpip.TCPInfoOption
 	var ti unix.TCPInfo
@@ -534,8 +602,29 @@ func (c *TCPConn) Info() unix.TCPInfo {
 	ti.Rttvar = uint32(o.RTTVar / time.Microsecond)
 	ti.Snd_cwnd = o.SndCwnd
 	ti.Snd_ssthresh = o.SndSsthresh
-	if mss, terr := c.ep.GetSockOptInt(tcpip.MaxSegOption); terr == nil {
-		ti.Snd_mss = uint32(mss)
+	ti.Advmss = uint32(c.st.tcpMTU() - header.IPv4MinLen - header.TCPMinLen)
+	var s tcp.TCPEndpointState
+	if c.connState(&s) {
+		if s.SendTSOk {
+			ti.Advmss -= tcpTimestampsLen // as the kernel's, once timestamps are agreed
+		}
+		ti.Snd_mss = uint32(s.Sender.MaxPayloadSize)
+		ti.Unacked = uint32(max(s.Sender.Outstanding, 0))
+		ti.Sacked = uint32(max(s.Sender.SackedOut, 0))
+		if s.SendTSOk {
+			ti.Options |= tcpiOptTimestamps
+		}
+		if s.SACKPermitted {
+			ti.Options |= tcpiOptSACK
+		}
+		// Window scaling is agreed when both SYNs carry the option;
+		// netstack keeps scales of 0 when they do not. (The scales
+		// themselves are bit fields x/sys's TCPInfo leaves out.)
+		if s.Sender.SndWndScale > 0 || s.Receiver.RcvWndScale > 0 {
+			ti.Options |= tcpiOptWscale
+		}
+	} else {
+		ti.Snd_mss = uint32(c.MSS())
 	}
 	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
 		ti.Total_retrans = uint32(st.SendErrors.Retransmits.Value())
@@ -544,3 +633,12 @@ func (c *TCPConn) Info() unix.TCPInfo {
 	}
 	return ti
 }
+
+// TCP_INFO's tcpi_options bits (linux/tcp.h), and the room the timestamps
+// option takes in a segment (TCPOLEN_TSTAMP_ALIGNED).
+const (
+	tcpTimestampsLen  = 12
+	tcpiOptTimestamps = 1
+	tcpiOptSACK       = 2
+	tcpiOptWscale     = 4
+)

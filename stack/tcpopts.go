@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +28,7 @@ var inheritedOptions = [...]struct {
 	{unix.IPPROTO_TCP, unix.TCP_MAXSEG, "TCP_MAXSEG"},
 	{unix.IPPROTO_TCP, unix.TCP_SYNCNT, "TCP_SYNCNT"},
 	{unix.IPPROTO_TCP, unix.TCP_LINGER2, "TCP_LINGER2"},
+	{unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, "TCP_WINDOW_CLAMP"},
 	{unix.SOL_SOCKET, unix.SO_KEEPALIVE, "SO_KEEPALIVE"},
 	{unix.SOL_SOCKET, unix.SO_RCVBUF, "SO_RCVBUF"},
 	{unix.SOL_SOCKET, unix.SO_SNDBUF, "SO_SNDBUF"},
@@ -35,9 +37,13 @@ var inheritedOptions = [...]struct {
 }
 
 // optionDefaults are a fresh kernel TCP socket's values of
-// inheritedOptions, in the stack's network namespace (its sysctls): a
-// socket's value that differs is one the application set.
-type optionDefaults [len(inheritedOptions)]int
+// inheritedOptions and its TCP_CONGESTION, in the stack's network
+// namespace (its sysctls): a socket's value that differs is one the
+// application set.
+type optionDefaults struct {
+	ints       [len(inheritedOptions)]int
+	congestion string
+}
 
 // kernelOptionDefaults reads a fresh socket's options. Call it in the
 // stack's network namespace.
@@ -49,11 +55,20 @@ func kernelOptionDefaults() (optionDefaults, error) {
 	}
 	defer unix.Close(fd)
 	for i, o := range inheritedOptions {
-		if d[i], err = unix.GetsockoptInt(fd, o.level, o.name); err != nil {
+		if d.ints[i], err = unix.GetsockoptInt(fd, o.level, o.name); err != nil {
 			return d, fmt.Errorf("tcp: default %s: %w", o.what, err)
 		}
 	}
+	if d.congestion, err = KernelCongestion(fd); err != nil {
+		return d, fmt.Errorf("tcp: default TCP_CONGESTION: %w", err)
+	}
 	return d, nil
+}
+
+// KernelCongestion reads the kernel socket fd's TCP_CONGESTION.
+func KernelCongestion(fd int) (string, error) {
+	s, err := unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	return strings.TrimRight(s, "\x00"), err
 }
 
 // defaultOption is a fresh kernel socket's value of one of
@@ -65,7 +80,7 @@ func (st *Stack) defaultOption(level, name int) int {
 	}
 	for i, o := range inheritedOptions {
 		if o.level == level && o.name == name {
-			return t.defaults[i]
+			return t.defaults.ints[i]
 		}
 	}
 	return 0
@@ -82,7 +97,7 @@ func copyOptions(ep tcpip.Endpoint, fd int, def *optionDefaults) error {
 			errs = append(errs, fmt.Errorf("%s of fd %d: %w", o.what, fd, err))
 			continue
 		}
-		if v == def[i] {
+		if v == def.ints[i] {
 			continue
 		}
 		if o.level == unix.SOL_SOCKET && (o.name == unix.SO_RCVBUF || o.name == unix.SO_SNDBUF) {
@@ -90,6 +105,14 @@ func copyOptions(ep tcpip.Endpoint, fd int, def *optionDefaults) error {
 		}
 		if err := setOption(ep, o.level, o.name, v); err != nil {
 			errs = append(errs, fmt.Errorf("%s %d: %w", o.what, v, err))
+		}
+	}
+	switch cc, err := KernelCongestion(fd); {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("TCP_CONGESTION of fd %d: %w", fd, err))
+	case cc != def.congestion:
+		if err := setCongestion(ep, cc); err != nil {
+			errs = append(errs, fmt.Errorf("TCP_CONGESTION %s: netstack has no such algorithm: %w", cc, err))
 		}
 	}
 	if l, err := unix.GetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER); err != nil {

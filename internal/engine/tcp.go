@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1181,8 +1182,14 @@ func (e *Engine) TCPConnOf(fd int) *stack.TCPConn {
 
 // TCPSetOption serves setsockopt's integer options on an offloaded
 // connection. One netstack has no equivalent of is accepted and logged,
-// as the kernel would have accepted it.
+// as the kernel would have accepted it. On an offloaded listener,
+// TCP_DEFER_ACCEPT goes to netstack's half too; the kernel's half keeps
+// every option.
 func (e *Engine) TCPSetOption(fd, level, name, v int) unix.Errno {
+	if l := e.listener(fd); l != nil && level == unix.IPPROTO_TCP && name == unix.TCP_DEFER_ACCEPT {
+		l.nl.SetDeferAccept(v)
+		return ErrPassOS
+	}
 	t := e.tcpConn(fd)
 	if t == nil {
 		return ErrPassOS
@@ -1209,6 +1216,51 @@ func (e *Engine) TCPOption(fd, level, name int) (int, unix.Errno) {
 		return 0, ErrPassOS
 	}
 	return v, errnoOf(err)
+}
+
+// TCPSetCongestion serves TCP_CONGESTION on an offloaded connection. An
+// algorithm netstack has is set. One only the kernel has is accepted
+// without effect and logged, as refusing it would stop a program the
+// kernel lets run; getsockopt then names the one netstack runs. One the
+// kernel would refuse fails with the kernel's errno.
+func (e *Engine) TCPSetCongestion(fd int, name string) unix.Errno {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return ErrPassOS
+	}
+	err := t.c.SetCongestion(name)
+	if !errors.Is(err, unix.ENOENT) {
+		return errnoOf(err)
+	}
+	if errno := kernelTakesCongestion(name); errno != 0 {
+		return errno
+	}
+	e.Log.Printf(params.LevelInfo, "fd %d: TCP_CONGESTION %q: netstack has %s; accepted as the kernel would, and the connection keeps %s",
+		fd, name, strings.Join(t.c.Stack().Congestions(), " and "), t.c.Congestion())
+	return 0
+}
+
+// kernelTakesCongestion says, by a throwaway socket's setsockopt, whether
+// the kernel takes the congestion control algorithm name for this
+// process (its namespace's allowed algorithms, its capabilities): 0, or
+// the kernel's errno.
+func kernelTakesCongestion(name string) unix.Errno {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return errnoOf(err)
+	}
+	defer unix.Close(fd)
+	return errnoOf(unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, name))
+}
+
+// TCPCongestion serves getsockopt's TCP_CONGESTION on an offloaded
+// connection: the algorithm netstack runs.
+func (e *Engine) TCPCongestion(fd int) (string, unix.Errno) {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return "", ErrPassOS
+	}
+	return t.c.Congestion(), 0
 }
 
 // TCPSetTimeout follows SO_RCVTIMEO (recv) and SO_SNDTIMEO.
