@@ -96,6 +96,7 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 				f.add("vmaxdp_socket_tcp_rtt_microseconds", "Smoothed round-trip time.", gauge, float64(sk.TCP.RTTMicros), l...)
 				f.add("vmaxdp_socket_tcp_retransmits_total", "Segments retransmitted.", dto.MetricType_COUNTER, float64(sk.TCP.Retransmits), l...)
 				f.add("vmaxdp_socket_tcp_recv_queue_bytes", "Bytes not yet read.", gauge, float64(sk.TCP.RecvQueue), l...)
+				f.add("vmaxdp_socket_tcp_send_queue_bytes", "Bytes written and not yet acknowledged.", gauge, float64(sk.TCP.SendQueue), l...)
 				f.add("vmaxdp_socket_tcp_backlog", "A listener's backlog.", gauge, float64(sk.TCP.Backlog), l...)
 				f.add("vmaxdp_socket_tcp_accepted_total", "Connections a listener handed to accept from netstack.", dto.MetricType_COUNTER, float64(sk.TCP.Accepted), l...)
 			}

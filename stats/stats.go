@@ -247,13 +247,18 @@ type TCPCounters struct {
 type TCPSocket struct {
 	// State is the TCP state (ESTABLISHED, LISTEN, ...).
 	State string `json:"state,omitempty"`
-	// RTTMicros is the smoothed round-trip time, in microseconds.
+	// RTTMicros is the smoothed round-trip time, in microseconds. On a
+	// connection netstack serves it is netstack's estimate, which the
+	// timestamps option measures in milliseconds: 1000 at least on a
+	// path of tens of microseconds (a granularity, not the time).
 	RTTMicros uint64 `json:"rtt_us" stats:"gauge"`
 	// Retransmits counts the connection's retransmitted segments.
 	Retransmits uint64 `json:"retransmits"`
-	// RecvQueue is the bytes received and not yet read. (netstack does
-	// not tell the bytes sent and not yet acknowledged.)
+	// RecvQueue is the bytes received and not yet read (SIOCINQ).
 	RecvQueue uint64 `json:"recv_queue" stats:"gauge"`
+	// SendQueue is the bytes written and not yet acknowledged by the
+	// peer, sent or not (SIOCOUTQ).
+	SendQueue uint64 `json:"send_queue" stats:"gauge"`
 	// Backlog is a listener's backlog (listen's argument), Accepted the
 	// connections it handed to accept.
 	Backlog  uint64 `json:"backlog" stats:"gauge"`

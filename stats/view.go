@@ -261,8 +261,8 @@ func writeSocketBlock(w io.Writer, s *Socket, group []*Socket, deltas bool) {
 		if tc.State == "LISTEN" {
 			fmt.Fprintf(w, "Listen: backlog %d, accepted %d by netstack, %d by the kernel (loopback, other interfaces)\n", tc.Backlog, tc.Accepted, c.RxOSPackets)
 		} else {
-			fmt.Fprintf(w, "TCP: %s, rtt %d us, retransmits %d, receive queue %d bytes [packets are segments]\n",
-				tc.State, tc.RTTMicros, tc.Retransmits, tc.RecvQueue)
+			fmt.Fprintf(w, "TCP: %s, rtt %d us, retransmits %d, receive queue %d bytes, send queue %d bytes [packets are segments]\n",
+				tc.State, tc.RTTMicros, tc.Retransmits, tc.RecvQueue, tc.SendQueue)
 		}
 	} else {
 		fmt.Fprintf(w, "Rx byte: cur %d / max %d / dropped%s %d / limit %d\n", s.RxQueueBytes, c.RxQueueBytesMax, per, c.RxQueueDropBytes, s.RxBytesLimit)
@@ -465,7 +465,7 @@ func WriteCloseReport(w io.Writer, s *Socket) {
 	fmt.Fprintf(w, "%s Rx OS info: %d KB / %d / %d [bytes/packets/errors]\n", p, kb(c.RxOSBytes), c.RxOSPackets, c.RxErrors)
 	if s.Proto == "tcp" {
 		t := &s.TCP
-		fmt.Fprintf(w, "%s TCP: %s / %d us / %d / %d / %d [state/rtt/retransmits/receive queue/accepted]\n", p, t.State, t.RTTMicros, t.Retransmits, t.RecvQueue, t.Accepted)
+		fmt.Fprintf(w, "%s TCP: %s / %d us / %d / %d / %d / %d [state/rtt/retransmits/receive queue/send queue/accepted]\n", p, t.State, t.RTTMicros, t.Retransmits, t.RecvQueue, t.SendQueue, t.Accepted)
 		return
 	}
 	all := c.RxOffloadPackets + c.RxQueueDrops

@@ -750,23 +750,63 @@ func TestStatsTCP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{`vmaxdp_tcp_passive_opens_total{pid="` + strconv.Itoa(p.pid), `state="ESTABLISHED"`, "vmaxdp_socket_tcp_accepted_total"} {
+		for _, want := range []string{`vmaxdp_tcp_passive_opens_total{pid="` + strconv.Itoa(p.pid), `state="ESTABLISHED"`, "vmaxdp_socket_tcp_accepted_total", "vmaxdp_socket_tcp_send_queue_bytes"} {
 			if !strings.Contains(prom, want) {
 				t.Errorf("--prometheus lacks %q", want)
 			}
 		}
+		// The send queue (SIOCOUTQ's bytes): a 4 MB value asked for by a
+		// client that reads nothing, its receive buffer small, stays
+		// unacknowledged in the server's.
+		var big net.Conn
+		err = b.Do(testbed.A, func() (err error) {
+			d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+				return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 16<<10) })
+			}}
+			big, err = d.Dial("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String())
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer big.Close()
+		big.SetDeadline(time.Now().Add(10 * time.Second))
+		const size = 4 << 20
+		set := fmt.Sprintf("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$%d\r\n%s\r\n", size, strings.Repeat("v", size))
+		if _, err := io.WriteString(big, set); err != nil {
+			t.Fatal(err)
+		}
+		var ok [5]byte
+		if _, err := io.ReadFull(big, ok[:]); err != nil || string(ok[:]) != "+OK\r\n" {
+			t.Fatalf("SET of 4 MB: %q, %v", ok, err)
+		}
+		if _, err := io.WriteString(big, "*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		var queued uint64
+		for deadline := time.Now().Add(3 * time.Second); queued == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			for _, sk := range snapshotJSON(t, vmaxdp, dir, p.pid).Sockets {
+				if sk.Proto == "tcp" && sk.TCP.State == "ESTABLISHED" {
+					queued = max(queued, sk.TCP.SendQueue)
+				}
+			}
+		}
+		if queued == 0 {
+			t.Error("no connection's send queue held bytes while its reader read none of a 4 MB answer")
+		}
+		big.Close()
 		// VMAXDP_STATS_FILE: a connection the client closes is reported
-		// as the server closes it; the listener and the other connection
-		// as the server exits.
+		// as the server closes it (big's, then the first ping's); the
+		// listener and the other connection as the server exits.
 		conns[0].Close()
 		var report []byte
 		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if report, _ = os.ReadFile(closeFile); strings.Contains(string(report), "] TCP: ") {
+			if report, _ = os.ReadFile(closeFile); strings.Count(string(report), "] TCP: ") >= 2 {
 				break
 			}
 		}
-		if n := strings.Count(string(report), "] TCP: "); n != 1 || strings.Contains(string(report), "TCP: ESTABLISHED") {
-			t.Errorf("%s after one close: %d TCP reports, want 1, not ESTABLISHED:\n%s", closeFile, n, report)
+		if n := strings.Count(string(report), "] TCP: "); n != 2 || strings.Contains(string(report), "TCP: ESTABLISHED") {
+			t.Errorf("%s after two closes: %d TCP reports, want 2, not ESTABLISHED:\n%s", closeFile, n, report)
 		}
 		syscall.Kill(p.pid, syscall.SIGTERM)
 		p.exited()

@@ -1554,7 +1554,7 @@ func connRecord(fd int, t *tcpConn) stats.Socket {
 	rec := stats.Socket{FD: fd, Proto: "tcp", State: stats.StateOffloaded, Interface: t.ifname,
 		Local: local.String(), Remote: remote.String(), Blocking: !t.nonblock.Load(), Rules: []uint32{uint32(t.c.Rule())}}
 	rec.TCP = stats.TCPSocket{State: t.c.StateName(), RTTMicros: uint64(ti.Rtt), Retransmits: uint64(ti.Total_retrans),
-		RecvQueue: uint64(t.c.Unread())}
+		RecvQueue: uint64(t.c.Unread()), SendQueue: uint64(t.c.Unacked())}
 	rec.Counters = stats.SocketCounters{RxOffloadPackets: uint64(ti.Segs_in), RxOffloadBytes: t.rxBytes.Load(),
 		RxEagain: t.rxEagain.Load(), RxErrors: t.rxErrors.Load(), RxPollHit: t.rxPollHit.Load(), RxPollMiss: t.rxPollMiss.Load(),
 		TxOffloadPackets: uint64(ti.Segs_out), TxOffloadBytes: t.txBytes.Load(), TxErrors: t.txErrors.Load()}
@@ -1575,6 +1575,12 @@ func kernelTCPRecord(fd int, reason string) stats.Socket {
 	rec.ReusePort = reusePort(fd)
 	if ti, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 		rec.TCP = stats.TCPSocket{State: stack.TCPStateName(ti.State), RTTMicros: uint64(ti.Rtt), Retransmits: uint64(ti.Total_retrans)}
+		if n, err := unix.IoctlGetInt(fd, unix.SIOCINQ); err == nil { // EINVAL on a listener
+			rec.TCP.RecvQueue = uint64(n)
+		}
+		if n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ); err == nil { // EINVAL on a listener
+			rec.TCP.SendQueue = uint64(n)
+		}
 		rec.Counters.RxOSPackets, rec.Counters.TxOSPackets = uint64(ti.Segs_in), uint64(ti.Segs_out)
 		rec.Counters.RxOSBytes, rec.Counters.TxOSBytes = ti.Bytes_received, ti.Bytes_acked
 	}
