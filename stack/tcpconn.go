@@ -109,6 +109,7 @@ func (c *TCPConn) WaitPoint() { c.st.waitPoint() }
 // Close closes the connection as netstack does (FIN, or RST with unread
 // data); its rule and port stay until netstack has finished with it.
 func (c *TCPConn) Close() error {
+	c.push()
 	err := c.TCPConn.Close()
 	c.once.Do(func() {
 		t := c.st.tcp.Load()
@@ -295,10 +296,34 @@ func (c *TCPConn) Shutdown(how int) error {
 	default:
 		return unix.EINVAL
 	}
+	if f&tcpip.ShutdownWrite != 0 {
+		defer c.push()()
+	}
 	if terr := c.ep.Shutdown(f); terr != nil {
 		return tcpipErrno(terr)
 	}
 	return nil
+}
+
+// push sends what TCP_CORK or Nagle's algorithm holds back, as the kernel
+// sends its pending data with the FIN of a close or a shutdown, Nagle
+// off: netstack held it behind the FIN until its cork timer (200 ms) or
+// the peer's acknowledgement, and nginx's every HTTP/1.0 answer (sendfile
+// with tcp_nopush, then close) took 200 ms. restore gives the options
+// back as the application set them, for getsockopt.
+func (c *TCPConn) push() (restore func()) {
+	so := c.ep.SocketOptions()
+	cork, delay := so.GetCorkOption(), so.GetDelayOption()
+	if cork {
+		so.SetCorkOption(false) // sends what it held
+	}
+	if delay {
+		so.SetDelayOption(false)
+	}
+	return func() {
+		so.SetCorkOption(cork)
+		so.SetDelayOption(delay)
+	}
 }
 
 // Abort resets the connection (close with SO_LINGER 0).

@@ -423,12 +423,18 @@ func TestRunTCPPrefork(t *testing.T) {
 	})
 }
 
-// TestRunTCPNginx: nginx (Debian's nginx-light), a prefork server not
-// written with vmaxdp in mind, under vmaxdp run with a kernel client: its
-// master listens (offloaded) and forks two workers that accept, so the
-// listener goes back to the kernel at the fork, with the reason logged
-// (in nginx's error log, which nginx makes its stderr), and every
-// request gets the page.
+// TestRunTCPNginx: nginx (Debian's nginx-light), not written with vmaxdp
+// in mind, under vmaxdp run with a kernel client, as it is run:
+//   - prefork: its master listens (offloaded) and forks two workers that
+//     accept, so the listener goes back to the kernel at the fork, with
+//     the reason logged (in nginx's error log, which nginx makes its
+//     stderr), and every request gets the page;
+//   - one process (master_process off) with what a static file server
+//     turns on: sendfile onto the connection, tcp_nopush (TCP_CORK),
+//     listen's deferred (TCP_DEFER_ACCEPT, set after listen) and
+//     keep-alive; requests pipelined on one connection get the page and
+//     a 300 KB file byte for byte, and the kernel of nginx's namespace
+//     took none of their segments.
 func TestRunTCPNginx(t *testing.T) {
 	testutil.RequireRoot(t)
 	nginx, err := exec.LookPath("nginx")
@@ -436,82 +442,122 @@ func TestRunTCPNginx(t *testing.T) {
 		t.Skip("nginx is not installed (make deps installs nginx-light)")
 	}
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
-		const port, requests = 11198, 100
-		const page = "served by nginx under vmaxdp\n"
-		dir := t.TempDir()
-		if err := os.Mkdir(filepath.Join(dir, "html"), 0o755); err != nil {
-			t.Fatal(err)
+		for _, mode := range []struct {
+			name    string
+			prefork bool
+			port    uint16
+		}{{"prefork", true, 11198}, {"one process", false, 11199}} {
+			t.Run(mode.name, func(t *testing.T) { testNginx(t, b, nginx, mode.prefork, mode.port) })
 		}
-		// user root: the workers read the page in the test's own
-		// directory, which only root may.
-		conf := fmt.Sprintf(`daemon off;
+	})
+}
+
+func testNginx(t *testing.T, b *testbed.Bed, nginx string, prefork bool, port uint16) {
+	const requests = 100
+	const page = "served by nginx under vmaxdp\n"
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "html"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := make([]byte, 300_000)
+	for i := range file {
+		file[i] = byte(i*7 + i>>9)
+	}
+	processes, static, listen := "master_process on;\nworker_processes 2;", "", ""
+	if !prefork {
+		processes, static, listen = "master_process off;", "sendfile on; tcp_nopush on; tcp_nodelay on;", " deferred"
+	}
+	// user root: the workers read the page in the test's own
+	// directory, which only root may.
+	conf := fmt.Sprintf(`daemon off;
 user root;
-master_process on;
-worker_processes 2;
+%[4]s
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log;
 events { worker_connections 64; }
 http {
 	access_log off;
-	server { listen %[2]s:%[3]d; root %[1]s/html; }
+	%[5]s
+	server { listen %[2]s:%[3]d%[6]s; root %[1]s/html; }
 }
-`, dir, b.Addr(testbed.B), port)
-		for name, text := range map[string]string{"nginx.conf": conf, "html/index.html": page} {
-			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-				t.Fatal(err)
-			}
+`, dir, b.Addr(testbed.B), port, processes, static, listen)
+	for name, text := range map[string]string{"nginx.conf": conf, "html/index.html": page, "html/file.bin": string(file)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", nginx, "-c", filepath.Join(dir, "nginx.conf"), "-p", dir)
-		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
-		// get is an HTTP/1.0 GET on a connection of its own: net/http
-		// would dial on a goroutine outside side A's namespace.
-		get := func() (string, error) {
-			c, err := net.DialTimeout("tcp4", raddr, 2*time.Second)
-			if err != nil {
-				return "", err
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
-				return "", err
-			}
-			resp, err := io.ReadAll(c)
-			return string(resp), err
-		}
-		ok := func(resp string) bool {
-			return strings.HasPrefix(resp, "HTTP/1.1 200 ") && strings.HasSuffix(resp, "\r\n\r\n"+page)
-		}
-		err := b.Do(testbed.A, func() error {
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				resp, err := get()
-				if err == nil && ok(resp) {
-					break
-				}
-				if time.Now().After(deadline) {
-					return fmt.Errorf("nginx did not serve its page in 10 s: %q, %v", resp, err)
-				}
-			}
-			for i := range requests {
-				if resp, err := get(); err != nil || !ok(resp) {
-					return fmt.Errorf("request %d: %q, %v", i, resp, err)
-				}
-			}
-			return nil
-		})
-		errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-		logs := p.out.String() + string(errLog)
+	}
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", nginx, "-c", filepath.Join(dir, "nginx.conf"), "-p", dir)
+	raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+	// ask sends what on a connection of its own and reads to its end:
+	// net/http would dial on a goroutine outside side A's namespace.
+	ask := func(what string) (string, error) {
+		c, err := net.DialTimeout("tcp4", raddr, 2*time.Second)
 		if err != nil {
-			t.Fatalf("%v\nvmaxdp run's output and nginx's error log:\n%s", err, logs)
+			return "", err
 		}
-		for _, want := range []string{
-			"offloaded on " + b.Link(testbed.B) + " (tcp_server " + raddr + ")",
-			"tcp listener " + raddr + ": shared with a child process after fork",
-		} {
-			if !strings.Contains(logs, want) {
-				t.Errorf("vmaxdp's log lacks %q:\n%s", want, logs)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, what); err != nil {
+			return "", err
+		}
+		resp, err := io.ReadAll(c)
+		return string(resp), err
+	}
+	get := "GET / HTTP/1.0\r\n\r\n"
+	ok := func(resp string) bool {
+		return strings.HasPrefix(resp, "HTTP/1.1 200 ") && strings.HasSuffix(resp, "\r\n\r\n"+page)
+	}
+	var segs int
+	err := b.Do(testbed.A, func() error {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			resp, err := ask(get)
+			if err == nil && ok(resp) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("nginx did not serve its page in 10 s: %q, %v", resp, err)
 			}
 		}
+		segs = testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+		for i := range requests {
+			if resp, err := ask(get); err != nil || !ok(resp) {
+				return fmt.Errorf("request %d: %q, %v", i, resp, err)
+			}
+		}
+		if prefork {
+			return nil
+		}
+		// Keep-alive: the page, then the file, on one connection.
+		for i := range 10 {
+			resp, err := ask("GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /file.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+			first, second, found := strings.Cut(resp, page)
+			switch {
+			case err != nil:
+				return fmt.Errorf("keep-alive request %d: %v", i, err)
+			case !found || !ok(first+page):
+				return fmt.Errorf("keep-alive request %d: the page did not come first: %.200q", i, resp)
+			case !strings.HasPrefix(second, "HTTP/1.1 200 ") || !strings.HasSuffix(second, "\r\n\r\n"+string(file)):
+				return fmt.Errorf("keep-alive request %d: the 300 KB file came back other than written (%d bytes after the page)", i, len(second))
+			}
+		}
+		return nil
 	})
+	errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+	logs := p.out.String() + string(errLog)
+	if err != nil {
+		t.Fatalf("%v\nvmaxdp run's output and nginx's error log:\n%s", err, logs)
+	}
+	want := []string{"offloaded on " + b.Link(testbed.B) + " (tcp_server " + raddr + ")"}
+	if prefork {
+		want = append(want, "tcp listener "+raddr+": shared with a child process after fork")
+	} else if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - segs; n != 0 {
+		t.Errorf("the kernel took %d TCP segments in nginx's namespace: not offloaded", n)
+	}
+	for _, w := range want {
+		if !strings.Contains(logs, w) {
+			t.Errorf("vmaxdp's log lacks %q:\n%s", w, logs)
+		}
+	}
 }
 
 // procFDs and procRSS are a process's open fds and resident memory (KiB).
