@@ -433,7 +433,8 @@ func TestRunTCPPrefork(t *testing.T) {
 //     turns on: sendfile onto the connection, tcp_nopush (TCP_CORK),
 //     listen's deferred (TCP_DEFER_ACCEPT, set after listen) and
 //     keep-alive; requests pipelined on one connection get the page and
-//     a 300 KB file byte for byte, and the kernel of nginx's namespace
+//     a 3 MB file (more than netstack's send buffer: sendfile's EAGAIN,
+//     then EPOLLOUT) byte for byte, and the kernel of nginx's namespace
 //     took none of their segments.
 func TestRunTCPNginx(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -459,7 +460,7 @@ func testNginx(t *testing.T, b *testbed.Bed, nginx string, prefork bool, port ui
 	if err := os.Mkdir(filepath.Join(dir, "html"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	file := make([]byte, 300_000)
+	file := make([]byte, 3_000_000)
 	for i := range file {
 		file[i] = byte(i*7 + i>>9)
 	}
@@ -537,7 +538,7 @@ http {
 			case !found || !ok(first+page):
 				return fmt.Errorf("keep-alive request %d: the page did not come first: %.200q", i, resp)
 			case !strings.HasPrefix(second, "HTTP/1.1 200 ") || !strings.HasSuffix(second, "\r\n\r\n"+string(file)):
-				return fmt.Errorf("keep-alive request %d: the 300 KB file came back other than written (%d bytes after the page)", i, len(second))
+				return fmt.Errorf("keep-alive request %d: the 3 MB file came back other than written (%d bytes after the page)", i, len(second))
 			}
 		}
 		return nil
