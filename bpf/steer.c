@@ -13,7 +13,8 @@
 // back to the kernel while the user-space stack still holds connections
 // they made: a new connection (a SYN) goes to the kernel and the program
 // remembers its 5-tuple in handover_flows, so that the rest of it follows;
-// every other segment still goes to the stack.
+// every other segment still goes to the stack. A 5-tuple rule marked
+// RULE_KERNEL passes its connection to the kernel, which took it over.
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -37,6 +38,10 @@ struct flow_key {
 
 enum rule_flags {
 	RULE_HANDOVER = 1,
+	// RULE_KERNEL: a connection the stack handed to a kernel socket
+	// (TCP_REPAIR); its 5-tuple rule passes its segments to the kernel
+	// ahead of its listener's rule.
+	RULE_KERNEL = 2,
 };
 
 struct rule_value {
@@ -254,7 +259,7 @@ int vmaxdp_steer(struct xdp_md *ctx)
 		.proto = ip->protocol,
 	};
 	struct rule_value *rv = lookup(&k, ip->saddr, l4->source);
-	if (!rv)
+	if (!rv || (rv->flags & RULE_KERNEL))
 		return pass(ps, V_PASS);
 	if ((rv->flags & RULE_HANDOVER) && ip->protocol == IPPROTO_TCP && to_kernel_in_handover(ip, l4, data_end))
 		return pass(ps, V_PASS);

@@ -214,6 +214,14 @@ static void vmx_child(void)
 	}
 }
 
+/* Before a fork, the connections not used yet move to kernel sockets,
+ * which the child shares (Engine.Forking). */
+static void vmx_prepare(void)
+{
+	if (vmx_ready && !vmx_forked)
+		vmxgo_forking();
+}
+
 /* The parent of a fork shares its sockets with the child, which can use
  * them only through the kernel: the engine hands them back to it. */
 static void vmx_parent(void)
@@ -333,7 +341,7 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 
 __attribute__((constructor)) static void vmx_init(void)
 {
-	pthread_atfork(NULL, vmx_parent, vmx_child);
+	pthread_atfork(vmx_prepare, vmx_parent, vmx_child);
 	if (vmxgo_init(vmx_have_nofile ? &vmx_loader_nofile : NULL) != 0)
 		_exit(1);
 	pthread_sigmask(SIG_SETMASK, &vmx_loader_mask, NULL);

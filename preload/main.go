@@ -160,6 +160,9 @@ func vmxgo_fini() { eng.Shutdown() }
 //export vmxgo_forked
 func vmxgo_forked() { eng.Forked() }
 
+//export vmxgo_forking
+func vmxgo_forking() { eng.Forking() }
+
 //export vmxgo_socket
 func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), nonblock != 0)) }
 

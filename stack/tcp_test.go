@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -437,6 +438,97 @@ func exchange(c net.Conn, size, chunk, seed int) error {
 		return errors.New("echo differs from what was sent")
 	}
 	return nil
+}
+
+// TestTCPToKernel: an established connection moves to a kernel socket
+// (TCP_REPAIR) and goes on there, both ways, with the bytes netstack had
+// received and nobody read, the peer none the wiser; one with bytes not
+// yet acknowledged stays netstack's.
+func TestTCPToKernel(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := bedStackOnBed(t, bed)
+		c, s := connectedPair(t, bed, st, 7426)
+		sc := s.(*stack.TCPConn)
+		for i := range 3 { // a few round trips: sequence numbers move on, windows scale
+			msg := bytes.Repeat([]byte{byte('a' + i)}, 3000)
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(s, got); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Write(got); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("round trip %d: %v", i, err)
+			}
+		}
+		unread := []byte("received by netstack, read from the kernel")
+		if _, err := c.Write(unread); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(2 * time.Second); sc.Unread() < len(unread); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("netstack never had the unread bytes")
+			}
+		}
+		segs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs")
+		var fd int
+		if err := bed.Do(testbed.B, func() (err error) {
+			fd, err = sc.ToKernel()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		kc, err := net.FileConn(os.NewFile(uintptr(fd), "to kernel"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		defer kc.Close()
+		kc.SetDeadline(time.Now().Add(5 * time.Second))
+		got := make([]byte, len(unread))
+		if _, err := io.ReadFull(kc, got); err != nil || !bytes.Equal(got, unread) {
+			t.Fatalf("the kernel socket read %q, %v; want what netstack held", got, err)
+		}
+		if a, b := kc.LocalAddr().String(), c.RemoteAddr().String(); a != b {
+			t.Errorf("the kernel socket is %s, the peer talks to %s", a, b)
+		}
+		big := bytes.Repeat([]byte("to and fro "), 100_000) // more than the windows
+		go kc.Write(big)
+		back := make([]byte, len(big))
+		if _, err := io.ReadFull(c, back); err != nil || !bytes.Equal(back, big) {
+			t.Fatalf("the peer read %d bytes from the kernel socket, %v", len(back), err)
+		}
+		if _, err := c.Write(big); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(kc, back); err != nil || !bytes.Equal(back, big) {
+			t.Fatalf("the kernel socket read the peer's 1.1 MB: %v", err)
+		}
+		if n := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs") - segs; n == 0 {
+			t.Error("the kernel took no segment: the connection did not move")
+		}
+		kc.Close()
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if n, err := c.Read(back); n != 0 || err != io.EOF {
+			t.Errorf("the peer after the kernel socket's close: %d, %v; want EOF", n, err)
+		}
+
+		// Unacknowledged bytes stay netstack's: a peer that reads nothing.
+		c2, s2 := connectedPair(t, bed, st, 7427)
+		_ = c2
+		go s2.Write(big)
+		time.Sleep(100 * time.Millisecond)
+		if err := bed.Do(testbed.B, func() error {
+			_, err := s2.(*stack.TCPConn).ToKernel()
+			return err
+		}); !errors.Is(err, stack.ErrUnsent) {
+			t.Errorf("to the kernel with 1.1 MB unread by the peer: %v, want ErrUnsent", err)
+		}
+	})
 }
 
 // TestTCPPushAtClose: what TCP_CORK holds back leaves with the FIN of a

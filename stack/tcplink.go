@@ -123,6 +123,12 @@ type tcpLink struct {
 	// first such hold and runs every appPollCheck while they go on.
 	heldCheck      *time.Timer
 	heldCheckArmed bool
+
+	// silenced are connections (ackKey.conn) handed to the kernel
+	// (ToKernel), whose netstack endpoint ends without a segment.
+	silenceMu sync.Mutex
+	silenced  map[[12]byte]struct{}
+	silencedN atomic.Int32
 }
 
 // dispatcher boxes the interface so that the receive path loads it
@@ -204,10 +210,57 @@ func (l *tcpLink) writePackets(list []*nstack.PacketBuffer) (int, tcpip.Error) {
 		l.st.TCPCounters.TxDropped.Add(uint64(len(list)))
 		return len(list), nil
 	}
+	if l.silencedN.Load() > 0 {
+		all := len(list)
+		if list = l.unsilenced(list); len(list) == 0 {
+			return all, nil
+		}
+	}
 	if l.hold(list) {
 		return len(list), nil
 	}
 	return l.write(list, false)
+}
+
+// silence drops conn's packets from now on, unsilence no more.
+func (l *tcpLink) silence(conn [12]byte) {
+	l.silenceMu.Lock()
+	defer l.silenceMu.Unlock()
+	if l.silenced == nil {
+		l.silenced = map[[12]byte]struct{}{}
+	}
+	l.silenced[conn] = struct{}{}
+	l.silencedN.Store(int32(len(l.silenced)))
+}
+
+func (l *tcpLink) unsilence(conn [12]byte) {
+	l.silenceMu.Lock()
+	defer l.silenceMu.Unlock()
+	delete(l.silenced, conn)
+	l.silencedN.Store(int32(len(l.silenced)))
+}
+
+// unsilenced is list without the packets of silenced connections; a new
+// slice when it drops any (the caller's holds what it releases).
+func (l *tcpLink) unsilenced(list []*nstack.PacketBuffer) []*nstack.PacketBuffer {
+	l.silenceMu.Lock()
+	defer l.silenceMu.Unlock()
+	var out []*nstack.PacketBuffer
+	for i, p := range list {
+		if _, ok := l.silenced[keyOf(p).conn]; !ok {
+			if out != nil {
+				out = append(out, p)
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]*nstack.PacketBuffer, 0, len(list)), list[:i]...)
+		}
+	}
+	if out == nil {
+		return list
+	}
+	return out
 }
 
 // write puts pkts on the link's transmit queue, a batch at a time; now

@@ -586,8 +586,30 @@ func (p *Program) installedLocked(id RuleID) (Rule, vbpf.SteerFlowKey, error) {
 	return r, k, err
 }
 
-// ruleHandover is RULE_HANDOVER of steer.c's enum rule_flags.
-const ruleHandover = 1
+// ruleHandover and ruleKernel are steer.c's enum rule_flags.
+const (
+	ruleHandover = 1
+	ruleKernel   = 2
+)
+
+// ToKernel makes a TCP 5-tuple rule give its connection to the kernel,
+// ahead of the listener's rule that would steer it: a kernel socket took
+// the connection over (TCP_REPAIR). The rule stays until RemoveRule.
+func (p *Program) ToKernel(id RuleID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, k, err := p.installedLocked(id)
+	if err != nil {
+		return err
+	}
+	if r.Proto != unix.IPPROTO_TCP || r.Kind != Rule5Tuple {
+		return fmt.Errorf("steer %s: rule %s to the kernel: %w: TCP 5-tuple rules only", p.ifname, r, unix.EINVAL)
+	}
+	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id), Flags: ruleKernel}, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("steer %s: rule %s to the kernel: %w", p.ifname, r, err)
+	}
+	return nil
+}
 
 // Handover puts a TCP rule in handover: its listeners are going back to
 // the kernel while the stack still holds connections they made. From now

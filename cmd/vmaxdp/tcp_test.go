@@ -423,6 +423,61 @@ func TestRunTCPPrefork(t *testing.T) {
 	})
 }
 
+// TestRunTCPForkServe: a server that accepts each connection and forks a
+// child to serve it (testdata/forkserve.c: inetd's way, sshd's, socat's
+// fork) serves every request, the first one too: accepted offloaded,
+// unused by the parent, that connection moves to a kernel socket before
+// the fork (TCP_REPAIR), which the child serves; until then it got
+// ENOTCONN in the child and its client a reset.
+func TestRunTCPForkServe(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "forkserve")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, requests = 11196, 10
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, strconv.Itoa(port), strconv.Itoa(requests))
+		if err := p.waitFor("listening\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		err := b.Do(testbed.A, func() error {
+			for i := range requests {
+				c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+				if err != nil {
+					return fmt.Errorf("request %d: %w", i, err)
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				msg := fmt.Sprintf("request %d", i)
+				if _, err := c.Write([]byte(msg)); err != nil {
+					c.Close()
+					return fmt.Errorf("request %d: %w", i, err)
+				}
+				got, err := io.ReadAll(c)
+				c.Close()
+				if err != nil || string(got) != msg {
+					return fmt.Errorf("request %d: got %q, %v", i, got, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if err := p.exited(); err != nil {
+			t.Fatalf("forkserve: %v\n%s", err, p.out.String())
+		}
+		out := p.out.String()
+		for _, want := range []string{
+			"fd 3: offloaded on " + b.Link(testbed.B) + " (tcp_server",
+			"handed to a kernel socket before fork (TCP_REPAIR)",
+			fmt.Sprintf("ok served %d of %d", requests, requests),
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the output lacks %q:\n%s", want, out)
+			}
+		}
+	})
+}
+
 // TestRunTCPNginx: nginx (Debian's nginx-light), not written with vmaxdp
 // in mind, under vmaxdp run with a kernel client, as it is run:
 //   - prefork: its master listens (offloaded) and forks two workers that

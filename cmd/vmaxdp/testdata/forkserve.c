@@ -1,0 +1,69 @@
+/* forkserve: a server that accepts each connection and forks a child to
+ * serve it, as inetd, sshd, socat's fork and Python's ForkingTCPServer
+ * do: the child reads a request and echoes it, then exits; the parent
+ * closes its copy of the connection and accepts the next.
+ *
+ *   forkserve PORT REQUESTS
+ *
+ * Under vmaxdp the first connection is offloaded (the listener is, until
+ * the first fork hands it back to the kernel), and it must move to the
+ * kernel before the fork for the child to serve it. */
+#define _GNU_SOURCE
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "watchdog.h"
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: forkserve PORT REQUESTS\n");
+		return 2;
+	}
+	int port = atoi(argv[1]), requests = atoi(argv[2]);
+	start_watchdog();
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0) {
+		perror("listen");
+		return 1;
+	}
+	printf("listening\n");
+	fflush(stdout);
+	int served = 0;
+	for (int i = 0; i < requests; i++) {
+		int c = accept(l, NULL, NULL);
+		if (c < 0) {
+			perror("accept");
+			return 1;
+		}
+		pid_t pid = fork();
+		if (pid < 0) {
+			perror("fork");
+			return 1;
+		}
+		if (pid == 0) {
+			close(l);
+			char b[256];
+			ssize_t n = read(c, b, sizeof b);
+			if (n <= 0 || write(c, b, (size_t)n) != n) {
+				perror("child");
+				_exit(1);
+			}
+			close(c);
+			_exit(0);
+		}
+		close(c);
+		int st;
+		if (waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+			served++;
+	}
+	printf("ok served %d of %d\n", served, requests);
+	fflush(stdout);
+	return 0;
+}
