@@ -120,3 +120,58 @@ func TestHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestToKernel: a TCP 5-tuple rule given to the kernel (a connection a
+// kernel socket took over) passes its segments to the kernel ahead of the
+// port's rule, while the port's other connections still go to the stack.
+func TestToKernel(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		const port, moved, other = 8081, 40010, 40011
+		listener, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)})
+		if err != nil {
+			return err
+		}
+		conn, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
+			Local: netip.MustParseAddrPort("198.18.0.2:8081"), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), moved)})
+		if err != nil {
+			return err
+		}
+		// matched says which of the two rules took the segment.
+		matched := func(sport uint16) (byConn, byListener bool) {
+			t.Helper()
+			c0, _ := p.RuleCounters(conn)
+			l0, _ := p.RuleCounters(listener)
+			if ret, err := p.Run(tcpFrame(t, sport, port, false, true)); err != nil || ret != 2 {
+				t.Fatalf("BPF_PROG_TEST_RUN: %d, %v; want XDP_PASS (no AF_XDP socket, or the kernel's)", ret, err)
+			}
+			c1, _ := p.RuleCounters(conn)
+			l1, _ := p.RuleCounters(listener)
+			return c1.MatchedPackets > c0.MatchedPackets, l1.MatchedPackets > l0.MatchedPackets
+		}
+		if c, l := matched(moved); !c || l {
+			t.Errorf("before: the connection's segment matched its rule %v, the listener's %v; want its own", c, l)
+		}
+		if err := p.ToKernel(conn); err != nil {
+			return err
+		}
+		if c, l := matched(moved); c || l {
+			t.Errorf("to the kernel: the connection's segment matched its rule %v, the listener's %v; want neither (passed)", c, l)
+		}
+		if c, l := matched(other); c || !l {
+			t.Errorf("to the kernel: another connection's segment matched the moved rule %v, the listener's %v; want the listener's", c, l)
+		}
+		if err := p.ToKernel(listener); err == nil {
+			t.Error("ToKernel of a port rule succeeded")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
