@@ -474,6 +474,13 @@ func TestTCPToKernel(t *testing.T) {
 				t.Fatal("netstack never had the unread bytes")
 			}
 		}
+		// Options the server set on the connection go with it.
+		for _, o := range [][3]int{{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1}, {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 33}, {unix.IPPROTO_IP, unix.IP_TOS, 0x10}} {
+			if err := sc.SetOption(o[0], o[1], o[2]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sc.SetLinger(true, 7)
 		segs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs")
 		var fd int
 		if err := bed.Do(testbed.B, func() (err error) {
@@ -481,6 +488,14 @@ func TestTCPToKernel(t *testing.T) {
 			return err
 		}); err != nil {
 			t.Fatal(err)
+		}
+		for _, o := range [][3]int{{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1}, {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 33}, {unix.IPPROTO_IP, unix.IP_TOS, 0x10}} {
+			if v, err := unix.GetsockoptInt(fd, o[0], o[1]); err != nil || v != o[2] {
+				t.Errorf("the kernel socket's option %d/%d: %d, %v; want %d, as set on the connection", o[0], o[1], v, err, o[2])
+			}
+		}
+		if l, err := unix.GetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER); err != nil || l.Onoff == 0 || l.Linger != 7 {
+			t.Errorf("the kernel socket's SO_LINGER: %+v, %v; want on, 7 s", l, err)
 		}
 		kc, err := net.FileConn(os.NewFile(uintptr(fd), "to kernel"))
 		if err != nil {
@@ -518,8 +533,11 @@ func TestTCPToKernel(t *testing.T) {
 		}
 
 		// Unacknowledged bytes stay netstack's: a peer that reads nothing.
+		// The connection goes on as it was, its unread bytes still there.
 		c2, s2 := connectedPair(t, bed, st, 7427)
-		_ = c2
+		if _, err := c2.Write(unread); err != nil {
+			t.Fatal(err)
+		}
 		go s2.Write(big)
 		time.Sleep(100 * time.Millisecond)
 		if err := bed.Do(testbed.B, func() error {
@@ -527,6 +545,10 @@ func TestTCPToKernel(t *testing.T) {
 			return err
 		}); !errors.Is(err, stack.ErrUnsent) {
 			t.Errorf("to the kernel with 1.1 MB unread by the peer: %v, want ErrUnsent", err)
+		}
+		s2.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.ReadFull(s2, got); err != nil || !bytes.Equal(got, unread) {
+			t.Errorf("after a move that did not happen, the connection read %q, %v; want its unread bytes", got, err)
 		}
 	})
 }

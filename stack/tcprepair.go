@@ -60,31 +60,33 @@ func (c *TCPConn) ToKernel() (int, error) {
 		return -1, fmt.Errorf("tcp %s>%s: to the kernel: %w", c.key.local, c.key.remote, err)
 	}
 	// What netstack received and the application did not read goes to
-	// the kernel socket's receive queue: read it out, then hold the
-	// endpoint, and read again if more came meanwhile.
+	// the kernel socket's receive queue: peeked, as nothing may be taken
+	// from netstack before the move is sure, then the endpoint held, and
+	// peeked again if more came meanwhile.
+	opts := c.movedValues()
 	var unread []byte
-	buf := make([]byte, 64<<10)
 	var s tcp.TCPEndpointState
 	for try := 0; ; try++ {
-		for {
-			n, err := c.ReadNonblock(buf, false)
-			unread = append(unread, buf[:n]...)
-			if err != nil || n == 0 {
-				break
+		unread = make([]byte, c.Unread())
+		if len(unread) > 0 {
+			n, err := c.ReadNonblock(unread, true)
+			if err != nil {
+				return fail(err)
 			}
+			unread = unread[:n]
 		}
 		ep.LockUser()
-		if ep.EndpointState() != tcp.StateEstablished {
+		if st := ep.EndpointState(); st != tcp.StateEstablished {
 			ep.UnlockUser()
-			return fail(fmt.Errorf("state %s", ep.EndpointState()))
+			return fail(fmt.Errorf("state %s", st))
 		}
 		tcpCompleteStateLocked(ep, &s)
-		if s.RcvBufState.RcvBufUsed == 0 {
+		if s.RcvBufState.RcvBufUsed == len(unread) && s.Receiver.PendingBufUsed == 0 {
 			break
 		}
 		ep.UnlockUser()
 		if try == 3 {
-			return fail(errors.New("data keeps coming"))
+			return fail(errors.New("data keeps coming, or came out of order"))
 		}
 	}
 	defer ep.UnlockUser()
@@ -94,7 +96,7 @@ func (c *TCPConn) ToKernel() (int, error) {
 	if c.fin.Load() {
 		return fail(errors.New("the peer's FIN came"))
 	}
-	fd, err := c.repairSocket(&s, unread, t.ns.Clock().NowMonotonic())
+	fd, err := c.repairSocket(&s, unread, opts, t.ns.Clock().NowMonotonic())
 	if err != nil {
 		return fail(err)
 	}
@@ -129,12 +131,75 @@ func (c *TCPConn) ToKernel() (int, error) {
 	return fd, nil
 }
 
+// movedOptions are the options a moved connection takes to its kernel
+// socket when they differ from the fresh kernel socket's: those a server
+// sets on a connection it accepted before it forks (sshd: TCP_NODELAY,
+// IP_TOS, keepalive). The buffers stay the kernel's own (netstack's
+// sizes are not the application's choice), as does its congestion
+// control (netstack's cubic is not either).
+var movedOptions = [...]struct{ level, name int }{
+	{unix.IPPROTO_TCP, unix.TCP_NODELAY},
+	{unix.IPPROTO_TCP, unix.TCP_CORK},
+	{unix.SOL_SOCKET, unix.SO_KEEPALIVE},
+	{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE},
+	{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL},
+	{unix.IPPROTO_TCP, unix.TCP_KEEPCNT},
+	{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT},
+	{unix.IPPROTO_IP, unix.IP_TOS},
+}
+
+// movedValues are the connection's values of movedOptions (-1: none)
+// and its SO_LINGER, read before the endpoint is held: netstack's
+// getsockopt holds it too.
+type movedValues struct {
+	v             [len(movedOptions)]int
+	linger        bool
+	lingerSeconds int
+}
+
+func (c *TCPConn) movedValues() *movedValues {
+	var m movedValues
+	for i, o := range movedOptions {
+		v, err := c.Option(o.level, o.name)
+		if err != nil {
+			v = -1
+		}
+		m.v[i] = v
+	}
+	m.linger, m.lingerSeconds = c.Linger()
+	return &m
+}
+
+// set sets on fd those of m that differ from fd's own.
+func (m *movedValues) set(fd int) error {
+	var errs []error
+	for i, o := range movedOptions {
+		v := m.v[i]
+		if v < 0 {
+			continue
+		}
+		if k, err := unix.GetsockoptInt(fd, o.level, o.name); err == nil && k == v {
+			continue
+		}
+		if err := unix.SetsockoptInt(fd, o.level, o.name, v); err != nil {
+			errs = append(errs, fmt.Errorf("option %d/%d %d: %w", o.level, o.name, v, err))
+		}
+	}
+	if m.linger {
+		if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: int32(m.lingerSeconds)}); err != nil {
+			errs = append(errs, fmt.Errorf("SO_LINGER %d: %w", m.lingerSeconds, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // repairSocket makes the kernel socket that goes on from s, in repair
 // mode still: bound to the connection's local address (repair mode may
 // share the port with the listener, or the socket that held it), its
 // sequence numbers, connected without a handshake, its options, windows
-// and timestamp clock, and unread in its receive queue.
-func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, now tcpip.MonotonicTime) (int, error) {
+// and timestamp clock, unread in its receive queue, and the options of
+// moved.
+func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *movedValues, now tcpip.MonotonicTime) (int, error) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -196,6 +261,9 @@ func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, now tcpip
 	}
 	if err == nil && s.SendTSOk {
 		err = checkRepair("TCP_TIMESTAMP", opt(unix.TCP_TIMESTAMP, int(int32(s.TSOffset.TSVal(now)))))
+	}
+	if err == nil {
+		err = checkRepair("options", moved.set(fd))
 	}
 	if err != nil {
 		unix.Close(fd)

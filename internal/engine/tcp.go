@@ -1344,15 +1344,20 @@ func (e *Engine) Forking() {
 }
 
 // connToKernel moves t, named by fds, to a kernel socket under the same
-// fds, for a child of fork to share. One in an epoll set stays: the
-// set's registration of the mirror would go with it.
+// fds, for a child of fork to share. One in an epoll set stays (the
+// set's registration of the mirror would go with it), and one a thread
+// waits to read (its wait is on the mirror).
 func (e *Engine) connToKernel(t *tcpConn, fds []int) {
 	local, remote := t.c.Addrs()
 	t.mu.Lock()
-	sets := t.sets
+	sets, readers := t.sets, t.readers
 	t.mu.Unlock()
-	if sets > 0 {
+	switch {
+	case sets > 0:
 		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's at fork: it is in an epoll set; a child cannot use it", fds[0], local, remote)
+		return
+	case readers > 0:
+		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's at fork: a thread waits to read it; a child cannot use it", fds[0], local, remote)
 		return
 	}
 	kfd, err := t.c.ToKernel()
