@@ -478,6 +478,66 @@ func TestRunTCPForkServe(t *testing.T) {
 	})
 }
 
+// TestRunTCPSocatFork: socat's TCP-LISTEN with fork (Debian's socat, a
+// server not written with vmaxdp in mind that accepts and forks a child
+// per connection, here running cat) echoes every client's line, the
+// first one's too: accepted offloaded, it moves to a kernel socket before
+// the fork (the log says so). A client that half-closes before the fork
+// leaves the connection in CLOSE-WAIT, which does not move (the FIN
+// netstack took cannot be given to the kernel socket): this client
+// waits for its echo first, as an interactive one does.
+func TestRunTCPSocatFork(t *testing.T) {
+	testutil.RequireRoot(t)
+	socat, err := exec.LookPath("socat")
+	if err != nil {
+		t.Skip("socat is not installed (make deps installs it)")
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, clients = 11194, 10
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", socat,
+			fmt.Sprintf("TCP4-LISTEN:%d,bind=%s,fork,reuseaddr", port, b.Addr(testbed.B)), "EXEC:cat")
+		err := b.Do(testbed.A, func() error {
+			for i := range clients {
+				var c net.Conn
+				var err error
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+					if c, err = net.DialTimeout("tcp4", raddr, 2*time.Second); err == nil || time.Now().After(deadline) {
+						break
+					}
+				}
+				if err != nil {
+					return fmt.Errorf("client %d: %w", i, err)
+				}
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				line := fmt.Sprintf("line %d\n", i)
+				if _, err := io.WriteString(c, line); err != nil {
+					c.Close()
+					return fmt.Errorf("client %d: %w", i, err)
+				}
+				got := make([]byte, len(line))
+				_, err = io.ReadFull(c, got)
+				c.Close()
+				if err != nil || string(got) != line {
+					return fmt.Errorf("client %d: echo %q, %v", i, got, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v\nvmaxdp run's output:\n%s", err, p.out.String())
+		}
+		for _, want := range []string{
+			"offloaded on " + b.Link(testbed.B) + " (tcp_server " + raddr + ")",
+			"handed to a kernel socket before fork (TCP_REPAIR)",
+		} {
+			if !strings.Contains(p.out.String(), want) {
+				t.Errorf("vmaxdp's log lacks %q:\n%s", want, p.out.String())
+			}
+		}
+	})
+}
+
 // TestRunTCPNginx: nginx (Debian's nginx-light), not written with vmaxdp
 // in mind, under vmaxdp run with a kernel client, as it is run:
 //   - prefork: its master listens (offloaded) and forks two workers that
