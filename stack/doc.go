@@ -20,10 +20,12 @@
 // rules bring (a listener's address:port, each connection's 5-tuple) and
 // sending its packets with the next hop's Ethernet header. A listener
 // listens in the kernel too, for connections that come another way; a
-// connection the stack opens holds its port in a kernel socket. A closed connection keeps its rule until netstack is
-// done with it, so that the peer's last segments never meet the kernel.
+// connection the stack opens holds its port in a kernel socket. A closed
+// connection keeps its rule until netstack is done with it, so that the
+// peer's last segments never meet the kernel.
 // While TCP sockets exist, goroutines parked in Go's netpoller drain the
-// queues for them.
+// queues for them. An established connection can move to a kernel socket
+// (tcprepair.go: TCP_REPAIR), for a forked child to share it.
 //
 // Transmit kicks are coalesced (kick.go, Options.TxKickDelay).
 //
