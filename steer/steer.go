@@ -598,17 +598,7 @@ const (
 func (p *Program) ToKernel(id RuleID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r, k, err := p.installedLocked(id)
-	if err != nil {
-		return err
-	}
-	if r.Proto != unix.IPPROTO_TCP || r.Kind != Rule5Tuple {
-		return fmt.Errorf("steer %s: rule %s to the kernel: %w: TCP 5-tuple rules only", p.ifname, r, unix.EINVAL)
-	}
-	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id), Flags: ruleKernel}, ebpf.UpdateExist); err != nil {
-		return fmt.Errorf("steer %s: rule %s to the kernel: %w", p.ifname, r, err)
-	}
-	return nil
+	return p.flagLocked(id, ruleKernel, "to the kernel", func(r Rule) bool { return r.Kind == Rule5Tuple }, "TCP 5-tuple rules only")
 }
 
 // Handover puts a TCP rule in handover: its listeners are going back to
@@ -619,17 +609,27 @@ func (p *Program) ToKernel(id RuleID) error {
 func (p *Program) Handover(id RuleID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.flagLocked(id, ruleHandover, "handover", func(Rule) bool { return true }, "TCP rules only"); err != nil {
+		return err
+	}
+	p.handover[id] = true
+	return nil
+}
+
+// flagLocked sets flags on the installed TCP rule id, which must be one
+// kind says (else EINVAL with only); what names the change in errors.
+// Caller holds p.mu.
+func (p *Program) flagLocked(id RuleID, flags uint32, what string, kind func(Rule) bool, only string) error {
 	r, k, err := p.installedLocked(id)
 	if err != nil {
 		return err
 	}
-	if r.Proto != unix.IPPROTO_TCP {
-		return fmt.Errorf("steer %s: handover of rule %s: %w: TCP rules only", p.ifname, r, unix.EINVAL)
+	if r.Proto != unix.IPPROTO_TCP || !kind(r) {
+		return fmt.Errorf("steer %s: %s of rule %s: %w: %s", p.ifname, what, r, unix.EINVAL, only)
 	}
-	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id), Flags: ruleHandover}, ebpf.UpdateExist); err != nil {
-		return fmt.Errorf("steer %s: handover of rule %s: %w", p.ifname, r, err)
+	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id), Flags: flags}, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("steer %s: %s of rule %s: %w", p.ifname, what, r, err)
 	}
-	p.handover[id] = true
 	return nil
 }
 

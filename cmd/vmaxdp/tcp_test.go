@@ -343,6 +343,29 @@ func TestRunTCPSockperf(t *testing.T) {
 	})
 }
 
+// echoRequests makes n connections to raddr, one after the other, each
+// sending "request i" and reading to the end: an echo of it.
+func echoRequests(raddr string, n int) error {
+	for i := range n {
+		c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+		if err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		msg := fmt.Sprintf("request %d", i)
+		if _, err := c.Write([]byte(msg)); err != nil {
+			c.Close()
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || string(got) != msg {
+			return fmt.Errorf("request %d: got %q, %v", i, got, err)
+		}
+	}
+	return nil
+}
+
 // TestRunTCPPrefork: a master that listens, accepts a connection, then
 // forks workers that accept (testdata/prefork, as prefork servers do)
 // serves every request under vmaxdp: the listener goes back to the
@@ -371,22 +394,8 @@ func TestRunTCPPrefork(t *testing.T) {
 			if err := p.waitFor("master read 2\n"); err != nil {
 				return err
 			}
-			for i := range requests {
-				c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
-				if err != nil {
-					return fmt.Errorf("request %d: %w", i, err)
-				}
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				msg := fmt.Sprintf("request %d", i)
-				if _, err := c.Write([]byte(msg)); err != nil {
-					c.Close()
-					return fmt.Errorf("request %d: %w", i, err)
-				}
-				got, err := io.ReadAll(c)
-				c.Close()
-				if err != nil || string(got) != msg {
-					return fmt.Errorf("request %d: got %q, %v", i, got, err)
-				}
+			if err := echoRequests(raddr, requests); err != nil {
+				return err
 			}
 			got, err := io.ReadAll(first)
 			first.Close()
@@ -439,26 +448,7 @@ func TestRunTCPForkServe(t *testing.T) {
 			t.Fatalf("%v\n%s", err, p.out.String())
 		}
 		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
-		err := b.Do(testbed.A, func() error {
-			for i := range requests {
-				c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
-				if err != nil {
-					return fmt.Errorf("request %d: %w", i, err)
-				}
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				msg := fmt.Sprintf("request %d", i)
-				if _, err := c.Write([]byte(msg)); err != nil {
-					c.Close()
-					return fmt.Errorf("request %d: %w", i, err)
-				}
-				got, err := io.ReadAll(c)
-				c.Close()
-				if err != nil || string(got) != msg {
-					return fmt.Errorf("request %d: got %q, %v", i, got, err)
-				}
-			}
-			return nil
-		})
+		err := b.Do(testbed.A, func() error { return echoRequests(raddr, requests) })
 		if err != nil {
 			t.Fatalf("%v\n%s", err, p.out.String())
 		}

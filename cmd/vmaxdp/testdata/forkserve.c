@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tcplisten.h"
 #include "watchdog.h"
 
 int main(int argc, char **argv)
@@ -26,13 +27,9 @@ int main(int argc, char **argv)
 	}
 	int port = atoi(argv[1]), requests = atoi(argv[2]);
 	start_watchdog();
-	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0) {
-		perror("listen");
+	int l = tcp_listen(port, 64);
+	if (l < 0)
 		return 1;
-	}
 	printf("listening\n");
 	fflush(stdout);
 	int served = 0;

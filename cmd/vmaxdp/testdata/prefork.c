@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tcplisten.h"
 #include "watchdog.h"
 
 int main(int argc, char **argv)
@@ -31,13 +32,9 @@ int main(int argc, char **argv)
 	int port = atoi(argv[1]), workers = atoi(argv[2]), requests = atoi(argv[3]);
 	start_watchdog();
 	int *served = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0) {
-		perror("listen");
+	int l = tcp_listen(port, 64);
+	if (l < 0)
 		return 1;
-	}
 	printf("listening\n");
 	fflush(stdout);
 	int first = accept(l, NULL, NULL);
