@@ -532,6 +532,47 @@ func TestTCPToKernel(t *testing.T) {
 			t.Errorf("the peer after the kernel socket's close: %d, %v; want EOF", n, err)
 		}
 
+		// A peer that sent its last words and its FIN (CLOSE-WAIT): the
+		// kernel socket reads them, then the end of the stream, and its
+		// answer reaches the peer.
+		c3, s3 := connectedPair(t, bed, st, 7428)
+		if _, err := c3.Write(unread); err != nil {
+			t.Fatal(err)
+		}
+		if err := c3.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		sc3 := s3.(*stack.TCPConn)
+		for deadline := time.Now().Add(2 * time.Second); sc3.StateName() != "CLOSE-WAIT"; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the connection is %s 2 s after the peer's FIN", sc3.StateName())
+			}
+		}
+		if err := bed.Do(testbed.B, func() (err error) {
+			fd, err = sc3.ToKernel()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		kc3, err := net.FileConn(os.NewFile(uintptr(fd), "to kernel in CLOSE-WAIT"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		defer kc3.Close()
+		kc3.SetDeadline(time.Now().Add(5 * time.Second))
+		if all, err := io.ReadAll(kc3); err != nil || !bytes.Equal(all, unread) {
+			t.Fatalf("the kernel socket in CLOSE-WAIT read %q, %v; want the last words, then the end", all, err)
+		}
+		if _, err := io.WriteString(kc3, "answer"); err != nil {
+			t.Fatal(err)
+		}
+		kc3.Close()
+		c3.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if all, err := io.ReadAll(c3); err != nil || string(all) != "answer" {
+			t.Errorf("the peer got %q, %v from the kernel socket in CLOSE-WAIT; want the answer, then the end", all, err)
+		}
+
 		// Unacknowledged bytes stay netstack's: a peer that reads nothing.
 		// The connection goes on as it was, its unread bytes still there.
 		c2, s2 := connectedPair(t, bed, st, 7427)

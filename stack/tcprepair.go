@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -44,12 +45,13 @@ type tcpRepairWindow struct {
 	sndWl1, sndWnd, maxWindow, rcvWnd, rcvWup uint32
 }
 
-// ToKernel hands the established connection to a new kernel socket, made
-// in the calling thread's network namespace, and returns it; the
-// connection is then closed here, its steering rule removed. It needs
-// CAP_NET_ADMIN (TCP_REPAIR). A connection not established, whose peer
-// sent its FIN, or with bytes not yet acknowledged (ErrUnsent) stays as
-// it is.
+// ToKernel hands the connection, established or in CLOSE-WAIT, to a new
+// kernel socket, made in the calling thread's network namespace, and
+// returns it; the connection then ends here without a segment, and its
+// steering rule gives its segments to the kernel. It needs
+// CAP_NET_ADMIN (TCP_REPAIR; and a raw socket for a peer's FIN). A
+// connection in another state, or with bytes not yet acknowledged
+// (ErrUnsent), stays as it is.
 func (c *TCPConn) ToKernel() (int, error) {
 	t := c.st.tcp.Load()
 	ep, ok := c.ep.(*tcp.Endpoint)
@@ -76,7 +78,7 @@ func (c *TCPConn) ToKernel() (int, error) {
 			unread = unread[:n]
 		}
 		ep.LockUser()
-		if st := ep.EndpointState(); st != tcp.StateEstablished {
+		if st := ep.EndpointState(); st != tcp.StateEstablished && st != tcp.StateCloseWait {
 			ep.UnlockUser()
 			return fail(fmt.Errorf("state %s", st))
 		}
@@ -93,8 +95,12 @@ func (c *TCPConn) ToKernel() (int, error) {
 	if s.Sender.SndUna != s.Sender.SndNxt || s.SndBufState.SndBufUsed > 0 {
 		return fail(ErrUnsent)
 	}
-	if c.fin.Load() {
-		return fail(errors.New("the peer's FIN came"))
+	// A peer's FIN netstack took (CLOSE-WAIT) is given to the kernel
+	// socket as the peer sent it, once the socket is live: repair mode
+	// makes an established socket, one sequence number short.
+	fin := ep.EndpointState() == tcp.StateCloseWait
+	if fin {
+		s.Receiver.RcvNxt--
 	}
 	fd, err := c.repairSocket(&s, unread, opts, t.ns.Clock().NowMonotonic())
 	if err != nil {
@@ -112,6 +118,13 @@ func (c *TCPConn) ToKernel() (int, error) {
 		// nor netstack: the connection is lost either way.
 		unix.Close(fd)
 		return fail(fmt.Errorf("TCP_REPAIR off: %w", err))
+	}
+	if fin {
+		if err := c.injectFIN(&s); err != nil {
+			// The application reads no end of the stream: say so.
+			unix.Close(fd)
+			return fail(fmt.Errorf("the peer's FIN to the kernel socket: %w", err))
+		}
 	}
 	c.once.Do(func() {
 		c.st.tcpConns.CompareAndDelete(c.key, c)
@@ -270,6 +283,45 @@ func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *mo
 		return -1, err
 	}
 	return fd, nil
+}
+
+// injectFIN hands the kernel socket the peer's FIN that netstack took: a
+// segment as the peer sent it (its addresses, the FIN's sequence number,
+// acknowledging what netstack had sent, with the timestamps option when
+// agreed), through a raw socket to the local address, which the kernel
+// loops back to TCP.
+func (c *TCPConn) injectFIN(s *tcp.TCPEndpointState) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	hl := header.TCPMinLen
+	if s.SendTSOk {
+		hl += 12 // NOP, NOP, timestamps
+	}
+	pkt := make([]byte, header.IPv4MinLen+hl)
+	ip, seg := pkt[:header.IPv4MinLen], pkt[header.IPv4MinLen:]
+	src, dst := c.key.remote, c.key.local
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(len(pkt)))
+	ip[8], ip[9] = 64, header.ProtocolTCP
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	copy(ip[12:16], s4[:])
+	copy(ip[16:20], d4[:])
+	binary.BigEndian.PutUint16(seg[0:], src.Port())
+	binary.BigEndian.PutUint16(seg[2:], dst.Port())
+	binary.BigEndian.PutUint32(seg[4:], uint32(s.Receiver.RcvNxt))
+	binary.BigEndian.PutUint32(seg[8:], uint32(s.Sender.SndNxt))
+	seg[12] = byte(hl/4) << 4
+	seg[13] = header.TCPFlagFin | header.TCPFlagAck
+	binary.BigEndian.PutUint16(seg[14:], uint16(min(uint32(s.Sender.SndWnd)>>s.Sender.SndWndScale, 0xffff)))
+	if s.SendTSOk {
+		copy(seg[20:], []byte{1, 1, 8, 10})
+		binary.BigEndian.PutUint32(seg[24:], s.RecentTS)
+	}
+	binary.BigEndian.PutUint16(seg[16:], ^header.Fold(header.Sum(seg, header.PseudoSum(src.Addr(), dst.Addr(), header.ProtocolTCP, len(seg)))))
+	return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d4})
 }
 
 // maxOptionRoom is what netstack keeps of its peer's MSS for its options
