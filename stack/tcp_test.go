@@ -440,6 +440,15 @@ func exchange(c net.Conn, size, chunk, seed int) error {
 	return nil
 }
 
+// fileConn is the kernel socket fd as a net.Conn, fd closed: through
+// its os.File, whose finalizer would otherwise close the number again
+// once another socket of the test has it.
+func fileConn(fd int, name string) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	return net.FileConn(f)
+}
+
 // TestTCPToKernel: an established connection moves to a kernel socket
 // (TCP_REPAIR) and goes on there, both ways, with the bytes netstack had
 // received and nobody read, the peer none the wiser; one with bytes not
@@ -497,11 +506,10 @@ func TestTCPToKernel(t *testing.T) {
 		if l, err := unix.GetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER); err != nil || l.Onoff == 0 || l.Linger != 7 {
 			t.Errorf("the kernel socket's SO_LINGER: %+v, %v; want on, 7 s", l, err)
 		}
-		kc, err := net.FileConn(os.NewFile(uintptr(fd), "to kernel"))
+		kc, err := fileConn(fd, "to kernel")
 		if err != nil {
 			t.Fatal(err)
 		}
-		unix.Close(fd)
 		defer kc.Close()
 		kc.SetDeadline(time.Now().Add(5 * time.Second))
 		got := make([]byte, len(unread))
@@ -554,11 +562,10 @@ func TestTCPToKernel(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		kc3, err := net.FileConn(os.NewFile(uintptr(fd), "to kernel in CLOSE-WAIT"))
+		kc3, err := fileConn(fd, "to kernel in CLOSE-WAIT")
 		if err != nil {
 			t.Fatal(err)
 		}
-		unix.Close(fd)
 		defer kc3.Close()
 		kc3.SetDeadline(time.Now().Add(5 * time.Second))
 		if all, err := io.ReadAll(kc3); err != nil || !bytes.Equal(all, unread) {
@@ -572,6 +579,39 @@ func TestTCPToKernel(t *testing.T) {
 		if all, err := io.ReadAll(c3); err != nil || string(all) != "answer" {
 			t.Errorf("the peer got %q, %v from the kernel socket in CLOSE-WAIT; want the answer, then the end", all, err)
 		}
+
+		// A connection the stack dialled, whose local port a kernel
+		// socket of the stack held: the kernel socket takes the port over.
+		var kl net.Listener
+		if err := bed.Do(testbed.A, func() (err error) {
+			kl, err = net.Listen("tcp4", netip.AddrPortFrom(bed.Addr(testbed.A), 7429).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer kl.Close()
+		echoTCP(kl)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var dc *stack.TCPConn
+		if err := bed.Do(testbed.B, func() (err error) {
+			if dc, err = st.DialTCP(ctx, netip.AddrPortFrom(bed.Addr(testbed.A), 7429)); err != nil {
+				return err
+			}
+
+			fd, err = dc.ToKernel()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		kd, err := fileConn(fd, "dialled, to kernel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := exchange(kd, 1<<20, 64<<10, 7); err != nil {
+			t.Errorf("a dialled connection on its kernel socket: %v", err)
+		}
+		kd.Close()
 
 		// Unacknowledged bytes stay netstack's: a peer that reads nothing.
 		// The connection goes on as it was, its unread bytes still there.

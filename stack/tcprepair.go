@@ -273,7 +273,11 @@ func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *mo
 		err = checkRepair("TCP_REPAIR_WINDOW", setsockoptBytes(fd, unix.TCP_REPAIR_WINDOW, unsafe.Pointer(&win), int(unsafe.Sizeof(win))))
 	}
 	if err == nil && s.SendTSOk {
-		err = checkRepair("TCP_TIMESTAMP", opt(unix.TCP_TIMESTAMP, int(int32(s.TSOffset.TSVal(now)))))
+		// The value's low bit asks for microsecond timestamps (Linux
+		// 6.7): netstack's are milliseconds, and the peer's PAWS wants
+		// them to go on from netstack's last, so the next even value.
+		ts := (s.TSOffset.TSVal(now) + 1) &^ 1
+		err = checkRepair("TCP_TIMESTAMP", opt(unix.TCP_TIMESTAMP, int(int32(ts))))
 	}
 	if err == nil {
 		err = checkRepair("options", moved.set(fd))
