@@ -440,13 +440,31 @@ func exchange(c net.Conn, size, chunk, seed int) error {
 	return nil
 }
 
-// fileConn is the kernel socket fd as a net.Conn, fd closed: through
-// its os.File, whose finalizer would otherwise close the number again
-// once another socket of the test has it.
-func fileConn(fd int, name string) (net.Conn, error) {
-	f := os.NewFile(uintptr(fd), name)
+// moveToKernel moves c to a kernel socket (ToKernel, in bed's side B),
+// shows its fd to inspect (if not nil) as ToKernel made it (net.FileConn
+// sets Go's keepalive), and returns it as a net.Conn that closes with t.
+// The fd goes through its os.File, whose finalizer would otherwise close
+// the number again once another socket of the test has it.
+func moveToKernel(t *testing.T, bed *testbed.Bed, c *stack.TCPConn, inspect func(fd int)) net.Conn {
+	t.Helper()
+	var fd int
+	if err := bed.Do(testbed.B, func() (err error) {
+		fd, err = c.ToKernel()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if inspect != nil {
+		inspect(fd)
+	}
+	f := os.NewFile(uintptr(fd), "moved to the kernel")
 	defer f.Close()
-	return net.FileConn(f)
+	kc, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kc.Close() })
+	return kc
 }
 
 // TestTCPToKernel: an established connection moves to a kernel socket
@@ -491,26 +509,16 @@ func TestTCPToKernel(t *testing.T) {
 		}
 		sc.SetLinger(true, 7)
 		segs := testutil.SNMPStat(t, bed, testbed.B, "Tcp", "InSegs")
-		var fd int
-		if err := bed.Do(testbed.B, func() (err error) {
-			fd, err = sc.ToKernel()
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range [][3]int{{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1}, {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 33}, {unix.IPPROTO_IP, unix.IP_TOS, 0x10}} {
-			if v, err := unix.GetsockoptInt(fd, o[0], o[1]); err != nil || v != o[2] {
-				t.Errorf("the kernel socket's option %d/%d: %d, %v; want %d, as set on the connection", o[0], o[1], v, err, o[2])
+		kc := moveToKernel(t, bed, sc, func(fd int) {
+			for _, o := range [][3]int{{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1}, {unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 33}, {unix.IPPROTO_IP, unix.IP_TOS, 0x10}} {
+				if v, err := unix.GetsockoptInt(fd, o[0], o[1]); err != nil || v != o[2] {
+					t.Errorf("the kernel socket's option %d/%d: %d, %v; want %d, as set on the connection", o[0], o[1], v, err, o[2])
+				}
 			}
-		}
-		if l, err := unix.GetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER); err != nil || l.Onoff == 0 || l.Linger != 7 {
-			t.Errorf("the kernel socket's SO_LINGER: %+v, %v; want on, 7 s", l, err)
-		}
-		kc, err := fileConn(fd, "to kernel")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer kc.Close()
+			if l, err := unix.GetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER); err != nil || l.Onoff == 0 || l.Linger != 7 {
+				t.Errorf("the kernel socket's SO_LINGER: %+v, %v; want on, 7 s", l, err)
+			}
+		})
 		kc.SetDeadline(time.Now().Add(5 * time.Second))
 		got := make([]byte, len(unread))
 		if _, err := io.ReadFull(kc, got); err != nil || !bytes.Equal(got, unread) {
@@ -556,17 +564,7 @@ func TestTCPToKernel(t *testing.T) {
 				t.Fatalf("the connection is %s 2 s after the peer's FIN", sc3.StateName())
 			}
 		}
-		if err := bed.Do(testbed.B, func() (err error) {
-			fd, err = sc3.ToKernel()
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		kc3, err := fileConn(fd, "to kernel in CLOSE-WAIT")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer kc3.Close()
+		kc3 := moveToKernel(t, bed, sc3, nil)
 		kc3.SetDeadline(time.Now().Add(5 * time.Second))
 		if all, err := io.ReadAll(kc3); err != nil || !bytes.Equal(all, unread) {
 			t.Fatalf("the kernel socket in CLOSE-WAIT read %q, %v; want the last words, then the end", all, err)
@@ -595,19 +593,12 @@ func TestTCPToKernel(t *testing.T) {
 		defer cancel()
 		var dc *stack.TCPConn
 		if err := bed.Do(testbed.B, func() (err error) {
-			if dc, err = st.DialTCP(ctx, netip.AddrPortFrom(bed.Addr(testbed.A), 7429)); err != nil {
-				return err
-			}
-
-			fd, err = dc.ToKernel()
+			dc, err = st.DialTCP(ctx, netip.AddrPortFrom(bed.Addr(testbed.A), 7429))
 			return err
 		}); err != nil {
 			t.Fatal(err)
 		}
-		kd, err := fileConn(fd, "dialled, to kernel")
-		if err != nil {
-			t.Fatal(err)
-		}
+		kd := moveToKernel(t, bed, dc, nil)
 		if err := exchange(kd, 1<<20, 64<<10, 7); err != nil {
 			t.Errorf("a dialled connection on its kernel socket: %v", err)
 		}

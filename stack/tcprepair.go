@@ -53,13 +53,13 @@ type tcpRepairWindow struct {
 // connection in another state, or with bytes not yet acknowledged
 // (ErrUnsent), stays as it is.
 func (c *TCPConn) ToKernel() (int, error) {
+	fail := func(err error) (int, error) {
+		return -1, fmt.Errorf("tcp %s>%s: to the kernel: %w", c.key.local, c.key.remote, err)
+	}
 	t := c.st.tcp.Load()
 	ep, ok := c.ep.(*tcp.Endpoint)
 	if t == nil || !ok {
-		return -1, fmt.Errorf("tcp %s>%s: to the kernel: %w", c.key.local, c.key.remote, unix.ENOTCONN)
-	}
-	fail := func(err error) (int, error) {
-		return -1, fmt.Errorf("tcp %s>%s: to the kernel: %w", c.key.local, c.key.remote, err)
+		return fail(unix.ENOTCONN)
 	}
 	// What netstack received and the application did not read goes to
 	// the kernel socket's receive queue: peeked, as nothing may be taken
@@ -106,6 +106,17 @@ func (c *TCPConn) ToKernel() (int, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// Until repair mode ends the socket sends nothing, and closing it
+	// says nothing to the peer: what can fail is done first (the raw
+	// socket for the FIN needs CAP_NET_RAW).
+	raw := -1
+	if fin {
+		if raw, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW); err != nil {
+			unix.Close(fd)
+			return fail(fmt.Errorf("raw socket for the peer's FIN: %w", err))
+		}
+		defer unix.Close(raw)
+	}
 	// From here the peer's segments go to the kernel socket, ahead of a
 	// listener's rule on the port. The rule stays until the stack closes:
 	// the kernel socket's end is not the engine's to see.
@@ -113,17 +124,22 @@ func (c *TCPConn) ToKernel() (int, error) {
 		unix.Close(fd)
 		return fail(err)
 	}
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0); err != nil {
-		// The peer's segments reach a socket that cannot answer them,
-		// nor netstack: the connection is lost either way.
+	// undo leaves the connection netstack's after a step that should not
+	// fail did: the kernel socket goes back to repair mode and closes
+	// without a word, and the rule steers to the stack again. Segments
+	// the kernel socket took meanwhile are lost to netstack.
+	undo := func(err error) (int, error) {
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1)
 		unix.Close(fd)
-		return fail(fmt.Errorf("TCP_REPAIR off: %w", err))
+		c.st.prog.FromKernel(c.rule)
+		return fail(err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0); err != nil {
+		return undo(fmt.Errorf("TCP_REPAIR off: %w", err))
 	}
 	if fin {
-		if err := c.injectFIN(&s); err != nil {
-			// The application reads no end of the stream: say so.
-			unix.Close(fd)
-			return fail(fmt.Errorf("the peer's FIN to the kernel socket: %w", err))
+		if err := c.sendFIN(raw, &s); err != nil {
+			return undo(fmt.Errorf("the peer's FIN to the kernel socket: %w", err))
 		}
 	}
 	c.once.Do(func() {
@@ -289,17 +305,12 @@ func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *mo
 	return fd, nil
 }
 
-// injectFIN hands the kernel socket the peer's FIN that netstack took: a
+// sendFIN hands the kernel socket the peer's FIN that netstack took: a
 // segment as the peer sent it (its addresses, the FIN's sequence number,
 // acknowledging what netstack had sent, with the timestamps option when
-// agreed), through a raw socket to the local address, which the kernel
-// loops back to TCP.
-func (c *TCPConn) injectFIN(s *tcp.TCPEndpointState) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
+// agreed), through the raw socket raw to the local address, which the
+// kernel loops back to TCP.
+func (c *TCPConn) sendFIN(raw int, s *tcp.TCPEndpointState) error {
 	hl := header.TCPMinLen
 	if s.SendTSOk {
 		hl += 12 // NOP, NOP, timestamps
@@ -325,7 +336,7 @@ func (c *TCPConn) injectFIN(s *tcp.TCPEndpointState) error {
 		binary.BigEndian.PutUint32(seg[24:], s.RecentTS)
 	}
 	binary.BigEndian.PutUint16(seg[16:], ^header.Fold(header.Sum(seg, header.PseudoSum(src.Addr(), dst.Addr(), header.ProtocolTCP, len(seg)))))
-	return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d4})
+	return unix.Sendto(raw, pkt, 0, &unix.SockaddrInet4{Addr: d4})
 }
 
 // maxOptionRoom is what netstack keeps of its peer's MSS for its options

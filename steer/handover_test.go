@@ -123,7 +123,8 @@ func TestHandover(t *testing.T) {
 
 // TestToKernel: a TCP 5-tuple rule given to the kernel (a connection a
 // kernel socket took over) passes its segments to the kernel ahead of the
-// port's rule, while the port's other connections still go to the stack.
+// port's rule, while the port's other connections still go to the stack;
+// FromKernel takes it back.
 func TestToKernel(t *testing.T) {
 	bed := testutil.Bed(t, nil)
 	err := bed.Do(testbed.B, func() error {
@@ -165,6 +166,12 @@ func TestToKernel(t *testing.T) {
 		}
 		if c, l := matched(other); c || !l {
 			t.Errorf("to the kernel: another connection's segment matched the moved rule %v, the listener's %v; want the listener's", c, l)
+		}
+		if err := p.FromKernel(conn); err != nil {
+			return err
+		}
+		if c, l := matched(moved); !c || l {
+			t.Errorf("back from the kernel: the connection's segment matched its rule %v, the listener's %v; want its own", c, l)
 		}
 		if err := p.ToKernel(listener); err == nil {
 			t.Error("ToKernel of a port rule succeeded")

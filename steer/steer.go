@@ -598,8 +598,18 @@ const (
 func (p *Program) ToKernel(id RuleID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.flagLocked(id, ruleKernel, "to the kernel", func(r Rule) bool { return r.Kind == Rule5Tuple }, "TCP 5-tuple rules only")
+	return p.flagLocked(id, ruleKernel, "to the kernel", isTCP5Tuple, "TCP 5-tuple rules only")
 }
+
+// FromKernel takes back what ToKernel did: the rule steers its
+// connection to the stack again (a move that failed half-way).
+func (p *Program) FromKernel(id RuleID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.flagLocked(id, 0, "back from the kernel", isTCP5Tuple, "TCP 5-tuple rules only")
+}
+
+func isTCP5Tuple(r Rule) bool { return r.Kind == Rule5Tuple }
 
 // Handover puts a TCP rule in handover: its listeners are going back to
 // the kernel while the stack still holds connections they made. From now

@@ -116,6 +116,10 @@ type tcpConn struct {
 	// eagainRun counts non-blocking receives in a row that found nothing:
 	// spinningAfter of them, and the application spins on them.
 	eagainRun atomic.Uint32
+	// used: the application made a data call on the connection (a
+	// receive or a send, splice and sendfile included), under way or
+	// done; one not used yet moves to the kernel at fork (Forking).
+	used atomic.Bool
 
 	mu    sync.Mutex // the mirror's state below
 	marks int        // bytes queued on app, readable: netstack has data
@@ -185,6 +189,25 @@ func (t *tcpConn) notify(ev stack.TCPEvents) {
 		}
 		t.markLocked()
 	}
+}
+
+// markUsed notes a data call (tcpConn.used); a load first, so that the
+// calls after the first write nothing.
+func (t *tcpConn) markUsed() {
+	if !t.used.Load() {
+		t.used.Store(true)
+	}
+}
+
+// end closes the engine's side of t: netstack's notices, the connection,
+// the mirror's other end.
+func (t *tcpConn) end() {
+	t.cancel()
+	t.c.Close()
+	t.mu.Lock()
+	t.closed = true
+	highfd.Close(t.eng)
+	t.mu.Unlock()
 }
 
 // beginRead: a receive is under way (tcpConn.readers).
@@ -752,6 +775,7 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	if total == 0 {
 		return 0, 0
 	}
+	t.markUsed()
 	t.c.WaitPoint() // a receive: what sends left goes, the next send kicks
 	// A receive polls only for an answer: when the application sent on
 	// the connection since its last receive began. A stream's receiver
@@ -948,6 +972,7 @@ func (e *Engine) TCPSend(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	if flags&^tcpSendFlags != 0 {
 		return t.c.Unacked(), 0
 	}
+	t.markUsed()
 	nonblock := t.nonblock.Load() || flags&unix.MSG_DONTWAIT != 0
 	var deadline time.Time
 	if d := t.sndtimeo.Load(); d > 0 && !nonblock {
@@ -1295,12 +1320,7 @@ func (e *Engine) closeTCP(fd int) bool {
 				rec := connRecord(fd, t)
 				e.writeCloseReport(&rec)
 			}
-			t.cancel()
-			t.c.Close()
-			t.mu.Lock()
-			t.closed = true
-			highfd.Close(t.eng)
-			t.mu.Unlock()
+			t.end()
 			e.Log.Printf(params.LevelDebug, "fd %d: tcp connection closed", fd)
 		}
 		return true
@@ -1334,7 +1354,7 @@ func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 func (e *Engine) Forking() {
 	fds := map[*tcpConn][]int{}
 	for fd := range e.conns {
-		if t := e.conns[fd].Load(); t != nil && t.rxBytes.Load()+t.txBytes.Load()+t.rxEagain.Load()+t.rxErrors.Load()+t.txErrors.Load() == 0 {
+		if t := e.conns[fd].Load(); t != nil && !t.used.Load() {
 			fds[t] = append(fds[t], fd)
 		}
 	}
@@ -1344,20 +1364,16 @@ func (e *Engine) Forking() {
 }
 
 // connToKernel moves t, named by fds, to a kernel socket under the same
-// fds, for a child of fork to share. One in an epoll set stays (the
-// set's registration of the mirror would go with it), and one a thread
-// waits to read (its wait is on the mirror).
+// fds, for a child of fork to share. One in an epoll set stays: the
+// set's registration of the mirror would go with it. (A thread waiting
+// to read it has used it: its wait is on the mirror.)
 func (e *Engine) connToKernel(t *tcpConn, fds []int) {
 	local, remote := t.c.Addrs()
 	t.mu.Lock()
-	sets, readers := t.sets, t.readers
+	sets := t.sets
 	t.mu.Unlock()
-	switch {
-	case sets > 0:
+	if sets > 0 {
 		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's at fork: it is in an epoll set; a child cannot use it", fds[0], local, remote)
-		return
-	case readers > 0:
-		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's at fork: a thread waits to read it; a child cannot use it", fds[0], local, remote)
 		return
 	}
 	kfd, err := t.c.ToKernel()
@@ -1388,12 +1404,7 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int) {
 		e.onState(fd, StateKernel)
 		e.noteStream(fd, func(n *kernelStream) { n.reason = toKernelCause })
 	}
-	t.cancel()
-	t.mu.Lock()
-	t.closed = true
-	highfd.Close(t.eng)
-	t.mu.Unlock()
-	t.c.Close()
+	t.end()
 	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, toKernelCause)
 }
 
