@@ -8,17 +8,20 @@
  * After fork() the child never calls into Go (its Go runtime has no
  * threads): every fd there, offloaded ones included, is the kernel's, and
  * the parent hands the sockets it shares with the child back to the
- * kernel too. A child that execs loads a fresh engine through the
- * inherited LD_PRELOAD.
+ * kernel too, but those it kept (engine.Forking): the child's first use
+ * of one claims it (claim), and the parent hands it back then. A child
+ * that execs loads a fresh engine through the inherited LD_PRELOAD.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,15 +99,58 @@ static inline int engine(int fd)
  * multiplexing to the kernel, which mirrors its readiness). */
 static inline int tcp(int fd) { return state(fd) == VMX_TCP; }
 
+/* The page the parent's engine shares with its children of fork
+ * (engine.ForkPage), set before each fork; NULL: nothing was kept. */
+static struct vmx_fork_page *vmx_fork_page;
+
+/* claim_slow: this forked child uses fd, a socket the parent's engine
+ * kept offloaded across the fork, where its steering takes the socket's
+ * traffic. It claims the socket, and waits for the engine to hand it to
+ * the kernel, which then serves both processes: at most 1 s, and not at
+ * all once the engine's process is gone (its steering went with it). */
+static void claim_slow(int fd)
+{
+	struct vmx_fork_page *p = vmx_fork_page;
+	int saved = errno;
+	vmx_state[fd] = VMX_OS; /* the child's own table: claim once */
+	int me = (int)syscall(SYS_getpid), v = -1;
+	if (!__atomic_compare_exchange_n(&p->fd[fd], &v, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) && v <= 0) {
+		errno = saved; /* not kept: the kernel's already */
+		return;
+	}
+	__atomic_add_fetch(&p->seq, 1, __ATOMIC_SEQ_CST);
+	syscall(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
+	for (int i = 0; i < 100; i++) {
+		v = __atomic_load_n(&p->fd[fd], __ATOMIC_ACQUIRE);
+		if (v <= 0 || (kill(p->engine_pid, 0) < 0 && errno == ESRCH))
+			break;
+		struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
+		syscall(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
+	}
+	errno = saved;
+}
+
+/* claim: in a forked child, any use of an inherited socket the parent's
+ * engine served (data, accept, waits, dup, passing it on) claims it. */
+static inline void claim(int fd)
+{
+	if (vmx_forked && vmx_fork_page && (unsigned)fd < VMX_MAXFD &&
+	    __builtin_expect(vmx_state[fd] == VMX_OFFLOADED, 0))
+		claim_slow(fd);
+}
+
 /* orphan: in a forked child, fd names a TCP connection the parent's
  * engine serves; the child holds only the parent's mirror of it, which
  * carries no data. Its calls fail with ENOTCONN, said once per fd on
- * stderr, instead of reading the mirror's bytes. */
+ * stderr, instead of reading the mirror's bytes. Any other socket the
+ * parent's engine served is claimed (claim). */
 static int orphan(int fd)
 {
 	if (!vmx_forked || (unsigned)fd >= VMX_MAXFD)
 		return 0;
 	int s = __atomic_load_n(&vmx_state[fd], __ATOMIC_ACQUIRE);
+	if (s == VMX_OFFLOADED)
+		claim(fd);
 	if (s != VMX_TCP && s != VMX_TCP_ORPHAN)
 		return 0;
 	if (s == VMX_TCP) {
@@ -219,7 +265,7 @@ static void vmx_child(void)
 static void vmx_prepare(void)
 {
 	if (vmx_ready && !vmx_forked)
-		vmxgo_forking();
+		vmx_fork_page = vmxgo_forking();
 }
 
 /* The parent of a fork shares its sockets with the child, which can use
@@ -496,6 +542,7 @@ int listen(int fd, int backlog)
 
 int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
 {
+	claim(fd);
 	if (state(fd) == VMX_OFFLOADED) {
 		long r = vmxgo_accept(fd, addr, alen, flags, vmx_thread());
 		if (r != -VMX_PASS)
@@ -506,6 +553,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
 
 int accept(int fd, struct sockaddr *addr, socklen_t *alen)
 {
+	claim(fd);
 	if (state(fd) == VMX_OFFLOADED)
 		return accept4(fd, addr, alen, 0);
 	return REAL(accept)(fd, addr, alen);
@@ -578,7 +626,11 @@ static int after_dup(int oldfd, int newfd)
 	return newfd;
 }
 
-int dup(int fd) { return after_dup(fd, REAL(dup)(fd)); }
+int dup(int fd)
+{
+	claim(fd); /* the copy may outlive an exec */
+	return after_dup(fd, REAL(dup)(fd));
+}
 
 /* refused: dup2/dup3 onto one of vmaxdp's own fds (see vmx_internal). */
 static int refused(int newfd, const char *call)
@@ -592,6 +644,7 @@ int dup2(int oldfd, int newfd)
 {
 	if (oldfd == newfd)
 		return REAL(dup2)(oldfd, newfd);
+	claim(oldfd);
 	forget_in_child(newfd);
 	if (internal(newfd))
 		return refused(newfd, "dup2");
@@ -602,6 +655,7 @@ int dup3(int oldfd, int newfd, int flags)
 {
 	if (oldfd != newfd && internal(newfd))
 		return refused(newfd, "dup3");
+	claim(oldfd);
 	forget_in_child(newfd);
 	return after_dup(oldfd, REAL(dup3)(oldfd, newfd, flags));
 }
@@ -617,6 +671,9 @@ static int sys_close_range(unsigned int first, unsigned int last, int flags)
  * engine of each socket it closes, as close() does. */
 int close_range(unsigned int first, unsigned int last, int flags)
 {
+	if (vmx_forked && !(flags & CLOSE_RANGE_CLOEXEC))
+		for (unsigned int fd = first; fd <= last && fd < VMX_MAXFD; fd++)
+			forget_in_child((int)fd);
 	if ((flags & CLOSE_RANGE_CLOEXEC) || first > last || vmx_forked)
 		return sys_close_range(first, last, flags);
 	unsigned int lo = first;
@@ -652,6 +709,10 @@ void closefrom(int lowfd)
 
 static int do_fcntl(int (*f)(int, int, ...), int fd, int cmd, long arg)
 {
+	/* A copy, or the fd itself once it is no longer close-on-exec, may
+	 * outlive an exec. */
+	if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || (cmd == F_SETFD && !(arg & FD_CLOEXEC)))
+		claim(fd);
 	int r = f(fd, cmd, arg);
 	if (r < 0 || state(fd) == VMX_OS)
 		return r;
@@ -904,8 +965,24 @@ ssize_t write(int fd, const void *buf, size_t len)
 	return REAL(write)(fd, buf, len);
 }
 
+/* claim_passed: a forked child that passes fds to another process
+ * (SCM_RIGHTS) claims them, as that process may use them. */
+static void claim_passed(const struct msghdr *msg)
+{
+	if (!vmx_forked || !vmx_fork_page || !msg || !msg->msg_control)
+		return;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR((struct msghdr *)msg, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+			for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+				int passed;
+				memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+				claim(passed);
+			}
+}
+
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+	claim_passed(msg);
 	if (orphan(fd))
 		return -1;
 	int s = state(fd);
@@ -1022,6 +1099,11 @@ ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, uns
  * of its sockets. timeout_ns < 0 waits for ever. */
 static int any_engine_fd(const struct pollfd *fds, nfds_t n)
 {
+	if (vmx_forked) {
+		for (nfds_t i = 0; i < n; i++)
+			claim(fds[i].fd);
+		return 0;
+	}
 	for (nfds_t i = 0; i < n; i++)
 		if (engine(fds[i].fd))
 			return 1;
@@ -1128,10 +1210,20 @@ out:
 	return res;
 }
 
+/* claim_set: a forked child's select claims what it waits on. */
+static void claim_set(int nfds, fd_set *r, fd_set *w, fd_set *x)
+{
+	for (int fd = 0; fd < nfds && fd < FD_SETSIZE; fd++)
+		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x)))
+			claim(fd);
+}
+
 int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 {
 	pay_owed();
-	if (!vmx_forked) {
+	if (vmx_forked)
+		claim_set(nfds, r, w, x);
+	else {
 		int res = select_engine(nfds, r, w, x, tv ? tv->tv_sec * 1000000000LL + tv->tv_usec * 1000LL : -1, NULL);
 		if (res != -2)
 			return res;
@@ -1142,7 +1234,9 @@ int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts, const sigset_t *mask)
 {
 	pay_owed();
-	if (!vmx_forked) {
+	if (vmx_forked)
+		claim_set(nfds, r, w, x);
+	else {
 		int res = select_engine(nfds, r, w, x, ts_ns(ts), mask);
 		if (res != -2)
 			return res;
@@ -1152,6 +1246,8 @@ int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts
 
 int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
+	if (op != EPOLL_CTL_DEL)
+		claim(fd);
 	int r = REAL(epoll_ctl)(epfd, op, fd, ev);
 	int s = state(fd);
 	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED || s == VMX_TCP || state(epfd) == VMX_EPOLL))
@@ -1179,3 +1275,112 @@ int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 /* vfork's child shares the parent's memory, engine included: run it as a
  * fork, as VMA does. */
 pid_t vfork(void) { return REAL(fork)(); }
+
+/* claim_for_exec: a forked child about to exec, or to spawn a program,
+ * claims the parent's kept sockets that the program inherits: those not
+ * close-on-exec (socket activation, a server's binary upgrade). */
+static void claim_for_exec(void)
+{
+	if (!vmx_forked || !vmx_fork_page)
+		return;
+	for (int fd = 0; fd < VMX_MAXFD; fd++)
+		if (vmx_state[fd] == VMX_OFFLOADED) {
+			long fl = syscall(SYS_fcntl, fd, F_GETFD, 0);
+			if (fl >= 0 && !(fl & FD_CLOEXEC))
+				claim(fd);
+		}
+}
+
+/* The exec family: glibc's own calls between them do not come back here,
+ * so each is wrapped. */
+DECLARE(int, execve, const char *, char *const[], char *const[]);
+DECLARE(int, execv, const char *, char *const[]);
+DECLARE(int, execvp, const char *, char *const[]);
+DECLARE(int, execvpe, const char *, char *const[], char *const[]);
+DECLARE(int, fexecve, int, char *const[], char *const[]);
+DECLARE(int, posix_spawn, pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+	char *const[], char *const[]);
+DECLARE(int, posix_spawnp, pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+	char *const[], char *const[]);
+
+int execve(const char *path, char *const argv[], char *const envp[])
+{
+	claim_for_exec();
+	return REAL(execve)(path, argv, envp);
+}
+
+int execv(const char *path, char *const argv[])
+{
+	claim_for_exec();
+	return REAL(execv)(path, argv);
+}
+
+int execvp(const char *file, char *const argv[])
+{
+	claim_for_exec();
+	return REAL(execvp)(file, argv);
+}
+
+int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	claim_for_exec();
+	return REAL(execvpe)(file, argv, envp);
+}
+
+int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	claim_for_exec();
+	return REAL(fexecve)(fd, argv, envp);
+}
+
+int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr,
+		char *const argv[], char *const envp[])
+{
+	claim_for_exec();
+	return REAL(posix_spawn)(pid, path, fa, attr, argv, envp);
+}
+
+int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr,
+		 char *const argv[], char *const envp[])
+{
+	claim_for_exec();
+	return REAL(posix_spawnp)(pid, file, fa, attr, argv, envp);
+}
+
+/* The list forms gather their arguments (up to the NULL, and execle's
+ * environment after it; glibc declares arg non-null) and go through the
+ * vector forms above. */
+#define GATHER_ARGS(arg, argv)                                        \
+	size_t n_ = 1;                                                \
+	va_list ap_;                                                  \
+	va_start(ap_, arg);                                           \
+	while (va_arg(ap_, const char *))                             \
+		n_++;                                                 \
+	va_end(ap_);                                                  \
+	char **argv = __builtin_alloca((n_ + 1) * sizeof(char *));    \
+	argv[0] = (char *)arg;                                        \
+	va_start(ap_, arg);                                           \
+	for (size_t i_ = 1; i_ <= n_; i_++)                           \
+		argv[i_] = va_arg(ap_, char *);
+
+int execl(const char *path, const char *arg, ...)
+{
+	GATHER_ARGS(arg, argv)
+	va_end(ap_);
+	return execv(path, argv);
+}
+
+int execlp(const char *file, const char *arg, ...)
+{
+	GATHER_ARGS(arg, argv)
+	va_end(ap_);
+	return execvp(file, argv);
+}
+
+int execle(const char *path, const char *arg, ...)
+{
+	GATHER_ARGS(arg, argv)
+	char **envp = va_arg(ap_, char **);
+	va_end(ap_);
+	return execve(path, argv, envp);
+}

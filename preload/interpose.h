@@ -17,6 +17,15 @@ enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };
 
 #define VMX_MAXFD 65536
 
+/* The page a process under vmaxdp shares with its children of fork:
+ * engine.ForkPage. fd[i]: 0, not kept; -1, kept offloaded and claimable;
+ * > 0, claimed by that child, which waits for the engine to set 0. */
+struct vmx_fork_page {
+	unsigned int seq;
+	int engine_pid;
+	int fd[VMX_MAXFD];
+};
+
 /* The signal handlers that ran on one thread: stack.Signals. */
 struct vmx_signals {
 	unsigned long long any;  /* every handler */

@@ -67,6 +67,8 @@ var (
 	_ = [1]struct{}{}[int(engine.MuxPoll)-C.VMX_MUX_POLL]
 	_ = [1]struct{}{}[int(engine.MuxEpoll)-C.VMX_MUX_EPOLL]
 	_ = [1]struct{}{}[unsafe.Sizeof(stack.Signals{})-C.sizeof_struct_vmx_signals]
+	_ = [1]struct{}{}[unsafe.Sizeof(engine.ForkPage{})-C.sizeof_struct_vmx_fork_page]
+	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.FD)-unsafe.Offsetof(C.struct_vmx_fork_page{}.fd)]
 	_ = [1]struct{}{}[unsafe.Offsetof(stack.Signals{}.Intr)-unsafe.Offsetof(C.struct_vmx_signals{}.intr)]
 )
 
@@ -160,8 +162,14 @@ func vmxgo_fini() { eng.Shutdown() }
 //export vmxgo_forked
 func vmxgo_forked() { eng.Forked() }
 
+// vmxgo_forking returns the page shared with the child (engine.ForkPage),
+// NULL if there is none: the C half keeps it for the child's claims.
+//
 //export vmxgo_forking
-func vmxgo_forking() { eng.Forking() }
+func vmxgo_forking() unsafe.Pointer {
+	eng.Forking()
+	return unsafe.Pointer(eng.ForkPage())
+}
 
 //export vmxgo_socket
 func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), nonblock != 0)) }

@@ -249,17 +249,20 @@ func (l *NetstackListener) Handover() (started bool, err error) {
 // InHandover says whether Handover started.
 func (l *NetstackListener) InHandover() bool { return l.handover.Load() }
 
-// Close stops listening in netstack (connections not yet accepted are
-// reset, as the kernel resets those of a closed listener) and removes the
-// steering rule; accepted connections keep their own.
+// Close removes the steering rule, then stops listening in netstack
+// (connections not yet accepted are reset, as the kernel resets those of
+// a closed listener); accepted connections keep their own rules. In that
+// order, a SYN that comes meanwhile finds the kernel's listener: the
+// other way round, netstack refused it (RST) while the rule still
+// steered it there.
 func (l *NetstackListener) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.st.mu.Lock()
 		delete(l.st.listeners, l)
 		l.st.mu.Unlock()
-		l.ep.Close()
 		err = l.st.removeRule(l.rule)
+		l.ep.Close()
 	})
 	return err
 }

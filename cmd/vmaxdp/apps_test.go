@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -219,4 +222,53 @@ func openTime(log string) time.Duration {
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestRunDnsmasqForkKeepsUDP: dnsmasq (Debian's, not written with vmaxdp
+// in mind) answers a query over TCP in a child it forks; its UDP socket,
+// which its poll loop serves, stays offloaded across those forks (the log
+// says so): the queries over UDP after them do not reach the kernel's
+// stack (its Udp InDatagrams does not move). Kernel client (dnsperf),
+// default settings (no TCP offload), both beds.
+func TestRunDnsmasqForkKeepsUDP(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, prog := range []string{"dnsmasq", "dnsperf"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", prog)
+		}
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		dir := t.TempDir()
+		logFile := filepath.Join(dir, "vmaxdp.log")
+		queries := filepath.Join(dir, "queries")
+		if err := os.WriteFile(queries, []byte("host.example.com A\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := startArgv(t, b, []string{"VMAXDP_LOG_FILE=" + logFile}, tools(t), "run", "--",
+			"dnsmasq", "-k", "--conf-file=/dev/null", "--port=53", "--no-resolv", "--no-hosts", "--user=root",
+			"--pid-file=", "--address=/example.com/198.18.0.10")
+		p.waitOffloaded(t)
+		dnsperf := func(n int, mode string) {
+			t.Helper()
+			out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.A), "dnsperf", "-s", b.Addr(testbed.B).String(),
+				"-d", queries, "-n", strconv.Itoa(n), "-m", mode, "-t", "2").CombinedOutput()
+			want := fmt.Sprintf("Queries completed:    %d ", n)
+			if err != nil || !strings.Contains(string(out), want) {
+				log, _ := os.ReadFile(logFile)
+				t.Fatalf("dnsperf -n %d -m %s: %v\n%s\nvmaxdp's log:\n%s", n, mode, err, out, tail(string(log), 20))
+			}
+		}
+		dnsperf(100, "udp")
+		dnsperf(5, "tcp") // a child per connection
+		before := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+		dnsperf(1000, "udp")
+		kernel := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - before
+		log, _ := os.ReadFile(logFile)
+		if !strings.Contains(string(log), "udp socket stays offloaded across fork") {
+			t.Errorf("the log does not say the UDP socket stayed offloaded across the forks:\n%s", tail(string(log), 20))
+		}
+		if kernel != 0 {
+			t.Errorf("the kernel in dnsmasq's namespace received %d of the 1000 queries after the forks: not offloaded\n%s", kernel, tail(string(log), 20))
+		}
+	})
 }

@@ -468,6 +468,105 @@ func TestRunTCPForkServe(t *testing.T) {
 	})
 }
 
+// TestRunForkKeep: a server that serves its socket itself and forks a
+// child in the middle (testdata/forkkeep, as redis forks for BGSAVE and
+// dnsmasq for a TCP query), TCP listener and UDP socket, kernel clients,
+// both beds:
+//   - keep: the child never touches the socket, which stays offloaded
+//     across the fork (the log says so): the requests after it do not
+//     reach the kernel's stack (its counters do not move).
+//   - claim: the child uses the socket; its first use claims it, the
+//     parent's engine hands it to the kernel (the log names the child),
+//     and the child's request and the parent's after it are answered.
+//   - exec: the child execs a program that serves the socket it inherits;
+//     the exec claims it, and the rest is as for claim.
+func TestRunForkKeep(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "forkkeep")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		for i, proto := range []string{"tcp", "udp"} {
+			for j, mode := range []string{"keep", "claim", "exec"} {
+				t.Run(proto+"/"+mode, func(t *testing.T) {
+					port := 11210 + 3*i + j
+					testForkKeep(t, b, prog, proto, mode, port)
+				})
+			}
+		}
+	})
+}
+
+func testForkKeep(t *testing.T, b *testbed.Bed, prog, proto, mode string, port int) {
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, proto, mode, strconv.Itoa(port))
+	if err := p.waitFor("ready\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	p.waitOffloaded(t)
+	raddr := netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))
+	ask := func(i int) error {
+		return b.Do(testbed.A, func() error {
+			if proto == "tcp" {
+				return echoRequests(raddr.String(), 1)
+			}
+			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(raddr))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			msg := fmt.Sprintf("datagram %d", i)
+			if _, err := c.Write([]byte(msg)); err != nil {
+				return err
+			}
+			got := make([]byte, 64)
+			n, err := c.Read(got)
+			if err != nil || string(got[:n]) != msg {
+				return fmt.Errorf("datagram %d: got %q, %v", i, got[:n], err)
+			}
+			return nil
+		})
+	}
+	counter := map[string][2]string{"tcp": {"Tcp", "InSegs"}, "udp": {"Udp", "InDatagrams"}}[proto]
+	// keep: the parent's request and one after the fork; claim: the
+	// child's between them.
+	requests := map[string]int{"keep": 2, "claim": 3, "exec": 3}[mode]
+	var before int
+	for i := range requests {
+		if err := ask(i); err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, p.out.String())
+		}
+		if i == 0 {
+			before = testutil.SNMPStat(t, b, testbed.B, counter[0], counter[1])
+			if mode != "keep" {
+				if err := p.waitFor("child ready\n"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+			}
+		}
+	}
+	kernel := testutil.SNMPStat(t, b, testbed.B, counter[0], counter[1]) - before
+	if err := p.exited(); err != nil {
+		t.Fatalf("forkkeep: %v\n%s", err, p.out.String())
+	}
+	out := p.out.String()
+	wants := []string{"stays offloaded across fork", "\nok\n"}
+	if mode != "keep" {
+		wants = append(wants, ", a child of fork: the kernel serves it to both processes")
+	}
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("the output lacks %q:\n%s", want, out)
+		}
+	}
+	if mode == "keep" {
+		if strings.Contains(out, "shared with a child process after fork") {
+			t.Errorf("the socket went back to the kernel at the fork:\n%s", out)
+		}
+		if kernel != 0 {
+			t.Errorf("%s %s of side B's kernel moved by %d after the fork: the socket was not offloaded\n%s", counter[0], counter[1], kernel, out)
+		}
+	}
+}
+
 // TestRunTCPSocatFork: socat's TCP-LISTEN with fork (Debian's socat, a
 // server not written with vmaxdp in mind that accepts and forks a child
 // per connection, here running cat) echoes every client's line, the
@@ -1222,6 +1321,17 @@ func redisPing(c net.Conn, timeout time.Duration) error {
 	return nil
 }
 
+// redisDialPing makes a new connection to raddr (within dial) and sends
+// PING on it.
+func redisDialPing(raddr string, dial time.Duration) error {
+	c, err := net.DialTimeout("tcp4", raddr, dial)
+	if err != nil {
+		return fmt.Errorf("a new connection: %w", err)
+	}
+	defer c.Close()
+	return redisPing(c, 5*time.Second)
+}
+
 // startRedis starts redis-server under vmaxdp (VMAXDP_TCP=1, env added)
 // in b's side B on port, with extra arguments, and waits until it serves.
 func startRedis(t *testing.T, b *testbed.Bed, port int, env []string, extra ...string) *cProgram {
@@ -1236,6 +1346,58 @@ func startRedis(t *testing.T, b *testbed.Bed, port int, env []string, extra ...s
 		t.Fatalf("%v\n%s", err, p.out.String())
 	}
 	return p
+}
+
+// TestRunTCPRedisBGSave: redis-server (Debian's, not written with vmaxdp
+// in mind) forks for BGSAVE; its child closes the listener and never
+// serves a client. The listener stays offloaded across the fork (the log
+// says so), the connection open across it keeps working, a connection
+// made after it is offloaded too: side B's kernel takes no TCP segment
+// from first to last. Kernel clients, both beds.
+func TestRunTCPRedisBGSave(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11216
+		p := startRedis(t, b, port, nil)
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		segs := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+		err := b.Do(testbed.A, func() error {
+			c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := redisPing(c, 5*time.Second); err != nil {
+				return fmt.Errorf("before: %w", err)
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write([]byte("BGSAVE\r\n")); err != nil {
+				return err
+			}
+			got := make([]byte, 64)
+			n, err := c.Read(got)
+			if err != nil || !strings.HasPrefix(string(got[:n]), "+Background saving started") {
+				return fmt.Errorf("BGSAVE: got %q, %v", got[:n], err)
+			}
+			if err := p.waitFor("Background saving terminated with success"); err != nil {
+				return err
+			}
+			if err := redisPing(c, 5*time.Second); err != nil {
+				return fmt.Errorf("the connection open across the fork: %w", err)
+			}
+			return redisDialPing(raddr, 5*time.Second)
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 30))
+		}
+		out := p.out.String()
+		if want := "tcp listener " + raddr + " stays offloaded across fork"; !strings.Contains(out, want) {
+			t.Errorf("the log lacks %q:\n%s", want, tail(out, 30))
+		}
+		if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - segs; n != 0 {
+			t.Errorf("side B's kernel took %d TCP segments: the listener or a connection was not offloaded\n%s", n, tail(out, 30))
+		}
+	})
 }
 
 // TestRunTCPLinkDownUp: an offloaded connection outlives its interface
@@ -1279,12 +1441,7 @@ func TestRunTCPLinkDownUp(t *testing.T) {
 			if _, err := io.ReadFull(c, got[:]); err != nil || string(got[:]) != "+PONG\r\n" {
 				return fmt.Errorf("the PING sent while the link was down: got %q, %v", got, err)
 			}
-			c2, err := net.DialTimeout("tcp4", raddr, 10*time.Second)
-			if err != nil {
-				return fmt.Errorf("after: %w", err)
-			}
-			defer c2.Close()
-			return redisPing(c2, 5*time.Second)
+			return redisDialPing(raddr, 10*time.Second)
 		})
 		if err != nil {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))

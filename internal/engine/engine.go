@@ -115,6 +115,7 @@ type Engine struct {
 	streamMu   sync.Mutex
 	streams    map[int]kernelStream
 	tcpWanting map[string]int
+	fork       forkState // the sockets kept offloaded across fork (fork.go)
 	scratch    sync.Pool // []byte of 64 KiB, for gathers and scatters
 	mux        [numMux]muxCounters
 	muxSpin    [numMux]stack.Spin // how long select and poll waits poll (VMAXDP_SELECT_POLL auto)
@@ -132,6 +133,9 @@ type Socket struct {
 	nonblock atomic.Bool
 	rcvtimeo atomic.Int64 // nanoseconds, 0: none
 	osReady  atomic.Bool  // a multiplexer saw the kernel socket readable
+	// multiplexed: the process waited for it in poll, select or epoll
+	// (keepAtFork).
+	multiplexed atomic.Bool
 	// draining: shared with a forked child, no longer steered; its queued
 	// datagrams are still served, and the kernel serves it once they are.
 	draining atomic.Bool
@@ -947,29 +951,6 @@ func (e *Engine) Close(fd int) {
 			return
 		}
 		s.conn.Store(nc)
-	}
-}
-
-// forkedCause is why a socket shared with a forked child stays on the
-// kernel.
-const forkedCause = "shared with a child process after fork: the child cannot use this process's engine, so the kernel serves the socket to both (open the socket after fork, or exec in the child, to offload it)"
-
-// Forked hands every socket the process now shares with a child of fork()
-// back to the kernel: steered to this process, a datagram would never
-// reach a child that reads the socket (a server that forks its workers
-// after opening its sockets, as nsd does). A socket's datagrams already
-// queued are still served to this process's reads; once they are, the
-// kernel serves it. Candidates are decided for the kernel at once.
-func (e *Engine) Forked() {
-	e.forkedTCP()
-	seen := map[*Socket]bool{}
-	for fd := range e.fds {
-		s := e.fds[fd].Load()
-		if s == nil || seen[s] {
-			continue
-		}
-		seen[s] = true
-		e.toKernel(s, forkedCause)
 	}
 }
 

@@ -310,6 +310,7 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 				os++
 			}
 			if s := e.get(int(p.Fd)); s != nil {
+				setOnce(&s.multiplexed)
 				if c := s.conn.Load(); c != nil {
 					if p.Revents&unix.POLLIN != 0 {
 						s.osReady.Store(true)
@@ -323,8 +324,11 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 						p.Revents |= unix.POLLOUT
 					}
 				}
-			} else if l := e.listener(int(p.Fd)); l != nil && p.Events&unix.POLLIN != 0 && l.nl.Pending() {
-				p.Revents |= unix.POLLIN
+			} else if l := e.listener(int(p.Fd)); l != nil {
+				setOnce(&l.multiplexed)
+				if p.Events&unix.POLLIN != 0 && l.nl.Pending() {
+					p.Revents |= unix.POLLIN
+				}
 			}
 			if p.Revents != 0 {
 				n++
@@ -641,6 +645,9 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 	}
 	switch op {
 	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
+		if s := e.get(fd); s != nil {
+			setOnce(&s.multiplexed)
+		}
 		set.put(fd, &epollMember{events: ev.Events, data: [2]int32{ev.Fd, ev.Pad}})
 	case unix.EPOLL_CTL_DEL:
 		set.del(fd)

@@ -126,6 +126,7 @@ func (e *Engine) Shutdown() {
 	if e.pub != nil {
 		e.pub.shutdown.Do(e.shutdown)
 	}
+	e.stopClaims()
 	e.exitTCP()
 }
 

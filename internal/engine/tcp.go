@@ -45,6 +45,9 @@ type tcpListener struct {
 	// accepted counts the connections accept handed out, netstack's
 	// and the kernel's.
 	accepted, acceptedOS atomic.Uint64
+	// multiplexed: the process waited for it in poll, select or epoll
+	// (keepAtFork).
+	multiplexed atomic.Bool
 	// wake is an eventfd readable while netstack may have a connection
 	// waiting (marked), for the multiplexers' sleeps; arrivals counts
 	// netstack's notices, for EPOLLET.
@@ -374,6 +377,7 @@ func (e *Engine) epollListener(epfd, op, fd int, l *tcpListener, ev *unix.EpollE
 	var err error
 	switch op {
 	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
+		setOnce(&l.multiplexed)
 		err = unix.EpollCtl(epfd, op, l.wake, ev)
 	case unix.EPOLL_CTL_DEL:
 		err = unix.EpollCtl(epfd, op, l.wake, nil)
@@ -1341,85 +1345,6 @@ func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 		return StateTCP, true
 	}
 	return StateOS, false
-}
-
-// Forking runs before fork(), in the forking thread. A connection the
-// process accepted or connected and has not used yet (no read, no write)
-// is likely the child's, as in a server that accepts and forks a child
-// to serve each connection (sshd, socat's fork, Python's
-// ForkingTCPServer, inetd's way): it moves to a kernel socket
-// (stack.TCPConn.ToKernel) under the same fd, which the child then
-// shares. Connections in use stay this process's (a child of redis'
-// BGSAVE never touches them): a child that uses one is told it cannot.
-func (e *Engine) Forking() {
-	fds := map[*tcpConn][]int{}
-	for fd := range e.conns {
-		if t := e.conns[fd].Load(); t != nil && !t.used.Load() {
-			fds[t] = append(fds[t], fd)
-		}
-	}
-	for t, named := range fds {
-		e.connToKernel(t, named)
-	}
-}
-
-// connToKernel moves t, named by fds, to a kernel socket under the same
-// fds, for a child of fork to share. One in an epoll set stays: the
-// set's registration of the mirror would go with it. (A thread waiting
-// to read it has used it: its wait is on the mirror.)
-func (e *Engine) connToKernel(t *tcpConn, fds []int) {
-	local, remote := t.c.Addrs()
-	t.mu.Lock()
-	sets := t.sets
-	t.mu.Unlock()
-	if sets > 0 {
-		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's at fork: it is in an epoll set; a child cannot use it", fds[0], local, remote)
-		return
-	}
-	kfd, err := t.c.ToKernel()
-	if err != nil {
-		e.Log.Printf(params.LevelInfo, "fd %d: %v: it stays this process's at fork, and a child cannot use it", fds[0], err)
-		return
-	}
-	defer unix.Close(kfd)
-	// What lives in the open file description, shared by every fd naming
-	// it: O_NONBLOCK, and the timeouts the mirror kept.
-	if t.nonblock.Load() {
-		unix.SetNonblock(kfd, true)
-	}
-	for _, o := range []int{unix.SO_RCVTIMEO, unix.SO_SNDTIMEO} {
-		if tv, err := unix.GetsockoptTimeval(fds[0], unix.SOL_SOCKET, o); err == nil {
-			unix.SetsockoptTimeval(kfd, unix.SOL_SOCKET, o, tv)
-		}
-	}
-	for _, fd := range fds {
-		flags := 0
-		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && fl&unix.FD_CLOEXEC != 0 {
-			flags = unix.O_CLOEXEC
-		}
-		if err := unix.Dup3(kfd, fd, flags); err != nil {
-			e.Log.Printf(params.LevelError, "fd %d: tcp connection %s>%s: in place of its mirror: %v; the connection is lost", fd, local, remote, err)
-		}
-		e.conns[fd].Store(nil)
-		e.onState(fd, StateKernel)
-		e.noteStream(fd, func(n *kernelStream) { n.reason = toKernelCause })
-	}
-	t.end()
-	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, toKernelCause)
-}
-
-// toKernelCause is why a connection Forking moved is the kernel's.
-const toKernelCause = "handed to a kernel socket before fork (TCP_REPAIR), unused until then: the child may serve it"
-
-// forkedTCP hands the listeners back to the kernel after fork: a child
-// that accepts on one (a prefork server's workers) gets its connections
-// from the kernel. netstack's connections not yet accepted are reset, as
-// a closed listener's are. Connections stay this process's: a child
-// cannot use them (the preload library tells it so).
-func (e *Engine) forkedTCP() {
-	for fd := range e.listeners {
-		e.listenerToKernel(fd, nil, forkedCause)
-	}
 }
 
 // sharedListenersToKernel hands the offloaded listeners of ls back to
