@@ -829,6 +829,7 @@ func (st *Stack) drainRings() int {
 		}
 		st.flushLocked(q)
 	}
+	st.flushTCP()
 	if len(st.queuedNow) > 0 {
 		st.wakeQueued()
 	}

@@ -228,6 +228,57 @@ func TestTCPGatherOneSegment(t *testing.T) {
 	})
 }
 
+// TestTCPGRO: a kernel sender's stream of 4 MiB reaches a netstack
+// reader intact, in fewer packets than segments: GRO merged runs of them
+// (rx_merged), as the kernel's GRO merges the runs a NIC hands it. A
+// request and its answer (one segment each, with PSH) merge with nothing.
+func TestTCPGRO(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7406)
+		want := make([]byte, 4<<20)
+		for i := range want {
+			want[i] = byte(i * 7 / 13)
+		}
+		segs, merged := st.TCPCounters.RxSegments.Load(), st.TCPCounters.RxMerged.Load()
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.Write(want)
+			errc <- err
+		}()
+		s.SetReadDeadline(time.Now().Add(20 * time.Second))
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(s, got); err != nil {
+			t.Fatalf("netstack's read: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("the kernel's write: %v", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatal("netstack read other bytes than the kernel sent")
+		}
+		segs, merged = st.TCPCounters.RxSegments.Load()-segs, st.TCPCounters.RxMerged.Load()-merged
+		t.Logf("4 MiB: %d segments, %d merged into the one before", segs, merged)
+		if merged == 0 || merged >= segs {
+			t.Errorf("4 MiB in %d segments: rx_merged %d, want some", segs, merged)
+		}
+		merged = st.TCPCounters.RxMerged.Load()
+		for i := range 20 {
+			msg := []byte(fmt.Sprintf("request %d", i))
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(s, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("request %d: got %q, %v", i, got, err)
+			}
+		}
+		if m := st.TCPCounters.RxMerged.Load() - merged; m != 0 {
+			t.Errorf("20 requests, each read before the next: rx_merged %d, want 0", m)
+		}
+	})
+}
+
 // TestTCPDrainTakesOver: while a thread polls the queues for one
 // connection, the drain goroutines leave the frames to it; once it stops,
 // whether it says so (PollStop, as a receive about to sleep does) or just

@@ -19,6 +19,7 @@ import (
 	gheader "gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	nstack "gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/stack/gro"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
 	"github.com/vmaxdp/vmaxdp/backend"
@@ -67,6 +68,10 @@ type TCPCounters struct {
 	// While an application thread polls the queues the drains stay out of
 	// the netpoller (notePoll), and this stays still.
 	DrainWakeups atomic.Uint64
+	// RxMerged counts the segments GRO merged into the one before them
+	// (tcpState.gro): of RxSegments, netstack processed RxSegments less
+	// RxMerged packets.
+	RxMerged atomic.Uint64
 }
 
 // tcpState is netstack and what drives it, made by the first TCP socket.
@@ -85,6 +90,34 @@ type tcpState struct {
 	// the kernel, which answers with a reset.
 	mu      sync.Mutex
 	closing []*TCPConn
+
+	// gro coalesces a drain's consecutive segments of a flow into one
+	// packet for netstack, as the kernel's GRO does: netstack's cost is
+	// per packet, and a bulk sender's segments come in runs. A drain
+	// flushes it before it ends (flushTCP), so nothing waits on it; a
+	// segment with PSH, FIN or no payload (a request, its answer, an
+	// ACK) goes up at once. It hands netstack its packets through up,
+	// which counts them. Guarded by the stack's rxMu, as segs is: the
+	// segments the drain gave it.
+	gro  gro.GRO
+	up   groOut
+	segs uint64
+}
+
+// groOut is GRO's way to netstack's dispatcher (d, the link's when the
+// drain began), counting the packets it hands on.
+type groOut struct {
+	d         nstack.NetworkDispatcher
+	delivered uint64
+}
+
+func (o *groOut) DeliverNetworkPacket(p tcpip.NetworkProtocolNumber, pkt *nstack.PacketBuffer) {
+	o.delivered++
+	o.d.DeliverNetworkPacket(p, pkt)
+}
+
+func (o *groOut) DeliverLinkPacket(p tcpip.NetworkProtocolNumber, pkt *nstack.PacketBuffer) {
+	o.d.DeliverLinkPacket(p, pkt)
 }
 
 // tcpLink is netstack's link endpoint over the stack's queues. Netstack
@@ -808,12 +841,30 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 		st.finArriving(ip, seg)
 	}
 	pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(ip)})
+	pkt.NetworkProtocolNumber = ipv4.ProtocolNumber
+	pkt.RXChecksumValidated = true // checked above, the IP header by Parse
 	st.TCPCounters.RxSegments.Add(1)
 	if plainSegment(seg) {
 		st.holdInline(ip, seg)
 	}
-	d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
+	t.up.d = d
+	t.segs++
+	t.gro.Enqueue(pkt)
 	pkt.DecRef()
+}
+
+// flushTCP hands netstack what the drain's GRO holds, and counts what it
+// merged. Caller holds rxMu.
+func (st *Stack) flushTCP() {
+	t := st.tcp.Load()
+	if t == nil || t.segs == 0 {
+		return
+	}
+	t.gro.Flush()
+	if merged := t.segs - t.up.delivered; merged > 0 {
+		st.TCPCounters.RxMerged.Add(merged)
+	}
+	t.segs, t.up.delivered = 0, 0
 }
 
 // finArriving marks the connection a FIN is for, before netstack takes
@@ -977,6 +1028,8 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 	}
 	ns.SetRouteTable([]tcpip.Route{{Destination: gheader.IPv4EmptySubnet, NIC: tcpNIC}})
 	t := &tcpState{ns: ns, link: link, defaults: defaults, stop: make(chan struct{}), done: make(chan struct{})}
+	t.gro.Init(true)
+	t.gro.Dispatcher = &t.up
 	go st.tcpDrain(t)
 	st.tcp.Store(t)
 	return t, nil

@@ -220,7 +220,11 @@ type TCPCounters struct {
 	RxDrained uint64 `json:"rx_drained"`
 	// DrainWakeups: the drain goroutines woken by Go's netpoller for
 	// their queues' frames, each a Go thread woken.
-	DrainWakeups          uint64 `json:"drain_wakeups"`
+	DrainWakeups uint64 `json:"drain_wakeups"`
+	// RxMerged: segments GRO merged into the one before them, so that
+	// netstack processed one packet for the run (rx_segments less
+	// rx_merged in all).
+	RxMerged              uint64 `json:"rx_merged"`
 	ActiveOpens           uint64 `json:"active_opens"`
 	PassiveOpens          uint64 `json:"passive_opens"`
 	CurrentEstablished    uint64 `json:"current_established" stats:"gauge"`
