@@ -112,7 +112,7 @@ static void claim_slow(int fd)
 {
 	struct vmx_fork_page *p = vmx_fork_page;
 	int saved = errno;
-	vmx_state[fd] = VMX_OS; /* the child's own table: claim once */
+	__atomic_store_n(&vmx_state[fd], VMX_OS, __ATOMIC_RELEASE); /* the child's own table: claim once */
 	int me = (int)syscall(SYS_getpid), v = -1;
 	if (!__atomic_compare_exchange_n(&p->fd[fd], &v, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) && v <= 0) {
 		errno = saved; /* not kept: the kernel's already */
@@ -971,11 +971,15 @@ static void claim_passed(const struct msghdr *msg)
 {
 	if (!vmx_forked || !vmx_fork_page || !msg || !msg->msg_control)
 		return;
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR((struct msghdr *)msg, c))
+	/* Bounded by the buffer, whatever cmsg_len says: the kernel checks
+	 * it after us. */
+	const unsigned char *end = (const unsigned char *)msg->msg_control + msg->msg_controllen;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c && c->cmsg_len >= CMSG_LEN(0); c = CMSG_NXTHDR((struct msghdr *)msg, c))
 		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-			for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			for (const unsigned char *d = CMSG_DATA(c);
+			     d + sizeof(int) <= (const unsigned char *)c + c->cmsg_len && d + sizeof(int) <= end; d += sizeof(int)) {
 				int passed;
-				memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+				memcpy(&passed, d, sizeof passed);
 				claim(passed);
 			}
 }

@@ -480,14 +480,16 @@ func TestRunTCPForkServe(t *testing.T) {
 //     and the child's request and the parent's after it are answered.
 //   - exec: the child execs a program that serves the socket it inherits;
 //     the exec claims it, and the rest is as for claim.
+//   - pass: the child passes the socket to itself over a Unix socket
+//     (SCM_RIGHTS) and serves the fd it receives; the passing claims it.
 func TestRunForkKeep(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "forkkeep")
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		for i, proto := range []string{"tcp", "udp"} {
-			for j, mode := range []string{"keep", "claim", "exec"} {
+			for j, mode := range []string{"keep", "claim", "exec", "pass"} {
 				t.Run(proto+"/"+mode, func(t *testing.T) {
-					port := 11210 + 3*i + j
+					port := 11220 + 4*i + j
 					testForkKeep(t, b, prog, proto, mode, port)
 				})
 			}
@@ -528,7 +530,7 @@ func testForkKeep(t *testing.T, b *testbed.Bed, prog, proto, mode string, port i
 	counter := map[string][2]string{"tcp": {"Tcp", "InSegs"}, "udp": {"Udp", "InDatagrams"}}[proto]
 	// keep: the parent's request and one after the fork; claim: the
 	// child's between them.
-	requests := map[string]int{"keep": 2, "claim": 3, "exec": 3}[mode]
+	requests := map[string]int{"keep": 2, "claim": 3, "exec": 3, "pass": 3}[mode]
 	var before int
 	for i := range requests {
 		if err := ask(i); err != nil {

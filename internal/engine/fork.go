@@ -245,15 +245,15 @@ func (e *Engine) keepAtFork(moved map[uint16]bool) {
 			e.Log.Printf(params.LevelInfo, "fd %d: %s stays offloaded across fork: this process's event loop serves it; it goes to the kernel if a child uses it or execs a program that inherits it", fds[0], what)
 		}
 	}
-	for fd := range p.FD {
-		v := int32(0)
-		if kept[fd] != nil {
-			v = forkKept
-		}
-		if atomic.LoadInt32(&p.FD[fd]) != v {
-			atomic.StoreInt32(&p.FD[fd], v)
+	// A slot a child claimed and serveClaims has not answered yet keeps
+	// its claim, kept again or not: the child waits for its answer.
+	for fd := range was {
+		if kept[fd] == nil && atomic.CompareAndSwapInt32(&p.FD[fd], forkKept, 0) {
 			futexWake(&p.FD[fd])
 		}
+	}
+	for fd := range kept {
+		atomic.CompareAndSwapInt32(&p.FD[fd], 0, forkKept)
 	}
 	e.fork.kept, e.fork.atFork = kept, maps.Clone(kept)
 	if len(kept) > 0 && !e.fork.serving {

@@ -3,7 +3,7 @@
  * for BGSAVE, dnsmasq for a TCP query, or a daemon for a helper. The socket is not close-on-exec, so the child
  * could hand it to a program it execs.
  *
- *   forkkeep tcp|udp keep|claim|exec PORT
+ *   forkkeep tcp|udp keep|claim|exec|pass PORT
  *
  * It answers one request (TCP: accepts a connection and echoes what it
  * reads; UDP: echoes a datagram), then forks:
@@ -14,6 +14,9 @@
  *   - exec: the child execs this program again (forkkeep serve tcp|udp
  *     FD), which prints "child ready" and answers one request on the
  *     socket it inherited.
+ *   - pass: the child passes the socket through a Unix socket pair
+ *     (SCM_RIGHTS, as a process hands a socket to another), then prints
+ *     "child ready" and answers one request on the fd it received.
  * The parent waits for the child, answers one more request and prints
  * "ok". */
 #define _GNU_SOURCE
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +67,35 @@ static int answer(int s)
 	return 0;
 }
 
+/* pass sends s over a Unix socket pair and serves one request on the fd
+ * that comes out of it. */
+static int pass(int s)
+{
+	int sp[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sp) < 0) {
+		perror("socketpair");
+		return -1;
+	}
+	char byte = 0, ctl[CMSG_SPACE(sizeof(int))] = {0};
+	struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &s, sizeof s);
+	if (sendmsg(sp[0], &m, 0) != 1 || recvmsg(sp[1], &m, 0) != 1 || !(c = CMSG_FIRSTHDR(&m))) {
+		perror("pass");
+		return -1;
+	}
+	int got;
+	memcpy(&got, CMSG_DATA(c), sizeof got);
+	close(s);
+	printf("child ready\n");
+	fflush(stdout);
+	return answer(got);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 4 && !strcmp(argv[1], "serve")) {
@@ -72,8 +105,8 @@ int main(int argc, char **argv)
 		return answer(atoi(argv[3])) < 0;
 	}
 	if (argc != 4 || (strcmp(argv[1], "tcp") && strcmp(argv[1], "udp")) ||
-	    (strcmp(argv[2], "keep") && strcmp(argv[2], "claim") && strcmp(argv[2], "exec"))) {
-		fprintf(stderr, "usage: forkkeep tcp|udp keep|claim|exec PORT\n");
+	    (strcmp(argv[2], "keep") && strcmp(argv[2], "claim") && strcmp(argv[2], "exec") && strcmp(argv[2], "pass"))) {
+		fprintf(stderr, "usage: forkkeep tcp|udp keep|claim|exec|pass PORT\n");
 		return 2;
 	}
 	tcp = !strcmp(argv[1], "tcp");
@@ -106,6 +139,9 @@ int main(int argc, char **argv)
 			execl("/proc/self/exe", argv[0], "serve", argv[1], fd, (char *)NULL);
 			perror("exec");
 			_exit(1);
+		}
+		if (!strcmp(mode, "pass")) {
+			_exit(pass(s) < 0);
 		}
 		struct pollfd p = {.fd = s, .events = POLLIN};
 		poll(&p, 1, 0);
