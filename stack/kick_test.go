@@ -161,23 +161,27 @@ func TestConcurrentSendsKicked(t *testing.T) {
 					errs <- err
 					return
 				}
-				defer c.Close()
-				msg := make([]byte, 8)
-				msg[0] = byte(s)
-				for i := range each {
-					binary.BigEndian.PutUint32(msg[4:], uint32(i))
-					if _, err := c.Write(msg); err != nil {
-						errs <- fmt.Errorf("sender %d, datagram %d: %w", s, i, err)
-						return
-					}
-					for deadline := time.Now().Add(time.Second); int64(i+1)-got[s].Load() >= window; time.Sleep(20 * time.Microsecond) {
-						if time.Now().After(deadline) {
-							errs <- fmt.Errorf("sender %d: %d of its first %d datagrams arrived in 1 s: frames left on the TX ring", s, got[s].Load(), i+1)
-							return
+				send := func() error {
+					msg := make([]byte, 8)
+					msg[0] = byte(s)
+					for i := range each {
+						binary.BigEndian.PutUint32(msg[4:], uint32(i))
+						if _, err := c.Write(msg); err != nil {
+							return fmt.Errorf("sender %d, datagram %d: %w", s, i, err)
+						}
+						for deadline := time.Now().Add(time.Second); int64(i+1)-got[s].Load() >= window; time.Sleep(20 * time.Microsecond) {
+							if time.Now().After(deadline) {
+								return fmt.Errorf("sender %d: %d of its first %d datagrams arrived in 1 s: frames left on the TX ring", s, got[s].Load(), i+1)
+							}
 						}
 					}
+					return nil
 				}
-				errs <- nil
+				err = send()
+				// Closed before the sender reports: the test's cleanup
+				// closes the stack once every sender reported.
+				c.Close()
+				errs <- err
 			}()
 		}
 		for range senders {

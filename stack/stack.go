@@ -1016,6 +1016,9 @@ func (st *Stack) removeRule(id steer.RuleID) error {
 			delete(st.rules, r)
 		}
 	}
+	if st.prog == nil {
+		return nil // the stack closed: its program went with every rule
+	}
 	return st.prog.RemoveRule(id)
 }
 
@@ -1098,12 +1101,17 @@ func (st *Stack) Close() error {
 	st.closeTCP()
 	st.kickTimer.Stop()
 	st.flushTx(true)
-	if st.prog != nil {
+	// Under mu: a socket's Close on another goroutine may be removing
+	// its rule (removeRule).
+	st.mu.Lock()
+	prog := st.prog
+	st.prog = nil
+	st.mu.Unlock()
+	if prog != nil {
 		for _, q := range st.queueList() {
-			st.prog.UnregisterQueue(q.idx)
+			prog.UnregisterQueue(q.idx)
 		}
-		errs = append(errs, st.prog.Close())
-		st.prog = nil
+		errs = append(errs, prog.Close())
 	}
 	// Receives that find their socket's queue empty poll the rings under
 	// rxMu without entering the socket (a spinning reader's fast path pays
