@@ -3,7 +3,7 @@
  * for BGSAVE, dnsmasq for a TCP query, or a daemon for a helper. The socket is not close-on-exec, so the child
  * could hand it to a program it execs.
  *
- *   forkkeep tcp|udp keep|claim|exec|pass PORT
+ *   forkkeep tcp|udp keep|claim|select|exec|pass PORT
  *
  * It answers one request (TCP: accepts a connection and echoes what it
  * reads; UDP: echoes a datagram), then forks:
@@ -11,6 +11,7 @@
  *   - claim: the child uses the socket: it polls it (which claims it from
  *     the parent's engine), prints "child ready", answers one request and
  *     exits.
+ *   - select: as claim, with select in place of poll, in both processes.
  *   - exec: the child execs this program again (forkkeep serve tcp|udp
  *     FD), which prints "child ready" and answers one request on the
  *     socket it inherited.
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -32,15 +34,29 @@
 
 #include "watchdog.h"
 
-static int tcp;
+static int tcp, use_select;
+
+/* readable waits for s to be readable (timeout -1: for ever; 0: a look), with
+ * poll or select. */
+static int readable(int s, int timeout)
+{
+	if (use_select) {
+		fd_set r;
+		FD_ZERO(&r);
+		FD_SET(s, &r);
+		struct timeval zero = {0};
+		return select(s + 1, &r, NULL, NULL, timeout < 0 ? NULL : &zero);
+	}
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	return poll(&p, 1, timeout);
+}
 
 /* answer waits for one request on s, and serves it. */
 static int answer(int s)
 {
 	char b[256];
-	struct pollfd p = {.fd = s, .events = POLLIN};
-	if (poll(&p, 1, -1) != 1) {
-		perror("poll");
+	if (readable(s, -1) != 1) {
+		perror("readable");
 		return -1;
 	}
 	if (tcp) {
@@ -105,12 +121,14 @@ int main(int argc, char **argv)
 		return answer(atoi(argv[3])) < 0;
 	}
 	if (argc != 4 || (strcmp(argv[1], "tcp") && strcmp(argv[1], "udp")) ||
-	    (strcmp(argv[2], "keep") && strcmp(argv[2], "claim") && strcmp(argv[2], "exec") && strcmp(argv[2], "pass"))) {
-		fprintf(stderr, "usage: forkkeep tcp|udp keep|claim|exec|pass PORT\n");
+	    (strcmp(argv[2], "keep") && strcmp(argv[2], "claim") && strcmp(argv[2], "select") && strcmp(argv[2], "exec") &&
+	     strcmp(argv[2], "pass"))) {
+		fprintf(stderr, "usage: forkkeep tcp|udp keep|claim|select|exec|pass PORT\n");
 		return 2;
 	}
 	tcp = !strcmp(argv[1], "tcp");
 	const char *mode = argv[2];
+	use_select = !strcmp(mode, "select");
 	start_watchdog();
 	int s = socket(AF_INET, tcp ? SOCK_STREAM : SOCK_DGRAM, 0), one = 1;
 	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -143,8 +161,7 @@ int main(int argc, char **argv)
 		if (!strcmp(mode, "pass")) {
 			_exit(pass(s) < 0);
 		}
-		struct pollfd p = {.fd = s, .events = POLLIN};
-		poll(&p, 1, 0);
+		readable(s, 0);
 		printf("child ready\n");
 		fflush(stdout);
 		_exit(answer(s) < 0);
