@@ -1126,10 +1126,15 @@ func TestTCPAcksCarried(t *testing.T) {
 		data := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "OutSegs") - outSegs
 		waited := st.TCPCounters.AcksDelayed.Load() - delayed
 		t.Logf("%d bytes in %d segments: %d acknowledgements, %d of them after their hold", bulk, data, acks, waited)
-		// Measured: 2-4 of 24-54 waited with the rule, every one
-		// without.
-		if acks > data*3/4 || int(waited)*2 > acks {
-			t.Errorf("%d segments of a bulk transfer got %d acknowledgements, %d after their hold: want at most one for two, few held to the end", data, acks, waited)
+		// Measured before GRO: 2-4 of 24-54 waited with the rule, every
+		// one without. With GRO netstack acknowledges a merged packet
+		// at a time: 1-4 of 16-26 acknowledgements waited (4 runs); under
+		// the race detector 2-15 of 16-44 (8 runs), and once 22 of 43 in
+		// make test's race pass, where a drain that found one merged
+		// packet met the next only after the hold. Without the rule
+		// every one still waits (57 of 57).
+		if acks > data*3/4 || int(waited)*4 > acks*3 {
+			t.Errorf("%d segments of a bulk transfer got %d acknowledgements, %d after their hold: want at most one for two, most not held to the end", data, acks, waited)
 		}
 
 		// A request nobody answers, while another connection's answers
