@@ -1128,8 +1128,8 @@ func TestTCPAcksCarried(t *testing.T) {
 		t.Logf("%d bytes in %d segments: %d acknowledgements, %d of them after their hold", bulk, data, acks, waited)
 		// Measured before GRO: 2-4 of 24-54 waited with the rule, every
 		// one without. With GRO netstack acknowledges a merged packet
-		// at a time: 1-4 of 16-26 acknowledgements waited (4 runs); under
-		// the race detector 2-15 of 16-44 (8 runs), and once 22 of 43 in
+		// at a time: 1-5 of 16-26 acknowledgements waited (3 runs, both
+		// beds); under the race detector 2-15 of 33-44 (5), and 22 of 43 in
 		// make test's race pass, where a drain that found one merged
 		// packet met the next only after the hold. Without the rule
 		// every one still waits (57 of 57).
