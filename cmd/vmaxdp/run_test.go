@@ -133,6 +133,18 @@ func (p *cProgram) waitFor(line string) error {
 	return nil
 }
 
+// wantSaid checks that the program's output (its own and vmaxdp's log)
+// holds each of wants, showing its last lines when one is missing.
+func (p *cProgram) wantSaid(t *testing.T, wants ...string) {
+	t.Helper()
+	out := p.out.String()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("the output lacks %q:\n%s", want, tail(out, 30))
+		}
+	}
+}
+
 // exited waits for the program to exit and returns how it did.
 func (p *cProgram) exited() error {
 	err := <-p.done

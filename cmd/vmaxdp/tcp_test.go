@@ -411,16 +411,11 @@ func TestRunTCPPrefork(t *testing.T) {
 			t.Fatalf("prefork: %v\n%s", err, p.out.String())
 		}
 		out := p.out.String()
-		for _, want := range []string{
-			"fd 3: offloaded on " + b.Link(testbed.B) + " (tcp_server",
-			"tcp listener 0.0.0.0:" + strconv.Itoa(port) + ": shared with a child process after fork",
+		p.wantSaid(t,
+			"fd 3: offloaded on "+b.Link(testbed.B)+" (tcp_server",
+			"tcp listener 0.0.0.0:"+strconv.Itoa(port)+": shared with a child process after fork",
 			"a child cannot use it (ENOTCONN)",
-			fmt.Sprintf("ok served %d by %d workers", requests, workers),
-		} {
-			if !strings.Contains(out, want) {
-				t.Errorf("the output lacks %q", want)
-			}
-		}
+			fmt.Sprintf("ok served %d by %d workers", requests, workers))
 		for i := range workers {
 			if !strings.Contains(out, fmt.Sprintf("ok worker %d: inherited connection ENOTCONN", i)) {
 				t.Errorf("worker %d did not get ENOTCONN on the inherited connection", i)
@@ -455,16 +450,10 @@ func TestRunTCPForkServe(t *testing.T) {
 		if err := p.exited(); err != nil {
 			t.Fatalf("forkserve: %v\n%s", err, p.out.String())
 		}
-		out := p.out.String()
-		for _, want := range []string{
-			"fd 3: offloaded on " + b.Link(testbed.B) + " (tcp_server",
+		p.wantSaid(t,
+			"fd 3: offloaded on "+b.Link(testbed.B)+" (tcp_server",
 			"handed to a kernel socket before fork (TCP_REPAIR)",
-			fmt.Sprintf("ok served %d of %d", requests, requests),
-		} {
-			if !strings.Contains(out, want) {
-				t.Errorf("the output lacks %q:\n%s", want, out)
-			}
-		}
+			fmt.Sprintf("ok served %d of %d", requests, requests))
 	})
 }
 
@@ -553,14 +542,9 @@ func testForkKeep(t *testing.T, b *testbed.Bed, prog, proto, mode string, port i
 		t.Fatalf("forkkeep: %v\n%s", err, p.out.String())
 	}
 	out := p.out.String()
-	wants := []string{"stays offloaded across fork", "\nok\n"}
+	p.wantSaid(t, "stays offloaded across fork", "\nok\n")
 	if mode != "keep" {
-		wants = append(wants, ", a child of fork: the kernel serves it to both processes")
-	}
-	for _, want := range wants {
-		if !strings.Contains(out, want) {
-			t.Errorf("the output lacks %q:\n%s", want, out)
-		}
+		p.wantSaid(t, ", a child of fork: the kernel serves it to both processes")
 	}
 	if mode == "keep" {
 		if strings.Contains(out, "shared with a child process after fork") {
@@ -1396,9 +1380,7 @@ func TestRunTCPRedisBGSave(t *testing.T) {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 30))
 		}
 		out := p.out.String()
-		if want := "tcp listener " + raddr + " stays offloaded across fork"; !strings.Contains(out, want) {
-			t.Errorf("the log lacks %q:\n%s", want, tail(out, 30))
-		}
+		p.wantSaid(t, "tcp listener "+raddr+" stays offloaded across fork")
 		if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - segs; n != 0 {
 			t.Errorf("side B's kernel took %d TCP segments: the listener or a connection was not offloaded\n%s", n, tail(out, 30))
 		}
@@ -1451,12 +1433,7 @@ func TestRunTCPLinkDownUp(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
-		out := p.out.String()
-		for _, want := range []string{"interface " + b.Link(testbed.B) + " is down", "interface up: offloaded traffic resumes", "fd 8: tcp connection"} {
-			if !strings.Contains(out, want) {
-				t.Errorf("the log lacks %q:\n%s", want, tail(out, 20))
-			}
-		}
+		p.wantSaid(t, "interface "+b.Link(testbed.B)+" is down", "interface up: offloaded traffic resumes", "fd 8: tcp connection")
 	})
 }
 
