@@ -5,6 +5,7 @@ import (
 	"sync"
 	_ "unsafe" // go:linkname
 
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -250,6 +251,54 @@ func (p *TCPPoller) PollStop() {
 		p.st.releaseHeld()
 		p.st.pollStopped()
 	}
+}
+
+// Sleep says that the poller's thread, back from polling, sleeps on the
+// stack's queues (AppendQueues) beside the kernel's report of its
+// connections, and false when another thread does already: then it
+// sleeps as after PollStop. See sleepOnRings. Woke ends it.
+func (p *TCPPoller) Sleep() bool { return p.st.sleepOnRings() }
+
+// Woke ends a Sleep: the thread polls again at once, unless the poller
+// is no longer alone (Alone): then the drains take over.
+func (p *TCPPoller) Woke() { p.st.wokeFromRings(p.Alone()) }
+
+// Sleep says that a receive on c, back from polling, sleeps on the
+// stack's queues (AppendQueues) beside c's mirror, and false when another
+// thread does already: then it calls PollStop and sleeps on the mirror.
+// See sleepOnRings. After Woke, it polls (Poll).
+func (c *TCPConn) Sleep() bool { return c.st.sleepOnRings() }
+
+// Woke ends a Sleep.
+func (c *TCPConn) Woke() { c.st.wokeFromRings(true) }
+
+// sleepOnRings makes the calling thread the stack's ring sleeper, unless
+// another is: the drains leave the frames to it, and it processes its
+// connections' segments itself when a frame wakes it, one thread wake-up
+// a request as in the kernel, where a sleep after PollStop costs two (the
+// drain's thread, then the mirror's reader). One thread at a time, so
+// that a frame wakes one: the others sleep on their mirrors, as before.
+func (st *Stack) sleepOnRings() bool { return st.ringSleeper.CompareAndSwap(false, true) }
+
+// wokeFromRings ends sleepOnRings: the thread polls at once (polls), or
+// the drains take over.
+func (st *Stack) wokeFromRings(polls bool) {
+	if polls {
+		st.appPolled.Store(monoNow())
+		st.ringSleeper.Store(false)
+		return
+	}
+	st.ringSleeper.Store(false)
+	st.wakeDrains()
+}
+
+// AppendQueues appends the stack's queue descriptors to pfds, to be
+// polled readable: a ring sleeper's (Sleep).
+func (st *Stack) AppendQueues(pfds []unix.PollFd) []unix.PollFd {
+	for _, q := range st.pollQueues() {
+		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
+	}
+	return pfds
 }
 
 // Stack is the poller's stack.

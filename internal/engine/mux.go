@@ -742,14 +742,25 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
 		var w sleepWatch
+		var sleepers []*stack.TCPPoller
 		set.mu.Lock()
 		for _, m := range set.list {
 			e.watch(m.fd, &w)
 		}
 		for _, p := range set.pollers {
+			if p.Alone() && p.Sleep() {
+				sleepers = append(sleepers, p)
+				w.stacks = appendStack(w.stacks, p.Stack())
+				continue
+			}
 			p.PollStop() // the drains mark the mirrors the sleep watches
 		}
 		set.mu.Unlock()
+		defer func() {
+			for _, p := range sleepers {
+				p.Woke()
+			}
+		}()
 		deadline, infinite = w.deadline(deadline, infinite)
 		_, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool {
 			if set.owed.any() {
