@@ -211,8 +211,12 @@ type Stack struct {
 	// descriptors for its TCP connections (sleepOnRings): the drains
 	// leave the frames to it, as to a polling thread.
 	ringSleeper atomic.Bool
-	drainsMu    sync.Mutex
-	drains      []*drain
+	// mirrorSleepers count the threads asleep on their connections'
+	// mirrors (SleepOnMirror): a ring sleeper that wakes leaves the
+	// queues to the drains at once while there are any.
+	mirrorSleepers atomic.Int32
+	drainsMu       sync.Mutex
+	drains         []*drain
 
 	opts    Options
 	ifname  string

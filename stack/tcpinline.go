@@ -265,9 +265,31 @@ func (p *TCPPoller) Woke() { p.st.wokeFromRings(p.Alone()) }
 
 // Sleep says that a receive on c, back from polling, sleeps on the
 // stack's queues (AppendQueues) beside c's mirror, and false when another
-// thread does already: then it calls PollStop and sleeps on the mirror.
-// See sleepOnRings. After Woke, it polls (Poll).
-func (c *TCPConn) Sleep() bool { return c.st.sleepOnRings() }
+// thread does already, or the stack has epoll sets' pollers, whose
+// threads may wait in the kernel's epoll_wait on their mirrors, unseen:
+// then it sleeps on the mirror (SleepOnMirror). See sleepOnRings. After
+// Woke, it polls (Poll).
+func (c *TCPConn) Sleep() bool { return c.st.tcpPollers.Load() == 0 && c.st.sleepOnRings() }
+
+// SleepOnMirror says that a thread that polled for c stops, to sleep on
+// c's mirror (PollStop), until WokeFromMirror: the drains take over.
+func (c *TCPConn) SleepOnMirror() {
+	c.st.mirrorSleepers.Add(1)
+	c.PollStop()
+}
+
+// WokeFromMirror ends a SleepOnMirror.
+func (c *TCPConn) WokeFromMirror() { c.st.mirrorSleepers.Add(-1) }
+
+// SleepOnMirrors says that the poller's thread stops polling, to sleep on
+// its connections' mirrors (PollStop), until WokeFromMirrors.
+func (p *TCPPoller) SleepOnMirrors() {
+	p.st.mirrorSleepers.Add(1)
+	p.PollStop()
+}
+
+// WokeFromMirrors ends a SleepOnMirrors.
+func (p *TCPPoller) WokeFromMirrors() { p.st.mirrorSleepers.Add(-1) }
 
 // Woke ends a Sleep.
 func (c *TCPConn) Woke() { c.st.wokeFromRings(true) }
@@ -277,18 +299,24 @@ func (c *TCPConn) Woke() { c.st.wokeFromRings(true) }
 // connections' segments itself when a frame wakes it, one thread wake-up
 // a request as in the kernel, where a sleep after PollStop costs two (the
 // drain's thread, then the mirror's reader). One thread at a time, so
-// that a frame wakes one: the others sleep on their mirrors, as before.
-func (st *Stack) sleepOnRings() bool { return st.ringSleeper.CompareAndSwap(false, true) }
+// that a frame wakes one, and none while others sleep on their mirrors
+// (a thread a connection): those need the drains in the netpoller, and
+// a ring sleeper would add its own wake-up to theirs.
+func (st *Stack) sleepOnRings() bool {
+	return st.mirrorSleepers.Load() == 0 && st.ringSleeper.CompareAndSwap(false, true)
+}
 
 // wokeFromRings ends sleepOnRings: the thread polls at once (polls), or
-// the drains take over.
+// the drains take over, as they do at once while other threads sleep on
+// their mirrors: the woken thread may go to other work for long, and
+// their frames would wait for the drains' next look (ringSleepCheck).
 func (st *Stack) wokeFromRings(polls bool) {
-	if polls {
+	st.ringSleeper.Store(false)
+	if polls && st.mirrorSleepers.Load() == 0 {
 		st.appPolled.Store(monoNow())
-		st.ringSleeper.Store(false)
 		return
 	}
-	st.ringSleeper.Store(false)
+	st.appPolled.Store(0)
 	st.wakeDrains()
 }
 

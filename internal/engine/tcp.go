@@ -346,7 +346,8 @@ func (t *tcpConn) wait(events int16, deadline time.Time, sw *stack.SignalWait) u
 		}()
 		pfds = t.c.Stack().AppendQueues(pfds)
 	} else {
-		t.c.PollStop()
+		t.c.SleepOnMirror()
+		defer t.c.WokeFromMirror()
 	}
 	var ts *unix.Timespec
 	if !deadline.IsZero() {
