@@ -49,6 +49,10 @@ type TCPConn struct {
 	inlineSegs int
 	wmu        sync.Mutex
 	wr         gatherReader
+	// acksCarried: the connection's bare ACKs the link dropped, a later
+	// segment carrying them (tcpLink.dropHeld). netstack counted them
+	// sent; Info's Segs_out does not, as they never left.
+	acksCarried atomic.Uint64
 }
 
 // gatherReader is the payload of one netstack Write: a send's buffers
@@ -653,7 +657,7 @@ func (c *TCPConn) Info() unix.TCPInfo {
 	}
 	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
 		ti.Total_retrans = uint32(st.SendErrors.Retransmits.Value())
-		ti.Segs_out = uint32(st.SegmentsSent.Value())
+		ti.Segs_out = uint32(st.SegmentsSent.Value() - c.acksCarried.Load())
 		ti.Segs_in = uint32(st.SegmentsReceived.Value())
 	}
 	return ti

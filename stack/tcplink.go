@@ -621,6 +621,9 @@ func (l *tcpLink) dropHeld(drop func(i int) bool) {
 		}
 		h.DecRef()
 		l.st.TCPCounters.AcksCarried.Add(1)
+		if c, ok := l.st.tcpConns.Load(heldKey(l.heldKeys[i].conn)); ok {
+			c.(*TCPConn).acksCarried.Add(1)
+		}
 	}
 	clear(l.held[len(keep):])
 	l.held = keep
@@ -880,6 +883,14 @@ func (st *Stack) finArriving(ip header.IPv4, seg header.TCP) {
 
 // tcpKey names a connection by its 5-tuple (TCP implied).
 type tcpKey struct{ local, remote netip.AddrPort }
+
+// heldKey is the tcpKey of an ackKey.conn.
+func heldKey(c [12]byte) tcpKey {
+	return tcpKey{
+		local:  netip.AddrPortFrom(netip.AddrFrom4([4]byte(c[4:8])), binary.BigEndian.Uint16(c[0:2])),
+		remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte(c[8:12])), binary.BigEndian.Uint16(c[2:4])),
+	}
+}
 
 // heldConn is ackKey.conn of the connection's segments (zero, which no
 // segment's is, for an address that is not IPv4's: netstack's link here

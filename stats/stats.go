@@ -239,12 +239,16 @@ type TCPCounters struct {
 	ValidSegmentsReceived   uint64 `json:"valid_segments_received"`
 	InvalidSegmentsReceived uint64 `json:"invalid_segments_received"`
 	ChecksumErrors          uint64 `json:"checksum_errors"`
-	SegmentsSent            uint64 `json:"segments_sent"`
-	SegmentSendErrors       uint64 `json:"segment_send_errors"`
-	ResetsSent              uint64 `json:"resets_sent"`
-	ResetsReceived          uint64 `json:"resets_received"`
-	Retransmits             uint64 `json:"retransmits"`
-	Timeouts                uint64 `json:"timeouts"`
+	// SegmentsSent: the segments netstack made, the bare ACKs the link
+	// did not send (acks_carried) included; tx_segments are those that
+	// left. A socket's own count (TCP_INFO, its Tx packets) leaves out
+	// its carried ACKs.
+	SegmentsSent      uint64 `json:"segments_sent"`
+	SegmentSendErrors uint64 `json:"segment_send_errors"`
+	ResetsSent        uint64 `json:"resets_sent"`
+	ResetsReceived    uint64 `json:"resets_received"`
+	Retransmits       uint64 `json:"retransmits"`
+	Timeouts          uint64 `json:"timeouts"`
 }
 
 // TCPSocket is a TCP socket's protocol state.
