@@ -256,7 +256,8 @@ func (p *TCPPoller) PollStop() {
 // Sleep says that the poller's thread, back from polling, sleeps on the
 // stack's queues (AppendQueues) beside the kernel's report of its
 // connections, and false when another thread does already: then it
-// sleeps as after PollStop. See sleepOnRings. Woke ends it.
+// sleeps on the mirrors alone (SleepOnMirrors). See sleepOnRings. Woke
+// ends it.
 func (p *TCPPoller) Sleep() bool { return p.st.sleepOnRings() }
 
 // Woke ends a Sleep: the thread polls again at once, unless the poller
