@@ -207,16 +207,8 @@ type Stack struct {
 	// queues for a TCP connection (TCPConn.Poll), 0 once it stopped to
 	// sleep (pollStopped); drains are the TCP drain goroutines it tells.
 	appPolled atomic.Int64
-	// ringSleeper says that an application thread sleeps on the queues'
-	// descriptors for its TCP connections (sleepOnRings): the drains
-	// leave the frames to it, as to a polling thread.
-	ringSleeper atomic.Bool
-	// mirrorSleepers count the threads asleep on their connections'
-	// mirrors (SleepOnMirror): a ring sleeper that wakes leaves the
-	// queues to the drains at once while there are any.
-	mirrorSleepers atomic.Int32
-	drainsMu       sync.Mutex
-	drains         []*drain
+	drainsMu  sync.Mutex
+	drains    []*drain
 
 	opts    Options
 	ifname  string
@@ -758,7 +750,10 @@ func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
 	}
 	st.muxSleeping = append(st.muxSleeping, fd)
 	st.muxWaiters.Add(1)
-	return append(st.AppendQueues(pfds), unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
+	for _, q := range st.pollQueues() {
+		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
+	}
+	return append(pfds, unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
 }
 
 // EndWait ends a BeginWait; pfds are what the multiplexer slept on, with
