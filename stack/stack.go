@@ -207,8 +207,16 @@ type Stack struct {
 	// queues for a TCP connection (TCPConn.Poll), 0 once it stopped to
 	// sleep (pollStopped); drains are the TCP drain goroutines it tells.
 	appPolled atomic.Int64
-	drainsMu  sync.Mutex
-	drains    []*drain
+	// ringSleeper says that an application thread sleeps on the queues'
+	// descriptors for its TCP connections (sleepOnRings): the drains
+	// leave the frames to it, as to a polling thread.
+	ringSleeper atomic.Bool
+	// mirrorSleepers count the threads asleep on their connections'
+	// mirrors (SleepOnMirror): a ring sleeper that wakes leaves the
+	// queues to the drains at once while there are any.
+	mirrorSleepers atomic.Int32
+	drainsMu       sync.Mutex
+	drains         []*drain
 
 	opts    Options
 	ifname  string
@@ -750,10 +758,7 @@ func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
 	}
 	st.muxSleeping = append(st.muxSleeping, fd)
 	st.muxWaiters.Add(1)
-	for _, q := range st.pollQueues() {
-		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
-	}
-	return append(pfds, unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
+	return append(st.AppendQueues(pfds), unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
 }
 
 // EndWait ends a BeginWait; pfds are what the multiplexer slept on, with

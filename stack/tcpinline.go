@@ -5,6 +5,7 @@ import (
 	"sync"
 	_ "unsafe" // go:linkname
 
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
@@ -250,6 +251,83 @@ func (p *TCPPoller) PollStop() {
 		p.st.releaseHeld()
 		p.st.pollStopped()
 	}
+}
+
+// Sleep says that the poller's thread, back from polling, sleeps on the
+// stack's queues (AppendQueues) beside the kernel's report of its
+// connections, and false when another thread does already: then it
+// sleeps on the mirrors alone (SleepOnMirrors). See sleepOnRings. Woke
+// ends it.
+func (p *TCPPoller) Sleep() bool { return p.st.sleepOnRings() }
+
+// Woke ends a Sleep: the thread polls again at once, unless the poller
+// is no longer alone (Alone): then the drains take over.
+func (p *TCPPoller) Woke() { p.st.wokeFromRings(p.Alone()) }
+
+// Sleep says that a receive on c, back from polling, sleeps on the
+// stack's queues (AppendQueues) beside c's mirror, and false when another
+// thread does already, or the stack has epoll sets' pollers, whose
+// threads may wait in the kernel's epoll_wait on their mirrors, unseen:
+// then it sleeps on the mirror (SleepOnMirror). See sleepOnRings. After
+// Woke, it polls (Poll).
+func (c *TCPConn) Sleep() bool { return c.st.tcpPollers.Load() == 0 && c.st.sleepOnRings() }
+
+// SleepOnMirror says that a thread that polled for c stops, to sleep on
+// c's mirror (PollStop), until WokeFromMirror: the drains take over.
+func (c *TCPConn) SleepOnMirror() {
+	c.st.mirrorSleepers.Add(1)
+	c.PollStop()
+}
+
+// WokeFromMirror ends a SleepOnMirror.
+func (c *TCPConn) WokeFromMirror() { c.st.mirrorSleepers.Add(-1) }
+
+// SleepOnMirrors says that the poller's thread stops polling, to sleep on
+// its connections' mirrors (PollStop), until WokeFromMirrors.
+func (p *TCPPoller) SleepOnMirrors() {
+	p.st.mirrorSleepers.Add(1)
+	p.PollStop()
+}
+
+// WokeFromMirrors ends a SleepOnMirrors.
+func (p *TCPPoller) WokeFromMirrors() { p.st.mirrorSleepers.Add(-1) }
+
+// Woke ends a Sleep.
+func (c *TCPConn) Woke() { c.st.wokeFromRings(true) }
+
+// sleepOnRings makes the calling thread the stack's ring sleeper, unless
+// another is: the drains leave the frames to it, and it processes its
+// connections' segments itself when a frame wakes it, one thread wake-up
+// a request as in the kernel, where a sleep after PollStop costs two (the
+// drain's thread, then the mirror's reader). One thread at a time, so
+// that a frame wakes one, and none while others sleep on their mirrors
+// (a thread a connection): those need the drains in the netpoller, and
+// a ring sleeper would add its own wake-up to theirs.
+func (st *Stack) sleepOnRings() bool {
+	return st.mirrorSleepers.Load() == 0 && st.ringSleeper.CompareAndSwap(false, true)
+}
+
+// wokeFromRings ends sleepOnRings: the thread polls at once (polls), or
+// the drains take over, as they do at once while other threads sleep on
+// their mirrors: the woken thread may go to other work for long, and
+// their frames would wait for the drains' next look (ringSleepCheck).
+func (st *Stack) wokeFromRings(polls bool) {
+	st.ringSleeper.Store(false)
+	if polls && st.mirrorSleepers.Load() == 0 {
+		st.appPolled.Store(monoNow())
+		return
+	}
+	st.appPolled.Store(0)
+	st.wakeDrains()
+}
+
+// AppendQueues appends the stack's queue descriptors to pfds, to be
+// polled readable: a ring sleeper's (Sleep).
+func (st *Stack) AppendQueues(pfds []unix.PollFd) []unix.PollFd {
+	for _, q := range st.pollQueues() {
+		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
+	}
+	return pfds
 }
 
 // Stack is the poller's stack.

@@ -1134,9 +1134,17 @@ type drain struct {
 // recently polls them still (appPolling); appPollCheck is how often the
 // drain looks meanwhile whether it still does (and releases the held
 // acknowledgements that are due).
+//
+// ringSleepCheck is how often it looks while a thread sleeps on the
+// queues (sleepOnRings), which it wakes from by itself: the look
+// then only finds out late that the thread, woken, went to other work
+// and left the frames of other threads' connections waiting. At
+// appPollCheck the drains of an idle redis-server woke 2,000 times a
+// second for nothing (4.5% of a CPU where the server took 2.9% before).
 const (
-	appPollRecent = 200 * time.Microsecond
-	appPollCheck  = 500 * time.Microsecond
+	appPollRecent  = 200 * time.Microsecond
+	appPollCheck   = 500 * time.Microsecond
+	ringSleepCheck = 4 * time.Millisecond
 )
 
 func (d *drain) run() {
@@ -1187,7 +1195,11 @@ func (d *drain) run() {
 			return
 		}
 		for st.appPolling() {
-			t.Reset(appPollCheck)
+			if st.ringSleeper.Load() {
+				t.Reset(ringSleepCheck)
+			} else {
+				t.Reset(appPollCheck)
+			}
 			select {
 			case <-d.stop:
 				t.Stop()
@@ -1259,6 +1271,9 @@ func (st *Stack) notePoll() {
 
 // appPolling says whether an application thread polls the queues.
 func (st *Stack) appPolling() bool {
+	if st.ringSleeper.Load() {
+		return true
+	}
 	t := st.appPolled.Load()
 	return t != 0 && monoNow()-t < int64(appPollRecent)
 }
@@ -1325,6 +1340,11 @@ func (st *Stack) pollStopped() {
 	if t := st.tcp.Load(); t != nil {
 		t.link.timeHeld()
 	}
+	st.wakeDrains()
+}
+
+// wakeDrains makes the drains look at once whether a thread polls.
+func (st *Stack) wakeDrains() {
 	st.drainsMu.Lock()
 	for _, d := range st.drains {
 		select {

@@ -1387,6 +1387,99 @@ func TestRunTCPRedisBGSave(t *testing.T) {
 	})
 }
 
+// pingServer is a Python server that reads with blocking recv, a thread
+// a connection, and answers each read with redis' "+PONG\r\n".
+const pingServer = `
+import socket, sys, threading
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((sys.argv[1], int(sys.argv[2])))
+l.listen(8)
+print("pingserver", "listening", flush=True)
+def serve(c):
+    while c.recv(64):
+        c.sendall(b"+PONG\r\n")
+    c.close()
+while True:
+    c, _ = l.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+
+// TestRunTCPSleepOnQueues: a server that sleeps between requests that
+// come slower than it answers (a kernel client on one connection, a
+// request every 10 ms) is woken by each request itself, asleep on its
+// stack's queues, and processes the request's segments on its own thread
+// (rx_inline): not a drain goroutine first (drain_wakeups), which then
+// woke the server through the connection's mirror, two thread wake-ups a
+// request where the kernel makes one. Two kinds of sleep: redis-server's
+// event loop in epoll_wait, and a Python thread in a blocking recv.
+// Without the sleep on the queues 100 requests woke a drain 100 times.
+// Both beds.
+func TestRunTCPSleepOnQueues(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const requests = 100
+		for _, c := range []struct {
+			name  string
+			port  int
+			start func(t *testing.T, port int, env []string) *cProgram
+		}{
+			{"epoll_wait/redis-server", 11217, func(t *testing.T, port int, env []string) *cProgram { return startRedis(t, b, port, env) }},
+			{"recv/python", 11218, func(t *testing.T, port int, env []string) *cProgram {
+				p := startArgv(t, b, append([]string{"VMAXDP_TCP=1"}, env...), tools(t), "run", "--",
+					"python3", "-c", pingServer, b.Addr(testbed.B).String(), strconv.Itoa(port))
+				if err := p.waitFor("pingserver listening"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				return p
+			}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				dir := t.TempDir()
+				p := c.start(t, c.port, []string{"VMAXDP_STATS_DIR=" + dir})
+				raddr := netip.AddrPortFrom(b.Addr(testbed.B), uint16(c.port)).String()
+				err := b.Do(testbed.A, func() error {
+					conn, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+					if err != nil {
+						return err
+					}
+					defer conn.Close()
+					for i := range requests {
+						time.Sleep(10 * time.Millisecond)
+						if err := redisPing(conn, 5*time.Second); err != nil {
+							return fmt.Errorf("request %d: %w", i, err)
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatalf("%v\n%s", err, tail(p.out.String(), 30))
+				}
+				r, err := stats.Open(filepath.Join(dir, stats.FileName(p.pid)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer r.Close()
+				// The counters are published a moment after the segments.
+				snap, err := testutil.AwaitStats(r, 5*time.Second, func(s *stats.Snapshot) bool {
+					return len(s.Programs) == 1 && s.Programs[0].TCP.RxSegments >= requests
+				})
+				if err != nil {
+					t.Fatalf("the server's counters: %v", err)
+				}
+				tc := snap.Programs[0].TCP
+				t.Logf("%d requests: rx_segments %d, rx_inline %d, rx_drained %d, drain_wakeups %d", requests, tc.RxSegments, tc.RxInline, tc.RxDrained, tc.DrainWakeups)
+				if tc.RxInline < requests*9/10 {
+					t.Errorf("rx_inline %d: the server's thread processed fewer than 9 in 10 of the %d requests' segments", tc.RxInline, requests)
+				}
+				if tc.DrainWakeups > requests/10 {
+					t.Errorf("drain_wakeups %d for %d requests: the drains, not the sleeping server, were woken by the requests", tc.DrainWakeups, requests)
+				}
+			})
+		}
+	})
+}
+
 // TestRunTCPLinkDownUp: an offloaded connection outlives its interface
 // going down and up again: what was sent meanwhile is retransmitted once
 // the link is back, and new connections are offloaded as before.

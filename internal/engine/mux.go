@@ -138,6 +138,14 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 // pfds hold the revents it gave them (not when ready found work first, or
 // on error).
 func sleepOn(pfds []unix.PollFd, w *sleepWatch, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) (slept bool, errno unix.Errno) {
+	for _, c := range w.mirrors {
+		c.SleepOnMirror()
+	}
+	defer func() {
+		for _, c := range w.mirrors {
+			c.WokeFromMirror()
+		}
+	}()
 	all := slices.Clone(pfds)
 	for _, fd := range w.wakes {
 		all = append(all, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
@@ -177,9 +185,10 @@ func sleepOn(pfds []unix.PollFd, w *sleepWatch, deadline time.Time, infinite boo
 // and candidates. slice cuts the sleep to candidateSlice (a candidate
 // with no eventfd to be had).
 type sleepWatch struct {
-	stacks []*stack.Stack
-	wakes  []int
-	slice  bool
+	stacks  []*stack.Stack
+	wakes   []int
+	mirrors []*stack.TCPConn // TCP connections the sleep watches the mirrors of
+	slice   bool
 }
 
 // testHookWatch runs between watch's first look at an fd and its look
@@ -195,7 +204,7 @@ var testHookWatch = func(fd int) {}
 // second thread slept for good, 100 datagrams queued on its socket.)
 func (e *Engine) watch(fd int, w *sleepWatch) {
 	if t := e.tcpConn(fd); t != nil {
-		t.c.PollStop() // the sleep watches its mirror, a kernel fd
+		w.mirrors = append(w.mirrors, t.c) // the sleep watches its mirror, a kernel fd
 	}
 	if c := e.Conn(fd); c != nil {
 		w.stacks = appendStack(w.stacks, c.Stack())
@@ -742,14 +751,29 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
 		var w sleepWatch
+		var sleepers, mirrored []*stack.TCPPoller
 		set.mu.Lock()
 		for _, m := range set.list {
 			e.watch(m.fd, &w)
 		}
 		for _, p := range set.pollers {
-			p.PollStop() // the drains mark the mirrors the sleep watches
+			if p.Alone() && p.Sleep() {
+				sleepers = append(sleepers, p)
+				w.stacks = appendStack(w.stacks, p.Stack())
+				continue
+			}
+			p.SleepOnMirrors() // the drains mark the mirrors the sleep watches
+			mirrored = append(mirrored, p)
 		}
 		set.mu.Unlock()
+		defer func() {
+			for _, p := range sleepers {
+				p.Woke()
+			}
+			for _, p := range mirrored {
+				p.WokeFromMirrors()
+			}
+		}()
 		deadline, infinite = w.deadline(deadline, infinite)
 		_, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool {
 			if set.owed.any() {

@@ -334,9 +334,21 @@ func (t *tcpConn) block() {
 
 // wait sleeps on app until events (POLLIN or POLLOUT) or the deadline
 // (zero: none): EAGAIN when it passed, EINTR for a signal.
+//
+// A receive sleeps on its stack's queues as well when no other thread
+// does (TCPConn.Sleep), and polls them once it wakes.
 func (t *tcpConn) wait(events int16, deadline time.Time, sw *stack.SignalWait) unix.Errno {
-	t.c.PollStop()
 	pfds := []unix.PollFd{{Fd: int32(t.app), Events: events}}
+	if events == unix.POLLIN && t.c.Sleep() {
+		defer func() {
+			t.c.Woke()
+			t.c.Poll()
+		}()
+		pfds = t.c.Stack().AppendQueues(pfds)
+	} else {
+		t.c.SleepOnMirror()
+		defer t.c.WokeFromMirror()
+	}
 	var ts *unix.Timespec
 	if !deadline.IsZero() {
 		left := time.Until(deadline)
