@@ -49,6 +49,13 @@ type TCPConn struct {
 	inlineSegs int
 	wmu        sync.Mutex
 	wr         gatherReader
+	// wrShut: the write side is shut (Shutdown, Close: push), and
+	// appCork and appDelay are the TCP_CORK and Nagle the application
+	// set, which the endpoint no longer follows. Under optMu.
+	optMu    sync.Mutex
+	wrShut   bool
+	appCork  bool
+	appDelay bool
 	// acksCarried: the connection's bare ACKs the link dropped, a later
 	// segment carrying them (tcpLink.dropHeld). netstack counted them
 	// sent; Info's Segs_out does not, as they never left.
@@ -301,7 +308,7 @@ func (c *TCPConn) Shutdown(how int) error {
 		return unix.EINVAL
 	}
 	if f&tcpip.ShutdownWrite != 0 {
-		defer c.push()()
+		c.push()
 	}
 	if terr := c.ep.Shutdown(f); terr != nil {
 		return tcpipErrno(terr)
@@ -313,20 +320,31 @@ func (c *TCPConn) Shutdown(how int) error {
 // sends its pending data with the FIN of a close or a shutdown, Nagle
 // off: netstack held it behind the FIN until its cork timer (200 ms) or
 // the peer's acknowledgement, and nginx's every HTTP/1.0 answer (sendfile
-// with tcp_nopush, then close) took 200 ms. restore gives the options
-// back as the application set them, for getsockopt.
-func (c *TCPConn) push() (restore func()) {
+// with tcp_nopush, then close) took 200 ms.
+//
+// The endpoint keeps both off from then on: the application writes no
+// more, and the kernel holds neither the data before a FIN nor the FIN
+// for them. Given back to the endpoint, TCP_CORK held for good what the
+// peer's window had not let go yet: netstack's uncorking disarms its cork
+// timer and leaves it marked armed, so the tail under the restored cork
+// waited for a timer that never came (nginx answering pipelined
+// keep-alive requests, then its lingering close's shutdown: 376 bytes and
+// the FIN never left; TestRunTCPNginx failed 6 runs in 30 under load, 0
+// in 30 since). getsockopt still reads what the application set.
+func (c *TCPConn) push() {
 	so := c.ep.SocketOptions()
-	cork, delay := so.GetCorkOption(), so.GetDelayOption()
-	if cork {
+	c.optMu.Lock()
+	defer c.optMu.Unlock()
+	if c.wrShut {
+		return
+	}
+	c.appCork, c.appDelay = so.GetCorkOption(), so.GetDelayOption()
+	c.wrShut = true
+	if c.appCork {
 		so.SetCorkOption(false) // sends what it held
 	}
-	if delay {
+	if c.appDelay {
 		so.SetDelayOption(false)
-	}
-	return func() {
-		so.SetCorkOption(cork)
-		so.SetDelayOption(delay)
 	}
 }
 
@@ -439,6 +457,18 @@ func (c *TCPConn) SoError() unix.Errno {
 // SetOption sets an integer socket option by its Linux level and name;
 // unix.ENOPROTOOPT for one netstack has no equivalent of.
 func (c *TCPConn) SetOption(level, name, v int) error {
+	if level == unix.IPPROTO_TCP && (name == unix.TCP_CORK || name == unix.TCP_NODELAY) {
+		c.optMu.Lock()
+		defer c.optMu.Unlock()
+		if c.wrShut { // the application's view only (push)
+			if name == unix.TCP_CORK {
+				c.appCork = v != 0
+			} else {
+				c.appDelay = v == 0
+			}
+			return nil
+		}
+	}
 	return setOption(c.ep, level, name, v)
 }
 
@@ -510,6 +540,16 @@ func (c *TCPConn) Option(level, name int) (int, error) {
 			return 1, nil
 		}
 		return 0, nil
+	}
+	if level == unix.IPPROTO_TCP && (name == unix.TCP_CORK || name == unix.TCP_NODELAY) {
+		c.optMu.Lock()
+		defer c.optMu.Unlock()
+		if c.wrShut { // the application's view (push)
+			if name == unix.TCP_CORK {
+				return b(c.appCork)
+			}
+			return b(!c.appDelay)
+		}
 	}
 	switch {
 	case level == unix.IPPROTO_TCP && name == unix.TCP_NODELAY:
