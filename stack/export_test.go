@@ -73,3 +73,7 @@ func Poller(be backend.Backend) (readable func(wait time.Duration) (bool, error)
 func AppPolling(st *Stack) bool { return st.appPolling() }
 
 const AppPollRecent = appPollRecent
+
+// EndpointCorked says whether c's netstack endpoint has TCP_CORK on, the
+// application's view (Option) aside.
+func EndpointCorked(c *TCPConn) bool { return c.ep.SocketOptions().GetCorkOption() }
