@@ -50,12 +50,13 @@ type TCPConn struct {
 	wmu        sync.Mutex
 	wr         gatherReader
 	// wrShut: the write side is shut (Shutdown, Close: push), and
-	// appCork and appDelay are the TCP_CORK and Nagle the application
-	// set, which the endpoint no longer follows. Under optMu.
-	optMu    sync.Mutex
-	wrShut   bool
-	appCork  bool
-	appDelay bool
+	// appCork and appNoDelay are TCP_CORK and TCP_NODELAY as the
+	// application set them, which the endpoint no longer follows
+	// (shutOption). Under optMu.
+	optMu      sync.Mutex
+	wrShut     bool
+	appCork    bool
+	appNoDelay bool
 	// acksCarried: the connection's bare ACKs the link dropped, a later
 	// segment carrying them (tcpLink.dropHeld). netstack counted them
 	// sent; Info's Segs_out does not, as they never left.
@@ -338,14 +339,29 @@ func (c *TCPConn) push() {
 	if c.wrShut {
 		return
 	}
-	c.appCork, c.appDelay = so.GetCorkOption(), so.GetDelayOption()
+	c.appCork, c.appNoDelay = so.GetCorkOption(), !so.GetDelayOption()
 	c.wrShut = true
 	if c.appCork {
 		so.SetCorkOption(false) // sends what it held
 	}
-	if c.appDelay {
+	if !c.appNoDelay {
 		so.SetDelayOption(false)
 	}
+}
+
+// shutOption is where the application's view of an option the endpoint
+// no longer follows is kept (push), or nil. Caller holds optMu.
+func (c *TCPConn) shutOption(level, name int) *bool {
+	if !c.wrShut || level != unix.IPPROTO_TCP {
+		return nil
+	}
+	switch name {
+	case unix.TCP_CORK:
+		return &c.appCork
+	case unix.TCP_NODELAY:
+		return &c.appNoDelay
+	}
+	return nil
 }
 
 // Abort resets the connection (close with SO_LINGER 0).
@@ -457,17 +473,11 @@ func (c *TCPConn) SoError() unix.Errno {
 // SetOption sets an integer socket option by its Linux level and name;
 // unix.ENOPROTOOPT for one netstack has no equivalent of.
 func (c *TCPConn) SetOption(level, name, v int) error {
-	if level == unix.IPPROTO_TCP && (name == unix.TCP_CORK || name == unix.TCP_NODELAY) {
-		c.optMu.Lock()
-		defer c.optMu.Unlock()
-		if c.wrShut { // the application's view only (push)
-			if name == unix.TCP_CORK {
-				c.appCork = v != 0
-			} else {
-				c.appDelay = v == 0
-			}
-			return nil
-		}
+	c.optMu.Lock()
+	defer c.optMu.Unlock()
+	if o := c.shutOption(level, name); o != nil {
+		*o = v != 0
+		return nil
 	}
 	return setOption(c.ep, level, name, v)
 }
@@ -541,15 +551,12 @@ func (c *TCPConn) Option(level, name int) (int, error) {
 		}
 		return 0, nil
 	}
-	if level == unix.IPPROTO_TCP && (name == unix.TCP_CORK || name == unix.TCP_NODELAY) {
-		c.optMu.Lock()
-		defer c.optMu.Unlock()
-		if c.wrShut { // the application's view (push)
-			if name == unix.TCP_CORK {
-				return b(c.appCork)
-			}
-			return b(!c.appDelay)
-		}
+	c.optMu.Lock()
+	o := c.shutOption(level, name)
+	set := o != nil && *o
+	c.optMu.Unlock()
+	if o != nil {
+		return b(set)
 	}
 	switch {
 	case level == unix.IPPROTO_TCP && name == unix.TCP_NODELAY:
