@@ -1357,6 +1357,7 @@ func timingError(t *testing.T, format string, args ...any) {
 // after a bare ACK. A request left unanswered still has its ACK once the
 // loop stops to sleep.
 func TestTCPPollerHoldsAcks(t *testing.T) {
+	const holdAttempts = 3
 	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
 		_, st := stackOn(t, bed, nil)
 		c, s := connectedPair(t, bed, st, 7404)
@@ -1413,33 +1414,54 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 			}
 			return nil
 		}
-		served := make(chan error, 1)
-		go func() { served <- serve(rounds, true, false) }()
-		inline := st.TCPCounters.RxInline.Load()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
-		segs, got := askEach(t, bed, st, c, rounds, served)
-		in := st.TCPCounters.RxInline.Load() - inline
-		t.Logf("%d requests answered %v after each: the client's kernel took %d segments; %d acknowledgements rode on answers; %d requests processed by the loop", rounds, work, segs, got, in)
 		// A loaded machine may hold the loop past appPollRecent or
-		// maxHoldDelay now and then. Measured idle: 197-200 carried and
+		// maxHoldDelay now and then. Measured idle: 190-200 carried and
 		// processed by the loop (144-151 carried and 78 processed
-		// without Wait's mark and hold); loaded (two CPU-bound
-		// processes): 157-191 carried. Under the race detector a wait
-		// takes longer than appPollRecent, and the drains take over.
-		if segs > rounds*5/4 || got < rounds*3/4 {
-			timingError(t, "%d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
+		// without Wait's mark and hold); beside two other packages'
+		// tests: 151-200, and 145 once in CI. So a run that misses the
+		// bar is measured again, up to holdAttempts times; without the
+		// hold every run misses it. Under the race detector a wait takes
+		// longer than appPollRecent, and the drains take over.
+		served := make(chan error, 1)
+		var miss string
+		for range holdAttempts {
+			go func() { served <- serve(rounds, true, false) }()
+			inline := st.TCPCounters.RxInline.Load()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			segs, got := askEach(t, bed, st, c, rounds, served)
+			in := st.TCPCounters.RxInline.Load() - inline
+			t.Logf("%d requests answered %v after each: the client's kernel took %d segments; %d acknowledgements rode on answers; %d requests processed by the loop", rounds, work, segs, got, in)
+			switch {
+			case segs > rounds*5/4 || got < rounds*3/4:
+				miss = fmt.Sprintf("%d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
+			case in < rounds*3/4:
+				miss = fmt.Sprintf("the loop processed %d of %d requests: the drains took the rest while it worked", in, rounds)
+			default:
+				miss = ""
+			}
+			if miss == "" {
+				break
+			}
 		}
-		if in < rounds*3/4 {
-			timingError(t, "the loop processed %d of %d requests: the drains took the rest while it worked", in, rounds)
+		if miss != "" {
+			timingError(t, "in each of %d runs; the last: %s", holdAttempts, miss)
 		}
 
 		// A writer loop: the wait before each answer keeps its ACK held.
 		// Measured: 200 of 200 carried; 0 when every wait released them.
-		go func() { served <- serve(rounds, true, true) }()
-		segs, got = askEach(t, bed, st, c, rounds, served)
-		t.Logf("writer loop: %d requests: the client's kernel took %d segments; %d acknowledgements rode on answers", rounds, segs, got)
-		if segs > rounds*5/4 || got < rounds*3/4 {
-			timingError(t, "a writer loop's %d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
+		for range holdAttempts {
+			go func() { served <- serve(rounds, true, true) }()
+			segs, got := askEach(t, bed, st, c, rounds, served)
+			t.Logf("writer loop: %d requests: the client's kernel took %d segments; %d acknowledgements rode on answers", rounds, segs, got)
+			if miss = ""; segs > rounds*5/4 || got < rounds*3/4 {
+				miss = fmt.Sprintf("a writer loop's %d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
+			}
+			if miss == "" {
+				break
+			}
+		}
+		if miss != "" {
+			timingError(t, "in each of %d runs; the last: %s", holdAttempts, miss)
 		}
 
 		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
