@@ -1388,3 +1388,37 @@ int execle(const char *path, const char *arg, ...)
 	va_end(ap_);
 	return execve(path, argv, envp);
 }
+
+/* A process that gives up root for good (a daemon that drops to its own
+ * user before it opens its sockets, as mosquitto does) could not open a
+ * stack afterwards: the engine opens them before (Engine.BeforeSetuid).
+ * seteuid is not wrapped: it leaves root in the saved user ID. -1 is
+ * (uid_t)-1, "unchanged". */
+DECLARE(int, setuid, uid_t);
+DECLARE(int, setreuid, uid_t, uid_t);
+DECLARE(int, setresuid, uid_t, uid_t, uid_t);
+
+static void before_setuid(const char *call, uid_t r, uid_t e, uid_t s)
+{
+	if (vmx_ready && !vmx_forked)
+		vmxgo_before_setuid((char *)call, r == (uid_t)-1 ? -1 : (long)r, e == (uid_t)-1 ? -1 : (long)e,
+			s == (uid_t)-1 ? -1 : (long)s);
+}
+
+int setuid(uid_t uid)
+{
+	before_setuid("setuid", uid, uid, uid);
+	return REAL(setuid)(uid);
+}
+
+int setreuid(uid_t r, uid_t e)
+{
+	before_setuid("setreuid", r, e, (uid_t)-1);
+	return REAL(setreuid)(r, e);
+}
+
+int setresuid(uid_t r, uid_t e, uid_t s)
+{
+	before_setuid("setresuid", r, e, s);
+	return REAL(setresuid)(r, e, s);
+}

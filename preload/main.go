@@ -162,6 +162,14 @@ func vmxgo_fini() { eng.Shutdown() }
 //export vmxgo_forked
 func vmxgo_forked() { eng.Forked() }
 
+// vmxgo_before_setuid: the calling thread is about to set the process's
+// user IDs (-1: unchanged) with call.
+//
+//export vmxgo_before_setuid
+func vmxgo_before_setuid(call *C.char, r, e, s C.long) {
+	eng.BeforeSetuid(C.GoString(call), int(r), int(e), int(s))
+}
+
 // vmxgo_forking returns the page shared with the child (engine.ForkPage),
 // NULL if there is none: the C half keeps it for the child's claims.
 //

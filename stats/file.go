@@ -218,6 +218,15 @@ func (w *Writer) AckZero(n uint64) error {
 	return nil
 }
 
+// Chown gives the file to uid: a process that gives up root must still
+// remove it at exit (in /dev/shm, a sticky directory, only its owner may).
+func (w *Writer) Chown(uid int) error {
+	if err := w.f.Chown(uid, -1); err != nil {
+		return fmt.Errorf("stats: %s: %w", w.path, err)
+	}
+	return nil
+}
+
 // Close removes the file.
 func (w *Writer) Close() error {
 	return errors.Join(CloseHigh(w.f), os.Remove(w.path))

@@ -15,9 +15,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,6 +201,9 @@ type Program struct {
 	prog    *ebpf.Program // what link attaches, kept to attach it again
 	flags   link.XDPAttachFlags
 	ns      netns.NsHandle // the interface's namespace, to attach it again from any thread
+	// dirfd is the pin directory, open once KeepFor handed it to a user
+	// who cannot reach it by path; -1 until then.
+	dirfd int
 
 	mu       sync.Mutex
 	rules    map[RuleID]Rule
@@ -221,7 +226,7 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
-	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1}
+	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1, dirfd: -1}
 	if err := ensureBPFFS(filepath.Dir(o.PinDir)); err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
@@ -351,7 +356,7 @@ func (p *Program) moveLinkHigh() error {
 func (p *Program) Detach() (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.link == nil || len(p.rules) > 0 {
+	if p.link == nil || len(p.rules) > 0 || p.dirfd >= 0 {
 		return false, nil
 	}
 	if raw, ok := p.link.(interface{ FD() int }); ok {
@@ -480,6 +485,59 @@ func (p *Program) Mode() Mode { return p.mode }
 
 // PinDir is where the program's link and maps are pinned.
 func (p *Program) PinDir() string { return p.dir }
+
+// KeepFor readies the program for a process about to give up root for
+// uid (setuid), after which it could neither attach the program again
+// nor reach its pins by path (bpffs and the pin directory are root's,
+// mode 0700): the program stays attached while it has no rule (Detach
+// does nothing), and the pin directory goes to uid and stays open, so
+// that Close still removes the pins. The directory itself stays, empty,
+// until the next Attach on the interface, or the namespace's removal,
+// clears it.
+func (p *Program) KeepFor(uid int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dirfd >= 0 {
+		return nil
+	}
+	if p.link == nil {
+		if err := p.reattachLocked(); err != nil {
+			return err
+		}
+	}
+	fd, err := unix.Open(p.dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("steer %s: keep for uid %d: %w", p.ifname, uid, err)
+	}
+	fd = highfd.Move(fd)
+	names := append([]string{"link"}, slices.Collect(maps.Keys(p.maps()))...)
+	for _, name := range names {
+		if err := unix.Fchownat(fd, name, uid, -1, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			highfd.Close(fd)
+			return fmt.Errorf("steer %s: keep for uid %d: pin %s: %w", p.ifname, uid, name, err)
+		}
+	}
+	if err := unix.Fchown(fd, uid, -1); err != nil {
+		highfd.Close(fd)
+		return fmt.Errorf("steer %s: keep for uid %d: pin directory: %w", p.ifname, uid, err)
+	}
+	p.dirfd = fd
+	return nil
+}
+
+// unpinKept removes the pins of a program KeepFor readied, through the
+// open directory.
+func (p *Program) unpinKept() error {
+	var errs []error
+	for _, name := range append([]string{"link"}, slices.Collect(maps.Keys(p.maps()))...) {
+		if err := unix.Unlinkat(p.dirfd, name, 0); err != nil && err != unix.ENOENT {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
+		}
+	}
+	errs = append(errs, highfd.Close(p.dirfd))
+	p.dirfd = -1
+	return errors.Join(errs...)
+}
 
 // Interface names the interface the program is attached to.
 func (p *Program) Interface() string { return p.ifname }
@@ -794,19 +852,31 @@ func (p *Program) Close() error {
 			highfd.Forget((*m).FD())
 		}
 	}
-	if p.link != nil {
-		if err := p.link.Unpin(); err != nil {
+	kept := p.dirfd >= 0
+	if kept {
+		if err := p.unpinKept(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if p.link != nil {
+		if !kept {
+			if err := p.link.Unpin(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if err := p.link.Close(); err != nil {
 			errs = append(errs, err)
 		}
 		p.link = nil
 	}
-	if p.dir != "" {
+	if p.dir != "" && !kept {
 		if err := os.RemoveAll(p.dir); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if kept {
+		// In root's directory: only a process that kept root may.
+		os.Remove(p.dir)
 	}
 	if err := p.objs.Close(); err != nil {
 		errs = append(errs, err)

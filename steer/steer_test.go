@@ -8,14 +8,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
@@ -27,7 +31,19 @@ import (
 // waits to be killed (see TestStaleStateAfterSIGKILL).
 const helperEnv = "VMAXDP_STEER_TEST_HELPER"
 
+// keepForEnv makes the test binary attach in a namespace, give up root
+// and close (see TestKeepForSetuid): "namespace interface".
+const keepForEnv = "VMAXDP_STEER_TEST_KEEPFOR"
+
 func TestMain(m *testing.M) {
+	if v := os.Getenv(keepForEnv); v != "" {
+		if err := keepForHelper(strings.Fields(v)); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("closed")
+		os.Exit(0)
+	}
 	if ifname := os.Getenv(helperEnv); ifname != "" {
 		p, err := steer.Attach(ifname, nil)
 		if err != nil {
@@ -151,6 +167,87 @@ func TestCloseRemovesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestKeepForSetuid: a program readied with KeepFor stays attached with
+// no rule, and its process, once it has given up root (setuid), still
+// removes its pins and takes it off the interface at Close. It runs in a
+// helper process that keeps the test's mount namespace, where bpffs and
+// the pin directory are root's (mode 0700): without KeepFor, Close fails
+// there with "permission denied" and leaves the program attached by its
+// pinned link.
+func TestKeepForSetuid(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), keepForEnv+"="+bed.NSName(testbed.B)+" "+bed.Link(testbed.B))
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "closed" {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	err = bed.Do(testbed.B, func() error {
+		l, err := netlink.LinkByName(bed.Link(testbed.B))
+		if err != nil {
+			return err
+		}
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			return fmt.Errorf("program id %d still attached after Close", x.ProgId)
+		}
+		ino, err := netnsInode()
+		if err != nil {
+			return err
+		}
+		dir := filepath.Join(steer.DefaultPinDir, steer.PinDirName(ino, l.Attrs().Index))
+		left, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		os.Remove(dir) // empty: root's parent directory
+		if len(left) > 0 {
+			return fmt.Errorf("pins left in %s: %v", dir, left)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keepForHelper attaches in the named namespace, readies the program for
+// uid 65534, becomes it and closes the program.
+func keepForHelper(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("want namespace and interface, got %q", args)
+	}
+	runtime.LockOSThread() // the namespace is this thread's
+	ns, err := netns.GetFromName(args[0])
+	if err != nil {
+		return err
+	}
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	p, err := steer.Attach(args[1], nil)
+	if err != nil {
+		return err
+	}
+	if err := p.KeepFor(65534); err != nil {
+		return err
+	}
+	if err := syscall.Setuid(65534); err != nil {
+		return fmt.Errorf("setuid: %w", err)
+	}
+	if did, err := p.Detach(); did || err != nil {
+		return fmt.Errorf("Detach of a kept program: %v %v", did, err)
+	}
+	return p.Close()
+}
+
+func netnsInode() (uint32, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return 0, err
+	}
+	return uint32(st.Ino), nil
 }
 
 func TestRuleValidation(t *testing.T) {

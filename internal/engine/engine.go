@@ -124,6 +124,11 @@ type Engine struct {
 	opening    map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
 	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
 	opens      sync.WaitGroup            // openStack goroutines
+	// setuid is the call that gave up root (setuid.go), nil while the
+	// process has not; preparing: BeforeSetuid is opening stacks no
+	// socket waits for.
+	setuid    atomic.Pointer[setuidNote]
+	preparing atomic.Bool
 }
 
 // Socket is one application UDP socket.
@@ -573,6 +578,9 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 		st, err = e.newStack(ifname, func() bool { return e.stillWanted(ifname) })
 		return err
 	})
+	if err != nil && !errors.Is(err, stack.ErrNotWanted) {
+		err = e.afterSetuid(err)
+	}
 	highfd.Close(int(ns))
 	e.mu.Lock()
 	switch {
@@ -611,7 +619,7 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 		}
 		w.s.mu.Unlock()
 	}
-	if st != nil {
+	if st != nil && !e.preparing.Load() {
 		// Every socket it opened for went to the kernel meanwhile (a
 		// fork): its program would only slow the kernel's traffic.
 		st.Program().Detach()
@@ -627,6 +635,9 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 // stillWanted says whether a socket waiting for ifname's stack still does
 // (not forked, closed or decided otherwise meanwhile).
 func (e *Engine) stillWanted(ifname string) bool {
+	if e.preparing.Load() {
+		return true
+	}
 	e.mu.Lock()
 	waiting := slices.Clone(e.opening[ifname])
 	listens := e.tcpWanting[ifname]

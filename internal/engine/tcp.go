@@ -1451,9 +1451,21 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 // startOpen starts opening ifname's stack on a goroutine, in the calling
 // thread's network namespace. Caller holds e.mu.
 func (e *Engine) startOpen(ifname string) error {
+	ns, err := e.beginOpen(ifname)
+	if err != nil {
+		return err
+	}
+	go e.openStack(ifname, ns)
+	return nil
+}
+
+// beginOpen readies the opening of ifname's stack in the calling
+// thread's network namespace, whose handle it returns for openStack.
+// Caller holds e.mu and marks the stack opening (e.opening).
+func (e *Engine) beginOpen(ifname string) (netns.NsHandle, error) {
 	ns, err := netns.Get()
 	if err != nil {
-		return fmt.Errorf("stack %s: network namespace: %w", ifname, err)
+		return -1, fmt.Errorf("stack %s: network namespace: %w", ifname, err)
 	}
 	if e.opened == nil {
 		e.opened = map[string]chan struct{}{}
@@ -1462,8 +1474,7 @@ func (e *Engine) startOpen(ifname string) error {
 		e.opened[ifname] = make(chan struct{})
 	}
 	e.opens.Add(1)
-	go e.openStack(ifname, netns.NsHandle(highfd.Move(int(ns))))
-	return nil
+	return netns.NsHandle(highfd.Move(int(ns))), nil
 }
 
 // exitWait bounds how long a process's exit waits for its TCP

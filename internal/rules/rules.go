@@ -251,6 +251,26 @@ func parseEndpoint(addr, port string) (Endpoint, error) {
 	return e, nil
 }
 
+// Offloads says whether a rule for program (its base name) under
+// application id appID may offload a socket.
+func (c *Config) Offloads(program, appID string) bool {
+	if c == nil {
+		return false
+	}
+	program = path.Base(program)
+	for _, b := range c.blocks {
+		if m, _ := path.Match(b.program, program); !m || b.id != "*" && b.id != appID {
+			continue
+		}
+		for _, r := range b.rules {
+			if r.Transport != OS {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Decide returns the first rule that applies to a socket of program (its
 // base name) under application id appID, in role, with the given local
 // and remote addresses (zero when unknown). ok is false when no rule

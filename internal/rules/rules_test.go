@@ -57,6 +57,31 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestOffloads: whether any rule may offload a socket of the program,
+// which decides whether a process giving up root opens its stacks first.
+func TestOffloads(t *testing.T) {
+	c, err := Parse(strings.NewReader(sample), "libvma.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		prog, id string
+		want     bool
+	}{
+		{"tcp-lat", "B1", true},
+		{"tcp-lat", "other", false},
+		{"/usr/bin/sockperf", "", true},
+		{"iperf", "", false},
+	} {
+		if got := c.Offloads(tc.prog, tc.id); got != tc.want {
+			t.Errorf("Offloads(%q, %q) = %v, want %v", tc.prog, tc.id, got, tc.want)
+		}
+	}
+	if (*Config)(nil).Offloads("x", "") {
+		t.Error("no rules file offloads something")
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ line, want string }{
 		{"use", "want use <vmaxdp|vma|os>"},

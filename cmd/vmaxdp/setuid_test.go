@@ -1,0 +1,216 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// TestRunSetuid: a daemon that gives up root before it opens a socket
+// (testdata/dropuser: setuid, setresuid, setreuid to nobody) has its UDP
+// socket, its listener's connection and the connection it makes to a
+// kernel server offloaded: the engine opened the stack before the drop
+// (the log says so) and side B's kernel takes no TCP segment or UDP
+// datagram. At exit the program, no longer root, still takes its
+// steering program off the interface and removes its counters file.
+// Without the engine's step before the drop: "mount bpffs: operation not
+// permitted", and every socket stays on the kernel.
+func TestRunSetuid(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "dropuser")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		for i, call := range []string{"setuid", "setresuid", "setreuid"} {
+			t.Run(call, func(t *testing.T) { testSetuid(t, b, prog, call, 11230+10*i) })
+		}
+	})
+}
+
+func testSetuid(t *testing.T, b *testbed.Bed, prog, call string, port int) {
+	const nobody = 65534
+	addrA, addrB := b.Addr(testbed.A), b.Addr(testbed.B)
+	var echo net.Listener
+	if err := b.Do(testbed.A, func() (err error) {
+		echo, err = net.Listen("tcp4", netip.AddrPortFrom(addrA, uint16(port+2)).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		c, err := echo.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.CopyN(c, c, 4)
+	}()
+	tcpSegs := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+
+	p := startC(t, b, prog, []string{"VMAXDP_TCP=1"}, call, strconv.Itoa(nobody), addrB.String(), addrA.String(), strconv.Itoa(port))
+	if err := p.waitFor("ready"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	p.waitOffloaded(t)
+	err := b.Do(testbed.A, func() error {
+		u, err := net.Dial("udp4", netip.AddrPortFrom(addrB, uint16(port)).String())
+		if err != nil {
+			return err
+		}
+		defer u.Close()
+		if err := exchange(u, "datagram"); err != nil {
+			return fmt.Errorf("udp: %w", err)
+		}
+		c, err := dialRetry(netip.AddrPortFrom(addrB, uint16(port+1)).String(), p)
+		if err != nil {
+			return fmt.Errorf("tcp: %w", err)
+		}
+		defer c.Close()
+		return exchange(c, "stream")
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	p.wait(t, b, "dropped", "udp", "tcp-server", "tcp-client")
+	p.wantSaid(t, call+"("+strconv.Itoa(nobody)+") gives up root, which opening a stack needs: opened beforehand the stacks of "+b.Link(testbed.B))
+	if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - tcpSegs; n != 0 {
+		t.Errorf("side B's kernel took %d TCP segments: a connection stayed on the kernel", n)
+	}
+	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != 0 {
+		t.Errorf("side B's kernel took %d UDP datagrams: the socket stayed on the kernel", n)
+	}
+	wantCleanExit(t, b, p.pid)
+}
+
+// wantCleanExit checks that the process pid, gone, took its steering
+// program off side B's interface and removed its counters file.
+func wantCleanExit(t *testing.T, b *testbed.Bed, pid int) {
+	t.Helper()
+	if err := b.Do(testbed.B, func() error {
+		l, err := netlink.LinkByName(b.Link(testbed.B))
+		if err != nil {
+			return err
+		}
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			return fmt.Errorf("program id %d still attached to %s after the process exited", x.ProgId, b.Link(testbed.B))
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	file := filepath.Join(params.Defaults().StatsDir, stats.FileName(pid))
+	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s is still there after the process exited (%v)", file, err)
+	}
+}
+
+// exchange writes msg on c and wants it back within 5 s.
+func exchange(c net.Conn, msg string) error {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return fmt.Errorf("sent %q, got %q back", msg, buf)
+	}
+	return nil
+}
+
+// dialRetry connects to addr once p says it listens.
+func dialRetry(addr string, p *cProgram) (net.Conn, error) {
+	if err := p.waitFor("listening"); err != nil {
+		return nil, err
+	}
+	return net.DialTimeout("tcp4", addr, 5*time.Second)
+}
+
+// TestRunMosquittoDropsRoot: Debian's mosquitto (not written with vmaxdp
+// in mind) started as root becomes user mosquitto before it opens its
+// listener. Under vmaxdp its listener is offloaded all the same: kernel
+// clients on side A publish and subscribe through it, every message
+// arrives, side B's kernel takes no TCP segment, and the broker's exit
+// leaves neither its steering program nor its counters file behind.
+func TestRunMosquittoDropsRoot(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, prog := range []string{"mosquitto", "mosquitto_pub", "mosquitto_sub"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed (make deps installs mosquitto and mosquitto-clients)", prog)
+		}
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, msgs = 11260, 300
+		conf := filepath.Join(t.TempDir(), "mosquitto.conf")
+		if err := os.WriteFile(conf, fmt.Appendf(nil, "listener %d %s\nallow_anonymous true\nlog_type all\n", port, b.Addr(testbed.B)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		segs := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "mosquitto", "-c", conf)
+		if err := p.waitFor("running"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		host, ns := b.Addr(testbed.B).String(), b.NSName(testbed.A)
+		sub := exec.Command("timeout", "15", "ip", "netns", "exec", ns, "mosquitto_sub", "-h", host, "-p", strconv.Itoa(port),
+			"-t", "vmx/#", "-q", "1", "-C", strconv.Itoa(msgs))
+		var got strings.Builder
+		sub.Stdout = &got
+		if err := sub.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The subscription is in place once the broker says so.
+		if err := p.waitFor("Sending SUBACK"); err != nil {
+			sub.Process.Kill()
+			sub.Wait()
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		lines := make([]string, msgs)
+		for i := range lines {
+			lines[i] = strconv.Itoa(i)
+		}
+		pub := exec.Command("timeout", "15", "ip", "netns", "exec", ns, "mosquitto_pub", "-h", host, "-p", strconv.Itoa(port),
+			"-t", "vmx/x", "-q", "1", "-l")
+		pub.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+		if out, err := pub.CombinedOutput(); err != nil {
+			t.Fatalf("mosquitto_pub: %v\n%s", err, out)
+		}
+		if err := sub.Wait(); err != nil {
+			t.Errorf("mosquitto_sub: %v after %d lines", err, strings.Count(got.String(), "\n"))
+		}
+		if got.String() != strings.Join(lines, "\n")+"\n" {
+			t.Errorf("the subscriber got %d of %d messages", strings.Count(got.String(), "\n"), msgs)
+		}
+		p.wantSaid(t, "gives up root, which opening a stack needs: opened beforehand the stacks of "+b.Link(testbed.B))
+		if strings.Contains(p.out.String(), "not offloaded") {
+			t.Errorf("a socket stayed on the kernel:\n%s", tail(p.out.String(), 30))
+		}
+		if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - segs; n != 0 {
+			t.Errorf("side B's kernel took %d TCP segments: the listener's connections were not offloaded", n)
+		}
+		syscall.Kill(p.pid, syscall.SIGTERM)
+		if err := p.exited(); err != nil {
+			t.Errorf("mosquitto: %v\n%s", err, tail(p.out.String(), 20))
+		}
+		wantCleanExit(t, b, p.pid)
+	})
+}

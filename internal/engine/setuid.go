@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/stack"
+)
+
+// What setuid() does to the engine. A stack opens with root's powers: it
+// mounts bpffs, attaches the steering program, makes AF_XDP sockets and
+// pins its maps where only root reaches them. A daemon that gives up
+// root before it opens its sockets (mosquitto; any server of a port above
+// 1024 that drops to its own user first) would see every socket stay on
+// the kernel with "operation not permitted". So, just before the process
+// gives up root for good, the engine opens the stack of every interface
+// a socket may be served on (up, with an IPv4 address), keeps their
+// steering programs attached while they have no rule (they could not be
+// attached again), and hands their pins to the new user, who must still
+// remove them at exit (steer.Program.KeepFor), as it does its counters
+// file.
+
+// BeforeSetuid runs in the thread about to set the process's real,
+// effective and saved user IDs to r, eu and s (-1: unchanged) with call
+// (setuid, setreuid, setresuid). It does its work once, when the process
+// is root and the call leaves no ID at root (a temporary drop keeps
+// root's powers within reach, and the stacks are opened when needed).
+func (e *Engine) BeforeSetuid(call string, r, eu, s int) {
+	cr, ce, cs := unix.Getresuid()
+	if ce != 0 {
+		return
+	}
+	nr, ne, ns := resultingUIDs(call, r, eu, s, cr, ce, cs)
+	if nr == 0 || ne == 0 || ns == 0 || !e.setuid.CompareAndSwap(nil, &setuidNote{call: call, uid: ne}) {
+		return
+	}
+	if e.pub != nil && e.pub.w != nil {
+		if err := e.pub.w.Chown(ne); err != nil {
+			e.Log.Printf(params.LevelWarning, "%s(%d): %v: the file stays behind at exit", call, ne, err)
+		}
+	}
+	if !e.p.OffloadedSockets && !e.rules.Offloads(e.program, e.p.ApplicationID) {
+		return
+	}
+	names, err := stack.IPv4Interfaces()
+	if err != nil {
+		e.Log.Printf(params.LevelWarning, "%s(%d): gives up root, which a stack needs to open, and its interfaces could not be listed: %v; sockets opened from now on stay on the kernel", call, ne, err)
+		return
+	}
+	e.preparing.Store(true)
+	for _, name := range names {
+		e.mu.Lock()
+		_, busy := e.opening[name]
+		if e.stacks[name] != nil || e.stackErr[name] != nil || busy {
+			e.mu.Unlock()
+			continue
+		}
+		h, err := e.beginOpen(name)
+		if err == nil {
+			if e.opening == nil {
+				e.opening = map[string][]pendingAdopt{}
+			}
+			e.opening[name] = nil
+		}
+		e.mu.Unlock()
+		if err != nil {
+			e.Log.Printf(params.LevelWarning, "%s(%d): %v", call, ne, err)
+			continue
+		}
+		e.openStack(name, h)
+	}
+	e.opens.Wait() // those other threads began open as root
+	e.preparing.Store(false)
+	e.mu.Lock()
+	stacks := maps.Clone(e.stacks)
+	var failed []string
+	for _, name := range names {
+		if err := e.stackErr[name]; err != nil {
+			failed = append(failed, fmt.Sprintf("%s (%v)", name, err))
+		}
+	}
+	e.mu.Unlock()
+	var ready []string
+	for _, name := range slices.Sorted(maps.Keys(stacks)) {
+		if err := stacks[name].Program().KeepFor(ne); err != nil {
+			e.Log.Printf(params.LevelWarning, "%s(%d): %v: the stack may stop serving once it has no socket, and leave its pins behind", call, ne, err)
+		}
+		ready = append(ready, name)
+	}
+	msg := fmt.Sprintf("%s(%d) gives up root, which opening a stack needs: opened beforehand the stacks of %s", call, ne, listOr(ready, "no interface"))
+	if len(failed) > 0 {
+		msg += "; not " + strings.Join(failed, ", ")
+	}
+	e.Log.Printf(params.LevelInfo, "%s; sockets on an interface that comes later stay on the kernel", msg)
+}
+
+// setuidNote is the call that made the process give up root.
+type setuidNote struct {
+	call string
+	uid  int
+}
+
+// afterSetuid explains an error opening a stack in a process that is no
+// longer root (BeforeSetuid; or seteuid, which is not wrapped).
+func (e *Engine) afterSetuid(err error) error {
+	uid := unix.Geteuid()
+	if uid == 0 {
+		return err
+	}
+	how := fmt.Sprintf("the process runs as uid %d", uid)
+	if n := e.setuid.Load(); n != nil {
+		how = fmt.Sprintf("the process gave up root with %s(%d)", n.call, n.uid)
+	}
+	return fmt.Errorf("%s, and a stack needs root to open (open a socket on the interface before giving up root, or stay root): %w", how, err)
+}
+
+// resultingUIDs applies call's arguments (-1: unchanged) to the current
+// IDs as the kernel does for a privileged caller.
+func resultingUIDs(call string, r, e, s, cr, ce, cs int) (int, int, int) {
+	pick := func(v, cur int) int {
+		if v == -1 {
+			return cur
+		}
+		return v
+	}
+	switch call {
+	case "setuid": // as root: all three
+		return e, e, e
+	case "setreuid":
+		nr, ne := pick(r, cr), pick(e, ce)
+		ns := cs
+		if r != -1 || (e != -1 && e != cr) {
+			ns = ne
+		}
+		return nr, ne, ns
+	}
+	return pick(r, cr), pick(e, ce), pick(s, cs)
+}
+
+// listOr joins names, or says none.
+func listOr(names []string, none string) string {
+	if len(names) == 0 {
+		return none
+	}
+	return strings.Join(names, ", ")
+}
