@@ -1422,3 +1422,13 @@ int setresuid(uid_t r, uid_t e, uid_t s)
 	before_setuid("setresuid", r, e, s);
 	return REAL(setresuid)(r, e, s);
 }
+
+/* A chroot hides what a stack needs to open (Engine.BeforeChroot). */
+DECLARE(int, chroot, const char *);
+
+int chroot(const char *path)
+{
+	if (vmx_ready && !vmx_forked)
+		vmxgo_before_chroot((char *)path);
+	return REAL(chroot)(path);
+}

@@ -170,6 +170,11 @@ func vmxgo_before_setuid(call *C.char, r, e, s C.long) {
 	eng.BeforeSetuid(C.GoString(call), int(r), int(e), int(s))
 }
 
+// vmxgo_before_chroot: the calling thread is about to chroot to dir.
+//
+//export vmxgo_before_chroot
+func vmxgo_before_chroot(dir *C.char) { eng.BeforeChroot(C.GoString(dir)) }
+
 // vmxgo_forking returns the page shared with the child (engine.ForkPage),
 // NULL if there is none: the C half keeps it for the child's claims.
 //

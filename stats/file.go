@@ -130,6 +130,7 @@ type Control struct {
 // Writer publishes one process's snapshots.
 type Writer struct {
 	f    *os.File
+	dir  *os.File // the file's directory, through which Close removes it: a process may chroot meanwhile
 	path string
 	seq  uint64
 	buf  []byte
@@ -145,8 +146,13 @@ func Create(dir string, pid int) (*Writer, error) {
 	}
 	path := filepath.Join(dir, FileName(pid))
 	os.Remove(path)
+	d, err := OpenHigh(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("stats: %w", err)
+	}
 	f, err := OpenHigh(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
 	if err != nil {
+		CloseHigh(d)
 		return nil, fmt.Errorf("stats: %w", err)
 	}
 	h := make([]byte, headerSize)
@@ -158,10 +164,11 @@ func Create(dir string, pid int) (*Writer, error) {
 	binary.LittleEndian.PutUint64(h[offStart:], start)
 	if _, err := f.WriteAt(h, 0); err != nil {
 		CloseHigh(f)
+		CloseHigh(d)
 		os.Remove(path)
 		return nil, fmt.Errorf("stats: %s: %w", path, err)
 	}
-	return &Writer{f: f, path: path, buf: make([]byte, headerSize, 64<<10)}, nil
+	return &Writer{f: f, dir: d, path: path, buf: make([]byte, headerSize, 64<<10)}, nil
 }
 
 // Path is the file's path.
@@ -229,7 +236,11 @@ func (w *Writer) Chown(uid int) error {
 
 // Close removes the file.
 func (w *Writer) Close() error {
-	return errors.Join(CloseHigh(w.f), os.Remove(w.path))
+	err := unix.Unlinkat(int(w.dir.Fd()), filepath.Base(w.path), 0)
+	if err != nil {
+		err = &os.PathError{Op: "remove", Path: w.path, Err: err}
+	}
+	return errors.Join(CloseHigh(w.f), CloseHigh(w.dir), err)
 }
 
 // Reader reads one process's stats file.

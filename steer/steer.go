@@ -201,9 +201,10 @@ type Program struct {
 	prog    *ebpf.Program // what link attaches, kept to attach it again
 	flags   link.XDPAttachFlags
 	ns      netns.NsHandle // the interface's namespace, to attach it again from any thread
-	// dirfd is the pin directory, open once KeepFor handed it to a user
-	// who cannot reach it by path; -1 until then.
-	dirfd int
+	// dirfd and parentfd are the pin directory and the one holding it,
+	// open once KeepFor readied the program for a process that will not
+	// reach them by path; -1 until then.
+	dirfd, parentfd int
 
 	mu       sync.Mutex
 	rules    map[RuleID]Rule
@@ -226,7 +227,7 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
-	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1, dirfd: -1}
+	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1, dirfd: -1, parentfd: -1}
 	if err := ensureBPFFS(filepath.Dir(o.PinDir)); err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
@@ -486,18 +487,22 @@ func (p *Program) Mode() Mode { return p.mode }
 // PinDir is where the program's link and maps are pinned.
 func (p *Program) PinDir() string { return p.dir }
 
-// KeepFor readies the program for a process about to give up root for
-// uid (setuid), after which it could neither attach the program again
-// nor reach its pins by path (bpffs and the pin directory are root's,
-// mode 0700): the program stays attached while it has no rule (Detach
-// does nothing), and the pin directory goes to uid and stays open, so
-// that Close still removes the pins. The directory itself stays, empty,
-// until the next Attach on the interface, or the namespace's removal,
-// clears it.
+// KeepFor readies the program for a process about to confine itself:
+// to give up root for uid (setuid; -1: it stays root), or to chroot.
+// After that it could neither attach the program again nor reach its
+// pins by path (bpffs and the pin directory are root's, mode 0700; a
+// chroot hides them): the program stays attached while it has no rule
+// (Detach does nothing), the pin directory goes to uid, and it and its
+// parent stay open, so that Close still removes the pins, and the
+// directory itself while the process is root (otherwise the next Attach
+// on the interface, or the namespace's removal, clears it).
 func (p *Program) KeepFor(uid int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dirfd >= 0 {
+		if uid >= 0 {
+			return p.chownPins(uid)
+		}
 		return nil
 	}
 	if p.link == nil {
@@ -505,37 +510,60 @@ func (p *Program) KeepFor(uid int) error {
 			return err
 		}
 	}
-	fd, err := unix.Open(p.dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("steer %s: keep for uid %d: %w", p.ifname, uid, err)
+	open := func(dir string) (int, error) {
+		fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("steer %s: keep: %w", p.ifname, err)
+		}
+		return highfd.Move(fd), nil
 	}
-	fd = highfd.Move(fd)
-	names := append([]string{"link"}, slices.Collect(maps.Keys(p.maps()))...)
-	for _, name := range names {
-		if err := unix.Fchownat(fd, name, uid, -1, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			highfd.Close(fd)
+	var err error
+	if p.parentfd, err = open(filepath.Dir(p.dir)); err != nil {
+		return err
+	}
+	if p.dirfd, err = open(p.dir); err != nil {
+		highfd.Close(p.parentfd)
+		p.parentfd = -1
+		return err
+	}
+	if uid >= 0 {
+		return p.chownPins(uid)
+	}
+	return nil
+}
+
+// pinNames are the names of the program's pins in its directory.
+func (p *Program) pinNames() []string {
+	return append([]string{"link"}, slices.Sorted(maps.Keys(p.maps()))...)
+}
+
+// chownPins gives the pin directory and its pins to uid. Caller holds
+// p.mu; p.dirfd is open.
+func (p *Program) chownPins(uid int) error {
+	for _, name := range p.pinNames() {
+		if err := unix.Fchownat(p.dirfd, name, uid, -1, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("steer %s: keep for uid %d: pin %s: %w", p.ifname, uid, name, err)
 		}
 	}
-	if err := unix.Fchown(fd, uid, -1); err != nil {
-		highfd.Close(fd)
+	if err := unix.Fchown(p.dirfd, uid, -1); err != nil {
 		return fmt.Errorf("steer %s: keep for uid %d: pin directory: %w", p.ifname, uid, err)
 	}
-	p.dirfd = fd
 	return nil
 }
 
 // unpinKept removes the pins of a program KeepFor readied, through the
-// open directory.
+// open directories.
 func (p *Program) unpinKept() error {
 	var errs []error
-	for _, name := range append([]string{"link"}, slices.Collect(maps.Keys(p.maps()))...) {
+	for _, name := range p.pinNames() {
 		if err := unix.Unlinkat(p.dirfd, name, 0); err != nil && err != unix.ENOENT {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", name, err))
 		}
 	}
-	errs = append(errs, highfd.Close(p.dirfd))
-	p.dirfd = -1
+	// In root's directory: only a process that stayed root may.
+	unix.Unlinkat(p.parentfd, filepath.Base(p.dir), unix.AT_REMOVEDIR)
+	errs = append(errs, highfd.Close(p.dirfd), highfd.Close(p.parentfd))
+	p.dirfd, p.parentfd = -1, -1
 	return errors.Join(errs...)
 }
 
@@ -873,10 +901,6 @@ func (p *Program) Close() error {
 		if err := os.RemoveAll(p.dir); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	if kept {
-		// In root's directory: only a process that kept root may.
-		os.Remove(p.dir)
 	}
 	if err := p.objs.Close(); err != nil {
 		errs = append(errs, err)

@@ -32,7 +32,8 @@ import (
 const helperEnv = "VMAXDP_STEER_TEST_HELPER"
 
 // keepForEnv makes the test binary attach in a namespace, give up root
-// and close (see TestKeepForSetuid): "namespace interface".
+// or chroot, and close (see TestKeepForSetuid): "namespace interface
+// setuid|DIR".
 const keepForEnv = "VMAXDP_STEER_TEST_KEEPFOR"
 
 func TestMain(m *testing.M) {
@@ -170,53 +171,59 @@ func TestCloseRemovesEverything(t *testing.T) {
 }
 
 // TestKeepForSetuid: a program readied with KeepFor stays attached with
-// no rule, and its process, once it has given up root (setuid), still
-// removes its pins and takes it off the interface at Close. It runs in a
+// no rule, and its process, once it has given up root (setuid) or
+// chrooted, still removes its pins and takes it off the interface at
+// Close; the pin directory goes too when it stayed root. It runs in a
 // helper process that keeps the test's mount namespace, where bpffs and
 // the pin directory are root's (mode 0700): without KeepFor, Close fails
-// there with "permission denied" and leaves the program attached by its
-// pinned link.
+// there ("permission denied", "no such file or directory") and leaves
+// the program attached by its pinned link.
 func TestKeepForSetuid(t *testing.T) {
 	bed := testutil.Bed(t, nil)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), keepForEnv+"="+bed.NSName(testbed.B)+" "+bed.Link(testbed.B))
-	out, err := cmd.CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "closed" {
-		t.Fatalf("helper: %v\n%s", err, out)
-	}
-	err = bed.Do(testbed.B, func() error {
-		l, err := netlink.LinkByName(bed.Link(testbed.B))
+	for _, how := range []string{"setuid", t.TempDir()} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), keepForEnv+"="+bed.NSName(testbed.B)+" "+bed.Link(testbed.B)+" "+how)
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "closed" {
+			t.Fatalf("helper (%s): %v\n%s", how, err, out)
+		}
+		err = bed.Do(testbed.B, func() error {
+			l, err := netlink.LinkByName(bed.Link(testbed.B))
+			if err != nil {
+				return err
+			}
+			if x := l.Attrs().Xdp; x != nil && x.Attached {
+				return fmt.Errorf("program id %d still attached after Close", x.ProgId)
+			}
+			ino, err := netnsInode()
+			if err != nil {
+				return err
+			}
+			dir := filepath.Join(steer.DefaultPinDir, steer.PinDirName(ino, l.Attrs().Index))
+			left, err := os.ReadDir(dir)
+			switch {
+			case err != nil && !errors.Is(err, os.ErrNotExist):
+				return err
+			case len(left) > 0:
+				return fmt.Errorf("pins left in %s: %v", dir, left)
+			case err == nil && how != "setuid":
+				return fmt.Errorf("%s left behind by a process that stayed root", dir)
+			}
+			os.Remove(dir) // empty, in root's directory
+			return nil
+		})
 		if err != nil {
-			return err
+			t.Fatalf("%s: %v", how, err)
 		}
-		if x := l.Attrs().Xdp; x != nil && x.Attached {
-			return fmt.Errorf("program id %d still attached after Close", x.ProgId)
-		}
-		ino, err := netnsInode()
-		if err != nil {
-			return err
-		}
-		dir := filepath.Join(steer.DefaultPinDir, steer.PinDirName(ino, l.Attrs().Index))
-		left, err := os.ReadDir(dir)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		os.Remove(dir) // empty: root's parent directory
-		if len(left) > 0 {
-			return fmt.Errorf("pins left in %s: %v", dir, left)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 
 // keepForHelper attaches in the named namespace, readies the program for
-// uid 65534, becomes it and closes the program.
+// uid 65534 and becomes it, or for a chroot to the directory named, and
+// closes the program.
 func keepForHelper(args []string) error {
-	if len(args) != 2 {
-		return fmt.Errorf("want namespace and interface, got %q", args)
+	if len(args) != 3 {
+		return fmt.Errorf("want namespace, interface and setuid or a directory, got %q", args)
 	}
 	runtime.LockOSThread() // the namespace is this thread's
 	ns, err := netns.GetFromName(args[0])
@@ -230,10 +237,18 @@ func keepForHelper(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := p.KeepFor(65534); err != nil {
+	uid := 65534
+	if args[2] != "setuid" {
+		uid = -1
+	}
+	if err := p.KeepFor(uid); err != nil {
 		return err
 	}
-	if err := syscall.Setuid(65534); err != nil {
+	if uid < 0 {
+		if err := syscall.Chroot(args[2]); err != nil {
+			return fmt.Errorf("chroot: %w", err)
+		}
+	} else if err := syscall.Setuid(uid); err != nil {
 		return fmt.Errorf("setuid: %w", err)
 	}
 	if did, err := p.Detach(); did || err != nil {

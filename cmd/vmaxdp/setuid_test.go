@@ -23,20 +23,24 @@ import (
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
-// TestRunSetuid: a daemon that gives up root before it opens a socket
-// (testdata/dropuser: setuid, setresuid, setreuid to nobody) has its UDP
+// TestRunSetuid: a daemon that gives up root, or chroots, before it opens
+// a socket (testdata/dropuser: setuid, setresuid, setreuid to nobody;
+// chroot to an empty directory) has its UDP
 // socket, its listener's connection and the connection it makes to a
 // kernel server offloaded: the engine opened the stack before the drop
 // (the log says so) and side B's kernel takes no TCP segment or UDP
 // datagram. At exit the program, no longer root, still takes its
 // steering program off the interface and removes its counters file.
 // Without the engine's step before the drop: "mount bpffs: operation not
-// permitted", and every socket stays on the kernel.
+// permitted" (after chroot: "statfs /sys/fs/bpf: no such file"), and
+// every socket stays on the kernel. seteuid, which leaves root in the
+// saved ID, is not met beforehand: the sockets stay on the kernel, and
+// the log says that the process no longer runs as root.
 func TestRunSetuid(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "dropuser")
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
-		for i, call := range []string{"setuid", "setresuid", "setreuid"} {
+		for i, call := range []string{"setuid", "setresuid", "setreuid", "chroot", "seteuid"} {
 			t.Run(call, func(t *testing.T) { testSetuid(t, b, prog, call, 11230+10*i) })
 		}
 	})
@@ -65,11 +69,19 @@ func testSetuid(t *testing.T, b *testbed.Bed, prog, call string, port int) {
 	tcpSegs := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
 	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
 
-	p := startC(t, b, prog, []string{"VMAXDP_TCP=1"}, call, strconv.Itoa(nobody), addrB.String(), addrA.String(), strconv.Itoa(port))
+	arg, said := strconv.Itoa(nobody), call+"("+strconv.Itoa(nobody)+") gives up root"
+	if call == "chroot" {
+		arg = t.TempDir()
+		said = "chroot(" + arg + ") hides bpffs, /proc and /sys"
+	}
+	p := startC(t, b, prog, []string{"VMAXDP_TCP=1"}, call, arg, addrB.String(), addrA.String(), strconv.Itoa(port))
 	if err := p.waitFor("ready"); err != nil {
 		t.Fatalf("%v\n%s", err, p.out.String())
 	}
 	p.waitOffloaded(t)
+	if call == "seteuid" {
+		said = "not offloaded: udp_receiver " + netip.AddrPortFrom(addrB, uint16(port)).String() + ": the process runs as uid " + strconv.Itoa(nobody) + ", and a stack needs root"
+	}
 	err := b.Do(testbed.A, func() error {
 		u, err := net.Dial("udp4", netip.AddrPortFrom(addrB, uint16(port)).String())
 		if err != nil {
@@ -89,8 +101,15 @@ func testSetuid(t *testing.T, b *testbed.Bed, prog, call string, port int) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, p.out.String())
 	}
+	if call == "seteuid" {
+		if err := p.exited(); err != nil {
+			t.Errorf("program: %v\n%s", err, p.out.String())
+		}
+		p.wantSaid(t, "ok tcp-client", said)
+		return
+	}
 	p.wait(t, b, "dropped", "udp", "tcp-server", "tcp-client")
-	p.wantSaid(t, call+"("+strconv.Itoa(nobody)+") gives up root, which opening a stack needs: opened beforehand the stacks of "+b.Link(testbed.B))
+	p.wantSaid(t, said+", which opening a stack needs: opened beforehand the stacks of "+b.Link(testbed.B))
 	if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - tcpSegs; n != 0 {
 		t.Errorf("side B's kernel took %d TCP segments: a connection stayed on the kernel", n)
 	}
@@ -160,7 +179,7 @@ func TestRunMosquittoDropsRoot(t *testing.T) {
 		}
 	}
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
-		const port, msgs = 11260, 300
+		const port, msgs = 11280, 300
 		conf := filepath.Join(t.TempDir(), "mosquitto.conf")
 		if err := os.WriteFile(conf, fmt.Appendf(nil, "listener %d %s\nallow_anonymous true\nlog_type all\n", port, b.Addr(testbed.B)), 0o644); err != nil {
 			t.Fatal(err)

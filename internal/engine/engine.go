@@ -125,9 +125,10 @@ type Engine struct {
 	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
 	opens      sync.WaitGroup            // openStack goroutines
 	// setuid is the call that gave up root (setuid.go), nil while the
-	// process has not; preparing: BeforeSetuid is opening stacks no
-	// socket waits for.
+	// process has not; chroot: the process chrooted; preparing: confine
+	// is opening stacks no socket waits for.
 	setuid    atomic.Pointer[setuidNote]
+	chroot    atomic.Bool
 	preparing atomic.Bool
 }
 
@@ -579,7 +580,7 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 		return err
 	})
 	if err != nil && !errors.Is(err, stack.ErrNotWanted) {
-		err = e.afterSetuid(err)
+		err = e.afterConfine(err)
 	}
 	highfd.Close(int(ns))
 	e.mu.Lock()

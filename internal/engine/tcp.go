@@ -1465,7 +1465,7 @@ func (e *Engine) startOpen(ifname string) error {
 func (e *Engine) beginOpen(ifname string) (netns.NsHandle, error) {
 	ns, err := netns.Get()
 	if err != nil {
-		return -1, fmt.Errorf("stack %s: network namespace: %w", ifname, err)
+		return -1, e.afterConfine(fmt.Errorf("stack %s: network namespace: %w", ifname, err))
 	}
 	if e.opened == nil {
 		e.opened = map[string]chan struct{}{}

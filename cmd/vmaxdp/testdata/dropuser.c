@@ -1,9 +1,11 @@
-/* dropuser: a daemon that gives up root before it opens a socket, as
- * mosquitto and many servers of ports above 1024 do.
+/* dropuser: a daemon that gives up root, or chroots, before it opens a
+ * socket, as mosquitto and many servers of ports above 1024 do.
  *
- *   dropuser setuid|setresuid|setreuid UID LOCAL PEER PORT
+ *   dropuser setuid|setresuid|setreuid|seteuid UID LOCAL PEER PORT
+ *   dropuser chroot DIR LOCAL PEER PORT
  *
- * It calls the named function to become UID, prints "ok dropped", then:
+ * It calls the named function to become UID (or to chroot to DIR and
+ * make it its working directory), prints "ok dropped", then:
  *   - udp: answers one datagram on LOCAL:PORT (prints "ok udp");
  *   - tcp-server: accepts one connection on LOCAL:PORT+1, echoes one
  *     read (prints "ok tcp-server");
@@ -37,14 +39,21 @@ static int fail(const char *what)
 int main(int argc, char **argv)
 {
 	if (argc != 6) {
-		fprintf(stderr, "usage: dropuser setuid|setresuid|setreuid UID LOCAL PEER PORT\n");
+		fprintf(stderr, "usage: dropuser setuid|setresuid|setreuid|seteuid UID LOCAL PEER PORT | chroot DIR LOCAL PEER PORT\n");
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	start_watchdog();
 	uid_t uid = atoi(argv[2]);
 	int port = atoi(argv[5]), r;
-	if (!strcmp(argv[1], "setresuid"))
+	if (!strcmp(argv[1], "chroot")) {
+		if (chroot(argv[2]) < 0 || chdir("/") < 0)
+			return fail("chroot");
+		uid = geteuid();
+		r = 0;
+	} else if (!strcmp(argv[1], "seteuid"))
+		r = seteuid(uid);
+	else if (!strcmp(argv[1], "setresuid"))
 		r = setresuid(uid, uid, uid);
 	else if (!strcmp(argv[1], "setreuid"))
 		r = setreuid(uid, uid);

@@ -12,9 +12,10 @@ import (
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
-// What setuid() does to the engine. A stack opens with root's powers: it
-// mounts bpffs, attaches the steering program, makes AF_XDP sockets and
-// pins its maps where only root reaches them. A daemon that gives up
+// What setuid() and chroot() do to the engine. A stack opens with root's
+// powers and the whole file system: it mounts bpffs, attaches the steering
+// program, makes AF_XDP sockets, reads /proc and /sys, and pins its maps
+// where only root reaches them. A daemon that gives up
 // root before it opens its sockets (mosquitto; any server of a port above
 // 1024 that drops to its own user first) would see every socket stay on
 // the kernel with "operation not permitted". So, just before the process
@@ -23,7 +24,7 @@ import (
 // steering programs attached while they have no rule (they could not be
 // attached again), and hands their pins to the new user, who must still
 // remove them at exit (steer.Program.KeepFor), as it does its counters
-// file.
+// file. A chroot is met the same way, for the same user.
 
 // BeforeSetuid runs in the thread about to set the process's real,
 // effective and saved user IDs to r, eu and s (-1: unchanged) with call
@@ -39,9 +40,28 @@ func (e *Engine) BeforeSetuid(call string, r, eu, s int) {
 	if nr == 0 || ne == 0 || ns == 0 || !e.setuid.CompareAndSwap(nil, &setuidNote{call: call, uid: ne}) {
 		return
 	}
-	if e.pub != nil && e.pub.w != nil {
-		if err := e.pub.w.Chown(ne); err != nil {
-			e.Log.Printf(params.LevelWarning, "%s(%d): %v: the file stays behind at exit", call, ne, err)
+	e.confine(fmt.Sprintf("%s(%d) gives up root", call, ne), ne)
+}
+
+// BeforeChroot runs in the thread about to chroot to dir. A chroot hides
+// what a stack needs to open (bpffs, /proc, /sys) and to remove its pins
+// at exit: as for setuid, the stacks open before, and their pins and the
+// counters file stay reachable through open directories. Once, while root
+// (no one else may chroot).
+func (e *Engine) BeforeChroot(dir string) {
+	if unix.Geteuid() != 0 || !e.chroot.CompareAndSwap(false, true) {
+		return
+	}
+	e.confine(fmt.Sprintf("chroot(%s) hides bpffs, /proc and /sys", dir), -1)
+}
+
+// confine opens, before the process confines itself (what, for the log),
+// the stacks it could not open after, and readies every stack for uid
+// (-1: the same user) and for paths it will no longer reach.
+func (e *Engine) confine(what string, uid int) {
+	if e.pub != nil && e.pub.w != nil && uid >= 0 {
+		if err := e.pub.w.Chown(uid); err != nil {
+			e.Log.Printf(params.LevelWarning, "%s: %v: the file stays behind at exit", what, err)
 		}
 	}
 	if !e.p.OffloadedSockets && !e.rules.Offloads(e.program, e.p.ApplicationID) {
@@ -49,7 +69,7 @@ func (e *Engine) BeforeSetuid(call string, r, eu, s int) {
 	}
 	names, err := stack.IPv4Interfaces()
 	if err != nil {
-		e.Log.Printf(params.LevelWarning, "%s(%d): gives up root, which a stack needs to open, and its interfaces could not be listed: %v; sockets opened from now on stay on the kernel", call, ne, err)
+		e.Log.Printf(params.LevelWarning, "%s, which opening a stack needs, and the interfaces could not be listed: %v; sockets opened from now on stay on the kernel", what, err)
 		return
 	}
 	e.preparing.Store(true)
@@ -69,7 +89,7 @@ func (e *Engine) BeforeSetuid(call string, r, eu, s int) {
 		}
 		e.mu.Unlock()
 		if err != nil {
-			e.Log.Printf(params.LevelWarning, "%s(%d): %v", call, ne, err)
+			e.Log.Printf(params.LevelWarning, "%s: %v", what, err)
 			continue
 		}
 		e.openStack(name, h)
@@ -87,12 +107,12 @@ func (e *Engine) BeforeSetuid(call string, r, eu, s int) {
 	e.mu.Unlock()
 	var ready []string
 	for _, name := range slices.Sorted(maps.Keys(stacks)) {
-		if err := stacks[name].Program().KeepFor(ne); err != nil {
-			e.Log.Printf(params.LevelWarning, "%s(%d): %v: the stack may stop serving once it has no socket, and leave its pins behind", call, ne, err)
+		if err := stacks[name].Program().KeepFor(uid); err != nil {
+			e.Log.Printf(params.LevelWarning, "%s: %v: the stack may stop serving once it has no socket, and leave its pins behind", what, err)
 		}
 		ready = append(ready, name)
 	}
-	msg := fmt.Sprintf("%s(%d) gives up root, which opening a stack needs: opened beforehand the stacks of %s", call, ne, listOr(ready, "no interface"))
+	msg := fmt.Sprintf("%s, which opening a stack needs: opened beforehand the stacks of %s", what, listOr(ready, "no interface"))
 	if len(failed) > 0 {
 		msg += "; not " + strings.Join(failed, ", ")
 	}
@@ -105,18 +125,23 @@ type setuidNote struct {
 	uid  int
 }
 
-// afterSetuid explains an error opening a stack in a process that is no
-// longer root (BeforeSetuid; or seteuid, which is not wrapped).
-func (e *Engine) afterSetuid(err error) error {
-	uid := unix.Geteuid()
-	if uid == 0 {
+// afterConfine explains an error opening a stack in a process that is no
+// longer root (BeforeSetuid; or seteuid, which is not wrapped) or that
+// chrooted.
+func (e *Engine) afterConfine(err error) error {
+	var how string
+	switch uid := unix.Geteuid(); {
+	case e.setuid.Load() != nil && uid != 0:
+		n := e.setuid.Load()
+		how = fmt.Sprintf("the process gave up root with %s(%d)", n.call, n.uid)
+	case uid != 0:
+		how = fmt.Sprintf("the process runs as uid %d", uid)
+	case e.chroot.Load():
+		how = "the process chrooted"
+	default:
 		return err
 	}
-	how := fmt.Sprintf("the process runs as uid %d", uid)
-	if n := e.setuid.Load(); n != nil {
-		how = fmt.Sprintf("the process gave up root with %s(%d)", n.call, n.uid)
-	}
-	return fmt.Errorf("%s, and a stack needs root to open (open a socket on the interface before giving up root, or stay root): %w", how, err)
+	return fmt.Errorf("%s, and a stack needs root and the whole file system to open (open a socket on the interface before that): %w", how, err)
 }
 
 // resultingUIDs applies call's arguments (-1: unchanged) to the current
