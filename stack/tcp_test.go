@@ -228,6 +228,40 @@ func TestTCPGatherOneSegment(t *testing.T) {
 	})
 }
 
+// TestTCPMTUDown: the interface's MTU comes down under an established
+// connection. netstack's segments shrink to fit (Stack.shrinkMSS), as the
+// kernel's would: 1 MB then reaches the kernel reader intact with no IP
+// fragment. Before, netstack kept the segment size of its handshake and
+// its IP layer fragmented every full segment (about 700 reassemblies on
+// the reader's side).
+func TestTCPMTUDown(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7430)
+		sc := s.(*stack.TCPConn)
+		for _, side := range []testbed.Side{testbed.A, testbed.B} {
+			mustRun(t, bed, side, "ip", "link", "set", bed.Link(side), "mtu", "1280")
+		}
+		eventually(t, "netstack's segments fit MTU 1280", func() bool { return sc.Info().Snd_mss <= 1280-40 })
+		reasm := testutil.SNMPStat(t, bed, testbed.A, "Ip", "ReasmReqds")
+		data := make([]byte, 1<<20)
+		for i := range data {
+			data[i] = byte(i * 7)
+		}
+		go s.Write(data)
+		got := make([]byte, len(data))
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatal("the data arrived altered")
+		}
+		if n := testutil.SNMPStat(t, bed, testbed.A, "Ip", "ReasmReqds") - reasm; n != 0 {
+			t.Errorf("the reader's kernel reassembled %d fragmented packets: segments larger than the MTU", n)
+		}
+	})
+}
+
 // TestTCPGRO: a kernel sender's stream of 4 MiB reaches a netstack
 // reader intact, in fewer packets than segments: GRO merged runs of them
 // (rx_merged), as the kernel's GRO merges the runs a NIC hands it. A

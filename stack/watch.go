@@ -230,6 +230,9 @@ func (st *Stack) follow(last linkState) (linkState, bool) {
 	if now.mtu != last.mtu {
 		st.setMTU(now.mtu)
 		slog.Info(fmt.Sprintf("stack %s: MTU %d (was %d)", st.ifname, now.mtu, last.mtu))
+		if now.mtu < last.mtu {
+			st.shrinkMSS()
+		}
 	}
 	if !slices.Equal(now.addrs, last.addrs) {
 		st.addrs.Store(&now.addrs)
