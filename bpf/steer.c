@@ -15,6 +15,15 @@
 // remembers its 5-tuple in handover_flows, so that the rest of it follows;
 // every other segment still goes to the stack. A 5-tuple rule marked
 // RULE_KERNEL passes its connection to the kernel, which took it over.
+//
+// A queue with no AF_XDP socket (the channel count just grew, or the queue
+// cannot be bound) passes a rule's UDP datagrams to the kernel socket the
+// engine keeps bound to the port. TCP cannot go there: the kernel has no
+// socket for the stack's connections and would reset them. A new
+// connection (its SYN) goes to the kernel's listener, as in a handover,
+// and its later segments follow it; a segment of the stack's connections
+// is dropped and counted (redirect_failures), and its sender sends it
+// again once the queue is served.
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -52,8 +61,8 @@ struct rule_value {
 struct rule_counters {
 	__u64 matched_packets;
 	__u64 matched_bytes;
-	__u64 redirect_failures; // no AF_XDP socket on the arrival queue
-	__u64 too_long;          // longer than max_frame_len, or in several buffers: passed
+	__u64 redirect_failures; // no AF_XDP socket on the arrival queue: UDP passed, TCP dropped
+	__u64 too_long;          // longer than max_frame_len, or in several buffers: UDP passed, TCP dropped
 };
 
 struct prog_counters {
@@ -91,9 +100,11 @@ RULE_MAP(rules_mcast);
 RULE_MAP(rules_3tuple);
 RULE_MAP(rules_port);
 
-// handover_flows holds the connections the kernel took on a rule in
-// handover (their 5-tuple; the value is unused). LRU: a handover lasts
-// seconds, and its user removes the entries when the rule goes.
+// handover_flows holds the connections the kernel took on a listener's
+// rule in handover, or whose SYN came on a queue with no AF_XDP socket
+// (their 5-tuple; the value is unused). LRU: a handover lasts seconds,
+// its user removes the entries when the rule goes, and a later SYN of the
+// same 5-tuple to the stack removes its own.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -159,6 +170,29 @@ static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_por
 	if ((*flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
 		bpf_map_update_elem(&handover_flows, &fk, &one, BPF_ANY);
 		return 1;
+	}
+	return bpf_map_lookup_elem(&handover_flows, &fk) != NULL;
+}
+
+// kernel_flow says whether a TCP segment on a listener's rule belongs to
+// a connection the kernel took (to_kernel_in_handover). A SYN goes to the
+// stack: a 5-tuple the kernel once had is forgotten.
+static __always_inline int kernel_flow(struct iphdr *ip, struct l4_ports *l4, void *data_end)
+{
+	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
+	struct flow_key fk = {
+		.local_addr = ip->daddr,
+		.remote_addr = ip->saddr,
+		.local_port = l4->dest,
+		.remote_port = l4->source,
+		.proto = IPPROTO_TCP,
+	};
+
+	if ((void *)(flags + 1) > data_end)
+		return 1;
+	if ((*flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+		bpf_map_delete_elem(&handover_flows, &fk);
+		return 0;
 	}
 	return bpf_map_lookup_elem(&handover_flows, &fk) != NULL;
 }
@@ -261,12 +295,28 @@ int vmaxdp_steer(struct xdp_md *ctx)
 	struct rule_value *rv = lookup(&k, ip->saddr, l4->source);
 	if (!rv || (rv->flags & RULE_KERNEL))
 		return pass(ps, V_PASS);
-	if ((rv->flags & RULE_HANDOVER) && ip->protocol == IPPROTO_TCP && to_kernel_in_handover(ip, l4, data_end))
-		return pass(ps, V_PASS);
 
 	__u32 id = rv->rule_id;
 	struct rule_counters *rs = bpf_map_lookup_elem(&rule_stats, &id);
 	__u64 len = bpf_xdp_get_buff_len(ctx);
+	__u32 q = ctx->rx_queue_index;
+	int tcp = ip->protocol == IPPROTO_TCP;
+	// An engine with no socket on this queue (its channel count just grew,
+	// or the queue cannot be bound) must not black-hole the flow.
+	int served = bpf_map_lookup_elem(&xsks_map, &q) != NULL;
+
+	// A listener's rule (lookup left no remote port): a new connection
+	// goes to the kernel's listener while the rule is in handover or the
+	// queue has no socket, and every later segment of a connection that
+	// began so follows it there (handover_flows).
+	if (tcp && !k.remote_port) {
+		if ((rv->flags & RULE_HANDOVER) || !served) {
+			if (to_kernel_in_handover(ip, l4, data_end))
+				return pass(ps, V_PASS);
+		} else if (kernel_flow(ip, l4, data_end)) {
+			return pass(ps, V_PASS);
+		}
+	}
 	if (rs) {
 		rs->matched_packets++;
 		rs->matched_bytes += len;
@@ -274,16 +324,16 @@ int vmaxdp_steer(struct xdp_md *ctx)
 	if (len != (__u64)(data_end - data) || (max_frame_len && len > max_frame_len)) {
 		if (rs)
 			rs->too_long++;
-		return pass(ps, V_PASS);
+		// The kernel has no socket for the stack's TCP connection: it
+		// would answer with a reset. The sender sends it again.
+		return tcp ? XDP_DROP : pass(ps, V_PASS);
 	}
-
-	// An engine that lost its socket on this queue must not black-hole the
-	// flow: the kernel socket it keeps bound to the same port receives it.
-	__u32 q = ctx->rx_queue_index;
-	if (!bpf_map_lookup_elem(&xsks_map, &q)) {
+	if (!served) {
 		if (rs)
 			rs->redirect_failures++;
-		return pass(ps, V_PASS);
+		// UDP: the kernel socket the engine keeps bound to the port
+		// receives it. TCP, as above: dropped, and sent again.
+		return tcp ? XDP_DROP : pass(ps, V_PASS);
 	}
 	if (ps)
 		ps->redirected++;

@@ -308,8 +308,8 @@ type Rule struct {
 
 // Redirected is how many matched packets reached the AF_XDP socket.
 func (r *Rule) Redirected() uint64 {
-	passed := r.Counters.RedirectFailures + r.Counters.TooLong
-	return r.Counters.MatchedPackets - min(passed, r.Counters.MatchedPackets)
+	missed := r.Counters.RedirectFailures + r.Counters.TooLong
+	return r.Counters.MatchedPackets - min(missed, r.Counters.MatchedPackets)
 }
 
 // Field is one counter of a counter struct, under its one name.

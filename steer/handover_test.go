@@ -12,6 +12,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/testbed"
+	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
 // tcpFrame is an Ethernet frame with a TCP segment from 198.18.0.1:sport
@@ -29,6 +30,27 @@ func tcpFrame(t *testing.T, sport, dport uint16, syn, ack bool) []byte {
 	return buf.Bytes()
 }
 
+// XDP verdicts.
+const (
+	xdpDrop     = 1
+	xdpPass     = 2
+	xdpRedirect = 4
+)
+
+// serveQueue registers an AF_XDP socket for the interface's queue q, as a
+// stack serving it does: a segment for the stack is then redirected.
+func serveQueue(t *testing.T, p *steer.Program, ifname string, q int) {
+	t.Helper()
+	s, err := xsk.Open(ifname, q, &xsk.Options{NumFrames: 64, NoHugePages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := p.RegisterQueue(q, s.FD()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHandover runs the steering program on crafted segments: on a rule
 // in handover, a new connection goes to the kernel from its SYN on, the
 // connections the stack had still come to it, and once the rule is gone
@@ -42,6 +64,7 @@ func TestHandover(t *testing.T) {
 			return err
 		}
 		defer p.Close()
+		serveQueue(t, p, bed.Link(testbed.B), 0)
 		const port = 8080
 		rule := steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)}
 		id, err := p.AddRule(rule)
@@ -49,8 +72,8 @@ func TestHandover(t *testing.T) {
 			return err
 		}
 		// toStack says whether the program gave the segment to the rule's
-		// sockets (the rule counts it; with no AF_XDP socket on the queue
-		// it passes it as a redirect failure) rather than to the kernel.
+		// socket (redirected, and counted by the rule) rather than to the
+		// kernel.
 		toStack := func(sport uint16, syn, ack bool) bool {
 			t.Helper()
 			before, err := p.RuleCounters(id)
@@ -58,17 +81,17 @@ func TestHandover(t *testing.T) {
 				t.Fatal(err)
 			}
 			ret, err := p.Run(tcpFrame(t, sport, port, syn, ack))
-			if err != nil {
-				t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
-			}
-			if ret != 2 { // XDP_PASS: no AF_XDP socket, or the kernel's
-				t.Fatalf("verdict %d, want XDP_PASS", ret)
+			if err != nil || ret != xdpPass && ret != xdpRedirect {
+				t.Fatalf("BPF_PROG_TEST_RUN: %d, %v; want XDP_PASS or XDP_REDIRECT", ret, err)
 			}
 			after, err := p.RuleCounters(id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return after.MatchedPackets > before.MatchedPackets
+			if counted := after.MatchedPackets > before.MatchedPackets; counted != (ret == xdpRedirect) {
+				t.Fatalf("verdict %d, counted by the rule %v", ret, counted)
+			}
+			return ret == xdpRedirect
 		}
 		const held, fresh = 40000, 40001
 		if !toStack(held, false, true) {
@@ -133,6 +156,7 @@ func TestToKernel(t *testing.T) {
 			return err
 		}
 		defer p.Close()
+		serveQueue(t, p, bed.Link(testbed.B), 0)
 		const port, moved, other = 8081, 40010, 40011
 		listener, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)})
 		if err != nil {
@@ -148,8 +172,8 @@ func TestToKernel(t *testing.T) {
 			t.Helper()
 			c0, _ := p.RuleCounters(conn)
 			l0, _ := p.RuleCounters(listener)
-			if ret, err := p.Run(tcpFrame(t, sport, port, false, true)); err != nil || ret != 2 {
-				t.Fatalf("BPF_PROG_TEST_RUN: %d, %v; want XDP_PASS (no AF_XDP socket, or the kernel's)", ret, err)
+			if ret, err := p.Run(tcpFrame(t, sport, port, false, true)); err != nil || ret != xdpPass && ret != xdpRedirect {
+				t.Fatalf("BPF_PROG_TEST_RUN: %d, %v; want XDP_PASS or XDP_REDIRECT", ret, err)
 			}
 			c1, _ := p.RuleCounters(conn)
 			l1, _ := p.RuleCounters(listener)
@@ -175,6 +199,71 @@ func TestToKernel(t *testing.T) {
 		}
 		if err := p.ToKernel(listener); err == nil {
 			t.Error("ToKernel of a port rule succeeded")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnservedQueue: on a queue with no AF_XDP socket (the channel count
+// just grew, or the queue cannot be bound), a segment of the stack's TCP
+// connection is dropped and counted, not passed to the kernel, which has
+// no socket for it and would reset the connection; a new connection's SYN
+// goes to the kernel's listener, and the rest of that connection follows
+// it there once the queue is served; a later SYN of the same 5-tuple
+// goes to the stack again.
+func TestUnservedQueue(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		const port, held, fresh = 8082, 40020, 40021
+		listener, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)})
+		if err != nil {
+			return err
+		}
+		conn, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
+			Local: netip.MustParseAddrPort("198.18.0.2:8082"), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), held)})
+		if err != nil {
+			return err
+		}
+		verdict := func(sport uint16, syn, ack bool) uint32 {
+			t.Helper()
+			ret, err := p.Run(tcpFrame(t, sport, port, syn, ack))
+			if err != nil {
+				t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+			}
+			return ret
+		}
+		if v := verdict(held, false, true); v != xdpDrop {
+			t.Errorf("unserved queue: a segment of the stack's connection got verdict %d, want XDP_DROP", v)
+		}
+		if c, _ := p.RuleCounters(conn); c.RedirectFailures != 1 {
+			t.Errorf("the dropped segment was counted %d times as a redirect failure, want 1", c.RedirectFailures)
+		}
+		if v := verdict(fresh, true, false); v != xdpPass {
+			t.Errorf("unserved queue: a new connection's SYN got verdict %d, want XDP_PASS (the kernel's listener)", v)
+		}
+		serveQueue(t, p, bed.Link(testbed.B), 0)
+		if v := verdict(fresh, false, true); v != xdpPass {
+			t.Errorf("served again: the rest of a connection the kernel took got verdict %d, want XDP_PASS", v)
+		}
+		if v := verdict(held, false, true); v != xdpRedirect {
+			t.Errorf("served again: a segment of the stack's connection got verdict %d, want XDP_REDIRECT", v)
+		}
+		if v := verdict(fresh, true, false); v != xdpRedirect {
+			t.Errorf("served: a new SYN of a 5-tuple the kernel once had got verdict %d, want XDP_REDIRECT", v)
+		}
+		if v := verdict(fresh, false, true); v != xdpRedirect {
+			t.Errorf("served: the rest of that connection got verdict %d, want XDP_REDIRECT (the stack's now)", v)
+		}
+		if l, _ := p.RuleCounters(listener); l.RedirectFailures != 0 {
+			t.Errorf("the listener's rule counted %d redirect failures for segments passed to the kernel's listener", l.RedirectFailures)
 		}
 		return nil
 	})

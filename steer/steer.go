@@ -173,7 +173,11 @@ func (r Rule) String() string {
 // RuleID identifies an installed rule and its counters.
 type RuleID uint32
 
-// RuleCounters are a rule's counters summed over CPUs (struct rule_counters).
+// RuleCounters are a rule's counters summed over CPUs (struct
+// rule_counters). RedirectFailures (no AF_XDP socket on the arrival
+// queue) and TooLong count what did not reach the stack: UDP passed to the
+// kernel socket, TCP dropped (the kernel would reset the stack's
+// connection; the sender sends it again).
 type RuleCounters struct {
 	MatchedPackets   uint64 `json:"matched_packets"`
 	MatchedBytes     uint64 `json:"matched_bytes"`
