@@ -127,6 +127,7 @@ type Engine struct {
 	// setuid is the call that gave up root (setuid.go), nil while the
 	// process has not; chroot: the process chrooted; preparing: confine
 	// is opening stacks no socket waits for.
+	ifaces    ifaceCache // pickInterface's answers
 	setuid    atomic.Pointer[setuidNote]
 	chroot    atomic.Bool
 	preparing atomic.Bool
@@ -746,22 +747,80 @@ func (e *Engine) Conn(fd int) *stack.UDPConn {
 // VMAXDP_INTERFACE, else the only candidate.
 func (e *Engine) pickInterface(local, remote netip.Addr) (string, error) {
 	if local.IsValid() && !local.IsUnspecified() && !local.IsMulticast() {
-		return ifaceOwning(local)
+		return e.ifaces.lookup(local, true)
 	}
 	if e.p.Interface != "" {
 		return e.p.Interface, nil
 	}
 	if remote.IsValid() && !remote.IsUnspecified() {
-		if name, err := ifaceRoute(remote); err == nil {
+		if name, err := e.ifaces.lookup(remote, false); err == nil {
 			return name, nil
 		}
 	}
 	if local.IsMulticast() {
-		if name, err := ifaceRoute(local); err == nil {
+		if name, err := e.ifaces.lookup(local, false); err == nil {
 			return name, nil
 		}
 	}
 	return onlyInterface()
+}
+
+// ifaceCache keeps pickInterface's answers (the interface owning an
+// address, or the kernel's route to one) for ifaceTTL. Each is a netlink
+// request and a dump of the interfaces: 40% of a TCP connect's cost under
+// vmaxdp (ab, a connection a request: perf), where the kernel's connect
+// looks its route up in place. A route or address change is seen within
+// ifaceTTL. Entries are per network namespace (a thread may have entered
+// another); a thread whose namespace cannot be read (a chroot without
+// /proc) is not cached.
+type ifaceCache struct {
+	mu sync.Mutex
+	m  map[ifaceKey]ifaceEntry
+}
+
+type ifaceKey struct {
+	netns  uint64
+	addr   netip.Addr
+	owning bool // the interface owning addr, not the route to it
+}
+
+type ifaceEntry struct {
+	ifname string
+	at     time.Time
+}
+
+const (
+	ifaceTTL      = 100 * time.Millisecond
+	ifaceCacheMax = 4096 // entries; the map is cleared when it is full
+)
+
+func (c *ifaceCache) lookup(a netip.Addr, owning bool) (string, error) {
+	find := ifaceRoute
+	if owning {
+		find = ifaceOwning
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return find(a)
+	}
+	k, now := ifaceKey{st.Ino, a, owning}, time.Now()
+	c.mu.Lock()
+	r, ok := c.m[k]
+	c.mu.Unlock()
+	if ok && now.Sub(r.at) < ifaceTTL {
+		return r.ifname, nil
+	}
+	name, err := find(a)
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= ifaceCacheMax {
+		c.m = map[ifaceKey]ifaceEntry{}
+	}
+	c.m[k] = ifaceEntry{name, now}
+	c.mu.Unlock()
+	return name, nil
 }
 
 func ifaceOwning(a netip.Addr) (string, error) {
