@@ -189,7 +189,7 @@ static __always_inline int kernel_flow(struct iphdr *ip, struct l4_ports *l4, vo
 	};
 
 	if ((void *)(flags + 1) > data_end)
-		return 1;
+		return 0; // a truncated header: the stack drops and counts it
 	if ((*flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
 		bpf_map_delete_elem(&handover_flows, &fk);
 		return 0;
