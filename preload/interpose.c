@@ -20,6 +20,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -1431,4 +1432,26 @@ int chroot(const char *path)
 	if (vmx_ready && !vmx_forked)
 		vmxgo_before_chroot((char *)path);
 	return REAL(chroot)(path);
+}
+
+/* A thread that enters another network namespace: the engine's answers
+ * for the process's own namespace no longer hold for every thread
+ * (Engine.NetnsMoved). */
+DECLARE(int, setns, int, int);
+DECLARE(int, unshare, int);
+
+int setns(int fd, int nstype)
+{
+	int r = REAL(setns)(fd, nstype);
+	if (r == 0 && vmx_ready && !vmx_forked && (nstype == 0 || nstype & CLONE_NEWNET))
+		vmxgo_netns_moved();
+	return r;
+}
+
+int unshare(int flags)
+{
+	int r = REAL(unshare)(flags);
+	if (r == 0 && vmx_ready && !vmx_forked && (flags & CLONE_NEWNET))
+		vmxgo_netns_moved();
+	return r;
 }

@@ -170,6 +170,12 @@ func vmxgo_before_setuid(call *C.char, r, e, s C.long) {
 	eng.BeforeSetuid(C.GoString(call), int(r), int(e), int(s))
 }
 
+// vmxgo_netns_moved: a thread of the process entered another network
+// namespace.
+//
+//export vmxgo_netns_moved
+func vmxgo_netns_moved() { eng.NetnsMoved() }
+
 // vmxgo_before_chroot: the calling thread is about to chroot to dir.
 //
 //export vmxgo_before_chroot

@@ -1526,6 +1526,11 @@ func TestRunTCPLinkDownUp(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
+		// The log reaches the test through a pipe that a goroutine copies:
+		// the line of the connection just answered may not be in yet.
+		if err := p.waitFor("fd 8: tcp connection"); err != nil {
+			t.Errorf("the connection made after the link came back: %v", err)
+		}
 		p.wantSaid(t, "interface "+b.Link(testbed.B)+" is down", "interface up: offloaded traffic resumes", "fd 8: tcp connection")
 	})
 }

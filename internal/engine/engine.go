@@ -743,6 +743,16 @@ func (e *Engine) Conn(fd int) *stack.UDPConn {
 	return nil
 }
 
+// NetnsMoved is told that a thread of the process entered another
+// network namespace (setns, unshare).
+func (e *Engine) NetnsMoved() {
+	if !e.ifaces.perNS.Swap(true) {
+		e.ifaces.mu.Lock()
+		clear(e.ifaces.m)
+		e.ifaces.mu.Unlock()
+	}
+}
+
 // pickInterface: the interface owning local, else the route to remote, else
 // VMAXDP_INTERFACE, else the only candidate.
 func (e *Engine) pickInterface(local, remote netip.Addr) (string, error) {
@@ -770,16 +780,19 @@ func (e *Engine) pickInterface(local, remote netip.Addr) (string, error) {
 // request and a dump of the interfaces: 40% of a TCP connect's cost under
 // vmaxdp (ab, a connection a request: perf), where the kernel's connect
 // looks its route up in place. A route or address change is seen within
-// ifaceTTL. Entries are per network namespace (a thread may have entered
-// another); a thread whose namespace cannot be read (a chroot without
-// /proc) is not cached.
+// ifaceTTL. Once a thread of the process has entered another network
+// namespace (NetnsMoved), entries are per namespace, read from
+// /proc/thread-self (a stat: 12 us a connect, so not before), and a
+// thread whose namespace cannot be read (a chroot without /proc) is not
+// cached.
 type ifaceCache struct {
-	mu sync.Mutex
-	m  map[ifaceKey]ifaceEntry
+	mu    sync.Mutex
+	m     map[ifaceKey]ifaceEntry
+	perNS atomic.Bool // a thread entered another namespace
 }
 
 type ifaceKey struct {
-	netns  uint64
+	netns  uint64 // 0: the process's namespace, while every thread is in it
 	addr   netip.Addr
 	owning bool // the interface owning addr, not the route to it
 }
@@ -799,11 +812,14 @@ func (c *ifaceCache) lookup(a netip.Addr, owning bool) (string, error) {
 	if owning {
 		find = ifaceOwning
 	}
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
-		return find(a)
+	k, now := ifaceKey{0, a, owning}, time.Now()
+	if c.perNS.Load() {
+		var st unix.Stat_t
+		if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+			return find(a)
+		}
+		k.netns = st.Ino
 	}
-	k, now := ifaceKey{st.Ino, a, owning}, time.Now()
 	c.mu.Lock()
 	r, ok := c.m[k]
 	c.mu.Unlock()

@@ -12,8 +12,9 @@ import (
 
 // TestIfaceCacheFollowsRoutes: the interface the kernel routes a
 // destination through is looked up once per ifaceTTL, and a route that
-// moves to another interface is followed within it; a thread in another
-// namespace gets that namespace's answer, not a cached one.
+// moves to another interface is followed within it; once a thread has
+// entered another namespace (NetnsMoved), a thread there gets that
+// namespace's answer, not a cached one.
 func TestIfaceCacheFollowsRoutes(t *testing.T) {
 	bed := testutil.Bed(t, nil)
 	dst := netip.MustParseAddr("198.19.7.7")
@@ -31,11 +32,11 @@ func TestIfaceCacheFollowsRoutes(t *testing.T) {
 	ip("link", "set", "vmxq1", "up")
 	ip("route", "add", dst.String()+"/32", "dev", bed.Link(testbed.B))
 	ipIn(testbed.A, "route", "add", dst.String()+"/32", "dev", bed.Link(testbed.A))
-	var c ifaceCache
+	e := &Engine{}
 	lookup := func(side testbed.Side) (name string) {
 		t.Helper()
 		if err := bed.Do(side, func() (err error) {
-			name, err = c.lookup(dst, false)
+			name, err = e.ifaces.lookup(dst, false)
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -51,11 +52,15 @@ func TestIfaceCacheFollowsRoutes(t *testing.T) {
 	if got := lookup(testbed.B); time.Since(looked) < ifaceTTL && got != bed.Link(testbed.B) {
 		t.Errorf("within ifaceTTL: %s, want the cached %s", got, bed.Link(testbed.B))
 	}
-	if got := lookup(testbed.A); got != bed.Link(testbed.A) {
-		t.Errorf("from side A's namespace: %s, want %s (its own default route)", got, bed.Link(testbed.A))
-	}
 	time.Sleep(ifaceTTL + 20*time.Millisecond)
 	if got := lookup(testbed.B); got != "vmxq0" {
 		t.Errorf("after ifaceTTL: %s, want vmxq0, where the route moved", got)
+	}
+	e.NetnsMoved()
+	if got := lookup(testbed.B); got != "vmxq0" {
+		t.Errorf("per namespace: %s from side B, want vmxq0", got)
+	}
+	if got := lookup(testbed.A); got != bed.Link(testbed.A) {
+		t.Errorf("per namespace: %s from side A, want %s (its own route)", got, bed.Link(testbed.A))
 	}
 }
