@@ -857,10 +857,21 @@ func TestRunTCPChurn(t *testing.T) {
 				c.Close()
 			}
 			conns = conns[:0]
+			rsts := testutil.SNMPStat(t, b, testbed.B, "Tcp", "OutRsts")
 			for i := range 10000 {
 				c, err := dial()
 				if err != nil {
-					return fmt.Errorf("cycle %d of 10,000: %w", i, err)
+					// Who refused: side B's kernel, or netstack (its
+					// counters in the stats).
+					view, _ := vmaxdpStats(tools(t), "-p", strconv.Itoa(p.pid), "-v", "3", "-c", "1")
+					var tcp []string
+					for _, l := range strings.Split(view, "\n") {
+						if strings.Contains(l, "reset") || strings.Contains(l, "listen_overflow") || strings.Contains(l, "Rule") || strings.Contains(l, "Passed") {
+							tcp = append(tcp, strings.TrimSpace(l))
+						}
+					}
+					return fmt.Errorf("cycle %d of 10,000: %w (side B's kernel sent %d resets during the cycles; the server's counters: %s)",
+						i, err, testutil.SNMPStat(t, b, testbed.B, "Tcp", "OutRsts")-rsts, strings.Join(tcp, "; "))
 				}
 				err = ping(c)
 				c.Close()
