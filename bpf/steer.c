@@ -150,12 +150,10 @@ struct l4_ports {
 #define TCP_SYN 0x02
 #define TCP_ACK 0x10
 
-// to_kernel_in_handover says whether a TCP segment on a rule in handover
-// goes to the kernel: a connection's first SYN, and every later segment
-// of a connection that began so.
-static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_ports *l4, void *data_end)
+// connection_of is the 5-tuple of a TCP segment's connection, as a
+// 5-tuple rule keys it (local first).
+static __always_inline struct flow_key connection_of(struct iphdr *ip, struct l4_ports *l4)
 {
-	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
 	struct flow_key fk = {
 		.local_addr = ip->daddr,
 		.remote_addr = ip->saddr,
@@ -163,6 +161,16 @@ static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_por
 		.remote_port = l4->source,
 		.proto = IPPROTO_TCP,
 	};
+	return fk;
+}
+
+// to_kernel_in_handover says whether a TCP segment on a rule in handover
+// goes to the kernel: a connection's first SYN, and every later segment
+// of a connection that began so.
+static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_ports *l4, void *data_end)
+{
+	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
+	struct flow_key fk = connection_of(ip, l4);
 	__u32 one = 1;
 
 	if ((void *)(flags + 1) > data_end)
@@ -180,13 +188,7 @@ static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_por
 static __always_inline int kernel_flow(struct iphdr *ip, struct l4_ports *l4, void *data_end)
 {
 	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
-	struct flow_key fk = {
-		.local_addr = ip->daddr,
-		.remote_addr = ip->saddr,
-		.local_port = l4->dest,
-		.remote_port = l4->source,
-		.proto = IPPROTO_TCP,
-	};
+	struct flow_key fk = connection_of(ip, l4);
 
 	if ((void *)(flags + 1) > data_end)
 		return 0; // a truncated header: the stack drops and counts it

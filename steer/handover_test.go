@@ -51,6 +51,17 @@ func serveQueue(t *testing.T, p *steer.Program, ifname string, q int) {
 	}
 }
 
+// listenerAndConn adds the rules of a TCP listener on port and of its
+// connection from 198.18.0.1:sport (tcpFrame's addresses).
+func listenerAndConn(p *steer.Program, port, sport uint16) (listener, conn steer.RuleID, err error) {
+	if listener, err = p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)}); err != nil {
+		return 0, 0, err
+	}
+	conn, err = p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
+		Local: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), sport)})
+	return listener, conn, err
+}
+
 // TestHandover runs the steering program on crafted segments: on a rule
 // in handover, a new connection goes to the kernel from its SYN on, the
 // connections the stack had still come to it, and once the rule is gone
@@ -158,12 +169,7 @@ func TestToKernel(t *testing.T) {
 		defer p.Close()
 		serveQueue(t, p, bed.Link(testbed.B), 0)
 		const port, moved, other = 8081, 40010, 40011
-		listener, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)})
-		if err != nil {
-			return err
-		}
-		conn, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
-			Local: netip.MustParseAddrPort("198.18.0.2:8081"), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), moved)})
+		listener, conn, err := listenerAndConn(p, port, moved)
 		if err != nil {
 			return err
 		}
@@ -223,12 +229,7 @@ func TestUnservedQueue(t *testing.T) {
 		}
 		defer p.Close()
 		const port, held, fresh = 8082, 40020, 40021
-		listener, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)})
-		if err != nil {
-			return err
-		}
-		conn, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
-			Local: netip.MustParseAddrPort("198.18.0.2:8082"), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), held)})
+		listener, conn, err := listenerAndConn(p, port, held)
 		if err != nil {
 			return err
 		}
