@@ -51,6 +51,17 @@ func serveQueue(t *testing.T, p *steer.Program, ifname string, q int) {
 	}
 }
 
+// verdict runs the program on a crafted segment from 198.18.0.1:sport
+// to port and returns its XDP verdict.
+func verdict(t *testing.T, p *steer.Program, sport, port uint16, syn, ack bool) uint32 {
+	t.Helper()
+	ret, err := p.Run(tcpFrame(t, sport, port, syn, ack))
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return ret
+}
+
 // listenerAndConn adds the rules of a TCP listener on port and of its
 // connection from 198.18.0.1:sport (tcpFrame's addresses).
 func listenerAndConn(p *steer.Program, port, sport uint16) (listener, conn steer.RuleID, err error) {
@@ -91,9 +102,9 @@ func TestHandover(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ret, err := p.Run(tcpFrame(t, sport, port, syn, ack))
-			if err != nil || ret != xdpPass && ret != xdpRedirect {
-				t.Fatalf("BPF_PROG_TEST_RUN: %d, %v; want XDP_PASS or XDP_REDIRECT", ret, err)
+			ret := verdict(t, p, sport, port, syn, ack)
+			if ret != xdpPass && ret != xdpRedirect {
+				t.Fatalf("verdict %d, want XDP_PASS or XDP_REDIRECT", ret)
 			}
 			after, err := p.RuleCounters(id)
 			if err != nil {
@@ -178,8 +189,8 @@ func TestToKernel(t *testing.T) {
 			t.Helper()
 			c0, _ := p.RuleCounters(conn)
 			l0, _ := p.RuleCounters(listener)
-			if ret, err := p.Run(tcpFrame(t, sport, port, false, true)); err != nil || ret != xdpPass && ret != xdpRedirect {
-				t.Fatalf("BPF_PROG_TEST_RUN: %d, %v; want XDP_PASS or XDP_REDIRECT", ret, err)
+			if ret := verdict(t, p, sport, port, false, true); ret != xdpPass && ret != xdpRedirect {
+				t.Fatalf("verdict %d, want XDP_PASS or XDP_REDIRECT", ret)
 			}
 			c1, _ := p.RuleCounters(conn)
 			l1, _ := p.RuleCounters(listener)
@@ -233,34 +244,27 @@ func TestUnservedQueue(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		verdict := func(sport uint16, syn, ack bool) uint32 {
-			t.Helper()
-			ret, err := p.Run(tcpFrame(t, sport, port, syn, ack))
-			if err != nil {
-				t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
-			}
-			return ret
-		}
-		if v := verdict(held, false, true); v != xdpDrop {
+		run := func(sport uint16, syn, ack bool) uint32 { t.Helper(); return verdict(t, p, sport, port, syn, ack) }
+		if v := run(held, false, true); v != xdpDrop {
 			t.Errorf("unserved queue: a segment of the stack's connection got verdict %d, want XDP_DROP", v)
 		}
 		if c, _ := p.RuleCounters(conn); c.RedirectFailures != 1 {
 			t.Errorf("the dropped segment was counted %d times as a redirect failure, want 1", c.RedirectFailures)
 		}
-		if v := verdict(fresh, true, false); v != xdpPass {
+		if v := run(fresh, true, false); v != xdpPass {
 			t.Errorf("unserved queue: a new connection's SYN got verdict %d, want XDP_PASS (the kernel's listener)", v)
 		}
 		serveQueue(t, p, bed.Link(testbed.B), 0)
-		if v := verdict(fresh, false, true); v != xdpPass {
+		if v := run(fresh, false, true); v != xdpPass {
 			t.Errorf("served again: the rest of a connection the kernel took got verdict %d, want XDP_PASS", v)
 		}
-		if v := verdict(held, false, true); v != xdpRedirect {
+		if v := run(held, false, true); v != xdpRedirect {
 			t.Errorf("served again: a segment of the stack's connection got verdict %d, want XDP_REDIRECT", v)
 		}
-		if v := verdict(fresh, true, false); v != xdpRedirect {
+		if v := run(fresh, true, false); v != xdpRedirect {
 			t.Errorf("served: a new SYN of a 5-tuple the kernel once had got verdict %d, want XDP_REDIRECT", v)
 		}
-		if v := verdict(fresh, false, true); v != xdpRedirect {
+		if v := run(fresh, false, true); v != xdpRedirect {
 			t.Errorf("served: the rest of that connection got verdict %d, want XDP_REDIRECT (the stack's now)", v)
 		}
 		if l, _ := p.RuleCounters(listener); l.RedirectFailures != 0 {
