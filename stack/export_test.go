@@ -77,3 +77,11 @@ const AppPollRecent = appPollRecent
 // EndpointCorked says whether c's netstack endpoint has TCP_CORK on, the
 // application's view (Option) aside.
 func EndpointCorked(c *TCPConn) bool { return c.ep.SocketOptions().GetCorkOption() }
+
+// HoldShrink keeps the link watcher from shrinking netstack's segments
+// when the MTU comes down (on), as in the moment before it sees the
+// change.
+func HoldShrink(on bool) { shrinkOff.Store(on) }
+
+// ShrinkMSS shrinks netstack's segments to the MTU now.
+func ShrinkMSS(st *Stack) { st.shrinkMSS() }

@@ -228,6 +228,52 @@ func TestTCPGatherOneSegment(t *testing.T) {
 	})
 }
 
+// TestTCPFragmentsNotSent: between the MTU coming down and netstack's
+// segments shrinking, netstack's IP layer fragments its full segments,
+// whose checksum it left to the link. With a backend that finishes
+// checksums, no such fragment leaves (TxDropped): before, each fragment's
+// checksum was finished as if it were a whole segment, into the data of
+// those after the first, and a kernel reader took 1 MB altered (stalled,
+// on the tuned bed). Once the segments shrink, the transfer completes
+// intact.
+func TestTCPFragmentsNotSent(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7431)
+		sc := s.(*stack.TCPConn)
+		stack.HoldShrink(true)
+		defer stack.HoldShrink(false)
+		for _, side := range []testbed.Side{testbed.A, testbed.B} {
+			mustRun(t, bed, side, "ip", "link", "set", bed.Link(side), "mtu", "1280")
+		}
+		eventually(t, "the stack sees MTU 1280", func() bool { return sc.Info().Advmss <= 1280-40 })
+		dropped := st.TCPCounters.TxDropped.Load()
+		data := make([]byte, 1<<20)
+		for i := range data {
+			data[i] = byte(i * 7)
+		}
+		go s.Write(data)
+		got := make([]byte, len(data))
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		n, _ := io.ReadFull(c, got)
+		if !bytes.Equal(got[:n], data[:n]) {
+			t.Fatalf("the first %d bytes arrived altered", n)
+		}
+		if be := st.Backends(); len(be) > 0 && be[0].TxChecksum() && st.TCPCounters.TxDropped.Load() == dropped {
+			t.Errorf("no fragment was held back (TxDropped did not move); %d bytes arrived", n)
+		}
+		stack.HoldShrink(false)
+		stack.ShrinkMSS(st)
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.ReadFull(c, got[n:]); err != nil {
+			t.Fatalf("after %d bytes: %v", n, err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatal("the data arrived altered")
+		}
+	})
+}
+
 // TestTCPMTUDown: the interface's MTU comes down under an established
 // connection. netstack's segments shrink to fit (Stack.shrinkMSS), as the
 // kernel's would: 1 MB then reaches the kernel reader intact with no IP

@@ -43,8 +43,10 @@ const tcpNIC tcpip.NICID = 1
 type TCPCounters struct {
 	RxSegments atomic.Uint64 // segments handed to netstack
 	TxSegments atomic.Uint64 // segments put on a transmit queue
-	// TxDropped counts netstack's packets that found no transmit frame or
-	// no next hop behind the interface; TCP sends them again.
+	// TxDropped counts netstack's packets that found no transmit frame,
+	// no next hop behind the interface, or were IP fragments whose
+	// checksum the backend could not finish (transmit); TCP sends them
+	// again.
 	TxDropped atomic.Uint64
 	// DrainErrors counts queues no goroutine drains for netstack: their
 	// descriptor could not join Go's netpoller (logged too).
@@ -421,11 +423,18 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	st := l.st
 	// Packets with no next hop behind the interface, or too long for a
 	// frame, are dropped before frames are taken for them: a transmit
-	// frame cannot be given back unsent.
+	// frame cannot be given back unsent. So are IP fragments while the
+	// backend finishes checksums: netstack left the segment's checksum to
+	// the link and then fragmented it (the MTU came down, and shrinkMSS
+	// has not run yet), and a checksum asked of each fragment was written
+	// into the data of those after the first (a kernel reader on the veth
+	// took 1 MB altered). TCP sends them again, shrunk.
+	partial := q.be.TxChecksum()
 	var send [rxBatch]int
 	n := 0
 	for i, pkt := range pkts {
-		if !hops[i].viaKernel && header.EthernetLen+pkt.Size() <= st.txFrameLen {
+		if !hops[i].viaKernel && header.EthernetLen+pkt.Size() <= st.txFrameLen &&
+			!(partial && header.IPv4(pkt.NetworkHeader().Slice()).IsFragment()) {
 			send[n] = i
 			n++
 		}
@@ -983,6 +992,9 @@ func (st *Stack) Netstack() (NetstackCounters, bool) {
 // the MTU at each send. What netstack takes from such an ICMP message is
 // given to each connection as if one had come.
 func (st *Stack) shrinkMSS() {
+	if shrinkOff.Load() {
+		return
+	}
 	mtu := tooBig(st.tcpMTU() - header.IPv4MinLen)
 	st.tcpConns.Range(func(_, v any) bool {
 		if ep, ok := v.(*TCPConn).ep.(nstack.TransportEndpoint); ok {
@@ -991,6 +1003,10 @@ func (st *Stack) shrinkMSS() {
 		return true
 	})
 }
+
+// shrinkOff is set only by a test that looks at what netstack sends
+// before its segments shrink.
+var shrinkOff atomic.Bool
 
 // tooBig is an ICMP "fragmentation needed" for netstack's TCP: the
 // largest IP payload that passes (shrinkMSS). netstack reads its Kind
