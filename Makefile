@@ -14,7 +14,7 @@ PRELOAD_LDFLAGS := -X github.com/vmaxdp/vmaxdp/internal/engine.Version=$(VERSION
 BPF_CFLAGS := -O2 -g -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
 DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium \
-	iperf3 dnsperf knot unbound nsd dnsmasq-base memcached libmemcached-tools redis-server redis-tools nginx-light socat haproxy mosquitto mosquitto-clients libibverbs-dev ibverbs-providers
+	iperf3 iperf dnsperf knot unbound nsd dnsmasq-base memcached libmemcached-tools redis-server redis-tools nginx-light socat haproxy mosquitto mosquitto-clients libibverbs-dev ibverbs-providers
 STAMP     := .deps.stamp
 
 .PHONY: help deps build generate check-generate test test-short test-race bench fuzz demo lint clean
@@ -73,7 +73,7 @@ bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by s
 
 FUZZTIME ?= 60s
 # package:target pairs, every parser of untrusted input.
-FUZZ := ./stack/header:FuzzParse ./stack:FuzzParseDiagMsg ./stack:FuzzNetstack ./tracefile:FuzzReader ./tracefile:FuzzEvents ./tracefile:FuzzEventsRoundTrip ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse ./stats:FuzzDecode
+FUZZ := ./stack/header:FuzzParse ./stack:FuzzParseDiagMsg ./stack:FuzzNetstack ./stack:FuzzMemberOf ./tracefile:FuzzReader ./tracefile:FuzzEvents ./tracefile:FuzzEventsRoundTrip ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse ./stats:FuzzDecode
 
 # A run that fails with "context deadline exceeded" and writes no failing
 # input met a race in Go's fuzzing coordinator at the -fuzztime deadline

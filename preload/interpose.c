@@ -601,6 +601,16 @@ int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
+	if (level == SOL_SOCKET && name == SO_RCVBUF && engine(fd) && val && len && *len >= sizeof(int)) {
+		/* While its stack opens, the kernel socket's buffer is raised
+		 * (engine.holdKernelQueue): the application sees its own. */
+		int held = vmxgo_held_rcvbuf(fd);
+		if (held > 0) {
+			*(int *)val = held;
+			*len = sizeof(int);
+			return 0;
+		}
+	}
 	return REAL(getsockopt)(fd, level, name, val, len);
 }
 

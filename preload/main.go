@@ -707,6 +707,9 @@ func vmxgo_tcp_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen
 	return -C.long(eng.TCPSetOption(f, int(level), int(name), optInt(val, n)))
 }
 
+//export vmxgo_held_rcvbuf
+func vmxgo_held_rcvbuf(fd C.int) C.int { return C.int(eng.HeldRcvBuf(int(fd))) }
+
 //export vmxgo_tcp_getsockopt
 func vmxgo_tcp_getsockopt(fd, level, name C.int, val unsafe.Pointer, n *C.socklen_t) C.long {
 	f := int(fd)

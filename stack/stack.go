@@ -103,6 +103,12 @@ type Options struct {
 	// not serve shares. It must close them (the kernel listeners take
 	// over); when nil, the stack closes them itself.
 	SharedListeners func(ls []*NetstackListener, reason string)
+	// McLoopViaKernel, when set, is told of a socket's first multicast
+	// send that goes through its kernel socket because the group has a
+	// member on this host and the socket's IP_MULTICAST_LOOP is on
+	// (mcmember.go), so that the application's log can say why. It runs
+	// on the sending thread and must not block.
+	McLoopViaKernel func(c *UDPConn, group netip.Addr)
 }
 
 // ErrNotWanted is returned by Open when Options.Wanted said no.
@@ -264,6 +270,10 @@ type Stack struct {
 	nlBuf      []byte
 	diag       *diag // lists the kernel sockets on a port (nil: none)
 	shareKick  int   // eventfd: look for shared ports now (-1: none)
+
+	// mcMembers: the groups the interface is a member of in the stack's
+	// namespace, sorted; nil when the kernel does not say (mcmember.go).
+	mcMembers atomic.Pointer[[]netip.Addr]
 
 	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
 	// demultiplexer writes each one's eventfd (muxSleeping) when it queues

@@ -98,12 +98,14 @@ type UDPConn struct {
 	remote netip.AddrPort // valid when connected
 	ttl    atomic.Uint32  // unicast TTL
 	mttl   atomic.Uint32  // multicast TTL
-	// mcKernel sends multicast through the kernel socket: for the
-	// kernel's loopback copy to this host's receivers (IP_MULTICAST_LOOP),
-	// or another interface (IP_MULTICAST_IF).
-	mcKernel atomic.Bool
-	rxLim    atomic.Int64 // payload bytes the receive queue may hold
-	stamp    atomic.Bool  // stamp datagrams with their arrival time (SetRecvStamp)
+	// mcLoop: multicast to a group with a member on this host goes
+	// through the kernel socket, for the kernel's loopback copy
+	// (IP_MULTICAST_LOOP; mcmember.go). mcOtherIf: all multicast does,
+	// for another interface (IP_MULTICAST_IF).
+	mcLoop, mcOtherIf atomic.Bool
+	mcLoopTold        atomic.Bool  // Options.McLoopViaKernel was called
+	rxLim             atomic.Int64 // payload bytes the receive queue may hold
+	stamp             atomic.Bool  // stamp datagrams with their arrival time (SetRecvStamp)
 
 	rules []steer.RuleID
 	keys  []sockKey
@@ -264,7 +266,8 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	n.txq = c.txq // what c queued to transmit leaves before what n sends
 	n.ttl.Store(c.ttl.Load())
 	n.mttl.Store(c.mttl.Load())
-	n.mcKernel.Store(c.mcKernel.Load())
+	n.mcLoop.Store(c.mcLoop.Load())
+	n.mcOtherIf.Store(c.mcOtherIf.Load())
 	n.rxLim.Store(c.rxLim.Load())
 	st.rxMu.Lock()
 	n.sources = maps.Clone(c.sources) // a socket bound to its group has no rule to steer again
@@ -1180,10 +1183,14 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 		if hop, err = c.hopTo(to, now); err != nil {
 			return 0, c.sendErr(to, err)
 		}
-		// Not behind our interface, or multicast the kernel must loop back.
-		kernel = hop.viaKernel || to.Addr().IsMulticast() && c.mcKernel.Load()
+		// Not behind our interface, or multicast the kernel must send.
+		kernel = hop.viaKernel || to.Addr().IsMulticast() && c.mcViaKernel(to.Addr())
 	}
 	if kernel {
+		// What this socket's earlier sends left on the ring leaves first.
+		if q := c.txq; q != nil && q.unkicked.Load() {
+			st.flushQueue(q, true, 0)
+		}
 		for i, b := range msgs {
 			if err := c.sendKernel(b, to); err != nil {
 				return i, err
@@ -1266,12 +1273,33 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 	return sent, nil
 }
 
-// SetMulticastViaKernel makes the socket's multicast go through its kernel
-// socket (on) or the stack (off, the default). The stack's own multicast
-// reaches the wire only: a receiver on this host gets no copy, which the
-// kernel makes when IP_MULTICAST_LOOP is on; and it leaves by the stack's
-// interface, whatever IP_MULTICAST_IF names.
-func (c *UDPConn) SetMulticastViaKernel(on bool) { c.mcKernel.Store(on) }
+// mcViaKernel says whether multicast to group goes through the kernel
+// socket: for another interface, or for the kernel's loopback copy to a
+// member on this host.
+func (c *UDPConn) mcViaKernel(group netip.Addr) bool {
+	if c.mcOtherIf.Load() {
+		return true
+	}
+	if !c.mcLoop.Load() || !c.st.localMember(group) {
+		return false
+	}
+	if f := c.st.opts.McLoopViaKernel; f != nil && !c.mcLoopTold.Swap(true) {
+		f(c, group)
+	}
+	return true
+}
+
+// SetMulticastLoop follows IP_MULTICAST_LOOP (off by default): while it
+// is on, multicast to a group that has a member on this host goes through
+// the kernel socket, which gives the member its copy. The stack's own
+// multicast reaches the wire only.
+func (c *UDPConn) SetMulticastLoop(on bool) { c.mcLoop.Store(on) }
+
+// SetMulticastViaKernel makes all the socket's multicast go through its
+// kernel socket (on) or the stack (off, the default): on for an interface
+// other than the stack's (IP_MULTICAST_IF), as the stack's multicast
+// leaves by its own interface.
+func (c *UDPConn) SetMulticastViaKernel(on bool) { c.mcOtherIf.Store(on) }
 
 // LocalAddr implements net.PacketConn.
 func (c *UDPConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.local) }

@@ -50,6 +50,7 @@ func (st *Stack) startWatch(initial linkState) error {
 		return fmt.Errorf("watch link events: %w", err)
 	}
 	fd = highfd.Move(fd)
+	st.watchMembers(fd)
 	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		highfd.Close(fd)
@@ -132,7 +133,13 @@ func (st *Stack) watch(fd int, last linkState) {
 			}
 			continue
 		}
-		if !st.drainEvents(fd, buf) {
+		link, members := st.drainEvents(fd, buf)
+		if members {
+			if err := st.readMembers(); err != nil {
+				slog.Warn(fmt.Sprintf("stack %s: multicast with IP_MULTICAST_LOOP on goes through the kernel: %v", st.ifname, err))
+			}
+		}
+		if !link {
 			continue // events of other links only
 		}
 		var ok bool
@@ -169,31 +176,34 @@ func (st *Stack) detachIdle(since time.Time) time.Time {
 const idleDetach = time.Second
 
 // drainEvents reads the pending events and says whether one concerns the
-// stack's interface (or whether the socket lost events, when it must be
-// assumed it did).
-func (st *Stack) drainEvents(fd int, buf []byte) bool {
-	ours := false
+// stack's interface (link) or its multicast memberships (members); both
+// when the socket lost events, as it must then be assumed it did.
+func (st *Stack) drainEvents(fd int, buf []byte) (link, members bool) {
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err == unix.EAGAIN {
-			return ours
+			return link, members
 		}
 		if err != nil {
-			return true // ENOBUFS: events lost
+			return true, st.mcMembers.Load() != nil // ENOBUFS: events lost
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return true
+			return true, st.mcMembers.Load() != nil
 		}
 		for _, m := range msgs {
 			switch m.Header.Type {
 			case unix.RTM_NEWLINK, unix.RTM_DELLINK:
 				if len(m.Data) >= unix.SizeofIfInfomsg && int((*unix.IfInfomsg)(ptr(m.Data)).Index) == st.ifindex {
-					ours = true
+					link = true
 				}
 			case unix.RTM_NEWADDR, unix.RTM_DELADDR:
 				if len(m.Data) >= unix.SizeofIfAddrmsg && int((*unix.IfAddrmsg)(ptr(m.Data)).Index) == st.ifindex {
-					ours = true
+					link = true
+				}
+			case rtmNewMulticast, rtmDelMulticast:
+				if _, ok := memberOf(m.Data, st.ifindex); ok {
+					members = true
 				}
 			}
 		}

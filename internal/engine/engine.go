@@ -480,6 +480,11 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	}
 	c.Counters.RxOSPackets.Add(s.osRxPackets.Swap(0))
 	c.Counters.RxOSBytes.Add(s.osRxBytes.Swap(0))
+	if s.heldRcvbuf != 0 {
+		// The queue holds what the kernel socket's own buffer would, not
+		// the raised one's (a 4 MiB queue outgrows the frames of a UMEM).
+		c.SetRxBytesLimit(s.heldRcvbuf)
+	}
 	e.applyOptions(s, c)
 	s.conn.Store(c)
 	s.state = StateOffloaded
@@ -555,6 +560,19 @@ func (e *Engine) holdKernelQueue(s *Socket) {
 		return
 	}
 	s.heldRcvbuf = n
+}
+
+// HeldRcvBuf is fd's kernel socket's own SO_RCVBUF while holdKernelQueue
+// has raised it, 0 when it is not raised: getsockopt answers it, so that
+// the application sees the size it has (iperf prints it).
+func (e *Engine) HeldRcvBuf(fd int) int {
+	s := e.get(fd)
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heldRcvbuf
 }
 
 // releaseKernelQueue gives s's kernel socket its own receive buffer size
@@ -688,8 +706,21 @@ func (e *Engine) logNotOffloaded(fd int, what, cause string) {
 	e.Log.Printf(level, "fd %d: not offloaded: %s: %s%s", fd, what, cause, more)
 }
 
+// logMcLoop says why a socket's multicast goes through the kernel: at
+// INFO for the first socket, at DEBUG for the others, as logNotOffloaded.
+func (e *Engine) logMcLoop(c *stack.UDPConn, group netip.Addr) {
+	const cause = "mc-loop"
+	level, more := params.LevelInfo, " (other sockets' are logged at debug level)"
+	if _, seen := e.causes.LoadOrStore(cause, true); seen {
+		level, more = params.LevelDebug, ""
+	}
+	e.Log.Printf(level, "fd %d: multicast to %v goes through the kernel while a socket of this host is a member of the group on %s: IP_MULTICAST_LOOP is on, and the kernel gives the member its copy (turn it off, or VMAXDP_TX_MC_LOOPBACK=0, to offload it)%s",
+		c.FD(), group, c.Stack().Interface(), more)
+}
+
 func (e *Engine) applyMulticast(s *Socket, c *stack.UDPConn) {
-	c.SetMulticastViaKernel(s.mcLoop || s.mcIf != "" && s.mcIf != c.Stack().Interface())
+	c.SetMulticastLoop(s.mcLoop)
+	c.SetMulticastViaKernel(s.mcIf != "" && s.mcIf != c.Stack().Interface())
 }
 
 func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
@@ -905,6 +936,7 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 		// lock: a thread holding one may be closing the stack.
 		Shared:           func(cs []*stack.UDPConn, reason string) { go e.sharedToKernel(cs, reason) },
 		SharedListeners:  func(ls []*stack.NetstackListener, reason string) { go e.sharedListenersToKernel(ls, reason) },
+		McLoopViaKernel:  e.logMcLoop,
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
 		Steer:            &steer.Options{Generic: p.XDPMode == "generic"},
 		RxPoll:           p.RxPoll,
@@ -1162,7 +1194,8 @@ func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
 }
 
 // SetMulticastLoop follows IP_MULTICAST_LOOP: while it is on, the socket's
-// multicast goes through the kernel, which loops a copy back to this host.
+// multicast to a group with a member on this host goes through the
+// kernel, which gives the member its copy.
 func (e *Engine) SetMulticastLoop(fd int, on bool) {
 	e.setMulticast(fd, func(s *Socket) { s.mcLoop = on })
 }
