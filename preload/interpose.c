@@ -206,6 +206,7 @@ DECLARE(int, socket, int, int, int);
 DECLARE(int, bind, int, const struct sockaddr *, socklen_t);
 DECLARE(int, connect, int, const struct sockaddr *, socklen_t);
 DECLARE(int, close, int);
+DECLARE(int, pthread_cancel, pthread_t);
 DECLARE(int, listen, int, int);
 DECLARE(int, accept, int, struct sockaddr *, socklen_t *);
 DECLARE(int, accept4, int, struct sockaddr *, socklen_t *, int);
@@ -415,14 +416,144 @@ static __thread int vmx_thread_known __attribute__((tls_model("initial-exec")));
  * epoll_wait) comes through here: a thread's first tells the engine, which
  * gives each such thread a P of Go's (vmxgo_thread). It returns the
  * thread's signal counts, which blocking calls take. */
+static void vmx_register_thread(void);
+
 static inline struct vmx_signals *vmx_thread(void)
 {
 	if (__builtin_expect(!vmx_thread_known, 0)) {
 		vmx_thread_known = 1;
+		vmx_register_thread();
 		vmxgo_thread();
 	}
 	return &vmx_sig;
 }
+
+/* Cancellation (pthreads(7)). The calls the engine serves are
+ * cancellation points for the application, but glibc acts on a deferred
+ * pthread_cancel only inside its own wrappers, and signals no thread that
+ * is outside them: a thread blocked in an offloaded recvfrom was never
+ * cancelled, and pthread_join waited for ever (udp-sender, at the end of
+ * every transfer, cancels its return channel's thread so). Each such call
+ * acts on a pending cancel as it starts (CANCEL_POINT), and
+ * pthread_cancel is wrapped: after glibc's, a target waiting in the
+ * engine gets its vmx_sig.cancel set, which ends the engine's spin, and
+ * glibc's own SIGCANCEL, which ends its sleep (glibc's handler does
+ * nothing else to a thread in deferred mode). The call then acts on the
+ * cancel; with cancellation disabled it calls the engine again, as the
+ * kernel's call would still wait. A thread is found by its pthread_t in
+ * vmx_threads, which it joins at its first data call and leaves at exit;
+ * one that came after VMX_THREADS others is not woken, as before. */
+#define VMX_THREADS 4096
+#define VMX_SIGCANCEL 32 /* glibc's internal SIGRTMIN, which SIGRTMIN hides */
+static struct vmx_thread_slot {
+	int claimed;    /* taken by a thread that is filling it in */
+	pthread_t self; /* 0: not (yet) a thread's */
+	struct vmx_signals *sig;
+	int *waiting;
+	pid_t tid;
+} vmx_threads[VMX_THREADS];
+static __thread int vmx_waiting __attribute__((tls_model("initial-exec")));
+static pthread_key_t vmx_slot_key;
+static pthread_once_t vmx_slot_once = PTHREAD_ONCE_INIT;
+
+static void vmx_leave_threads(void *slot)
+{
+	struct vmx_thread_slot *t = slot;
+	__atomic_store_n(&t->self, (pthread_t)0, __ATOMIC_RELEASE);
+	__atomic_store_n(&t->claimed, 0, __ATOMIC_RELEASE);
+}
+
+static void vmx_slot_key_init(void) { pthread_key_create(&vmx_slot_key, vmx_leave_threads); }
+
+static void vmx_register_thread(void)
+{
+	pthread_once(&vmx_slot_once, vmx_slot_key_init);
+	for (int i = 0; i < VMX_THREADS; i++) {
+		struct vmx_thread_slot *t = &vmx_threads[i];
+		int free = 0;
+		if (__atomic_load_n(&t->claimed, __ATOMIC_RELAXED) ||
+		    !__atomic_compare_exchange_n(&t->claimed, &free, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+			continue;
+		t->sig = &vmx_sig;
+		t->waiting = &vmx_waiting;
+		t->tid = (pid_t)syscall(SYS_gettid);
+		/* pthread_cancel reads the slot once it sees self. */
+		__atomic_store_n(&t->self, pthread_self(), __ATOMIC_RELEASE);
+		pthread_setspecific(vmx_slot_key, t);
+		return;
+	}
+}
+
+/* glibc installs its SIGCANCEL handler at the first pthread_cancel, and
+ * without SA_ONSTACK: the wake below may interrupt Go code, whose
+ * goroutine stack is too small for a C handler and its signal frame (see
+ * vmx_on_signal). The handler is given SA_ONSTACK with a raw
+ * rt_sigaction, as glibc's sigaction refuses its own signals. The wake
+ * is sent only when the handler is there: the default action of an
+ * unhandled SIGCANCEL ends the process. */
+struct vmx_ksigaction {
+	void *handler;
+	unsigned long flags;
+	void *restorer;
+	unsigned long mask;
+};
+static int vmx_cancel_wakes;
+static pthread_once_t vmx_cancel_once = PTHREAD_ONCE_INIT;
+
+static void vmx_cancel_onstack(void)
+{
+	struct vmx_ksigaction k;
+	if (syscall(SYS_rt_sigaction, VMX_SIGCANCEL, NULL, &k, sizeof k.mask) != 0 || k.handler == SIG_DFL ||
+	    k.handler == SIG_IGN)
+		return;
+	if (!(k.flags & SA_ONSTACK)) {
+		k.flags |= SA_ONSTACK;
+		if (syscall(SYS_rt_sigaction, VMX_SIGCANCEL, &k, NULL, sizeof k.mask) != 0)
+			return;
+	}
+	vmx_cancel_wakes = 1;
+}
+
+int pthread_cancel(pthread_t th)
+{
+	int r = REAL(pthread_cancel)(th);
+	if (r != 0)
+		return r;
+	pthread_once(&vmx_cancel_once, vmx_cancel_onstack);
+	/* glibc's cancel bit is set: against the target's store of
+	 * vmx_waiting and its look at that bit (CANCEL_POINT). */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	for (int i = 0; i < VMX_THREADS; i++) {
+		struct vmx_thread_slot *t = &vmx_threads[i];
+		if (__atomic_load_n(&t->self, __ATOMIC_ACQUIRE) != th)
+			continue;
+		if (__atomic_load_n(t->waiting, __ATOMIC_SEQ_CST)) {
+			__atomic_store_n(&t->sig->cancel, 1, __ATOMIC_SEQ_CST);
+			if (vmx_cancel_wakes)
+				syscall(SYS_tgkill, getpid(), t->tid, VMX_SIGCANCEL);
+		}
+		break;
+	}
+	return r;
+}
+
+/* CANCEL_POINT runs call, an engine call that may wait, as a
+ * cancellation point (see above), and returns what it returns. */
+#define CANCEL_POINT(call)                                                                   \
+	({                                                                                   \
+		long r_;                                                                     \
+		vmx_thread(); /* found by pthread_cancel before it can wait */      \
+		for (;;) {                                                                   \
+			__atomic_store_n(&vmx_waiting, 1, __ATOMIC_SEQ_CST);                 \
+			pthread_testcancel();                                                \
+			r_ = (call);                                                         \
+			__atomic_store_n(&vmx_waiting, 0, __ATOMIC_SEQ_CST);                 \
+			if (!__atomic_exchange_n(&vmx_sig.cancel, 0, __ATOMIC_SEQ_CST) ||    \
+			    r_ != -EINTR)                                                    \
+				break;                                                       \
+		}                                                                            \
+		r_;                                                                          \
+	})
 
 static void vmx_on_signal(int sig, siginfo_t *info, void *uc)
 {
@@ -545,7 +676,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
 {
 	claim(fd);
 	if (state(fd) == VMX_OFFLOADED) {
-		long r = vmxgo_accept(fd, addr, alen, flags, vmx_thread());
+		long r = CANCEL_POINT(vmxgo_accept(fd, addr, alen, flags, vmx_thread()));
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
@@ -819,12 +950,12 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
  * MSG_NOSIGNAL. */
 static long tcp_recv(int fd, const struct iovec *iov, int n, int flags)
 {
-	return vmxgo_tcp_recv(fd, (struct iovec *)iov, n, flags, vmx_thread());
+	return CANCEL_POINT(vmxgo_tcp_recv(fd, (struct iovec *)iov, n, flags, vmx_thread()));
 }
 
 static long tcp_send(int fd, const struct iovec *iov, int n, int flags)
 {
-	long r = vmxgo_tcp_send(fd, (struct iovec *)iov, n, flags, vmx_thread());
+	long r = CANCEL_POINT(vmxgo_tcp_send(fd, (struct iovec *)iov, n, flags, vmx_thread()));
 	if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
 		raise(SIGPIPE);
 	return r;
@@ -844,7 +975,7 @@ ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *src,
 		}
 	}
 	if (engine(fd)) {
-		long r = vmxgo_recvfrom(fd, buf, len, flags, src, alen, vmx_thread());
+		long r = CANCEL_POINT(vmxgo_recvfrom(fd, buf, len, flags, src, alen, vmx_thread()));
 		if (r != -VMX_PASS)
 			return ret(r);
 	}
@@ -881,7 +1012,7 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		}
 	}
 	if (engine(fd)) {
-		long r = vmxgo_recvmsg(fd, msg, flags, vmx_thread());
+		long r = CANCEL_POINT(vmxgo_recvmsg(fd, msg, flags, vmx_thread()));
 		if (r != -VMX_PASS)
 			return ret(r);
 	}
@@ -908,7 +1039,7 @@ int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timesp
 		return 1;
 	}
 	if (engine(fd)) {
-		long r = vmxgo_recvmmsg(fd, v, n, flags, timeout, vmx_thread());
+		long r = CANCEL_POINT(vmxgo_recvmmsg(fd, v, n, flags, timeout, vmx_thread()));
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
@@ -1101,7 +1232,7 @@ ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, uns
 			errno = ESPIPE;
 			return -1;
 		}
-		long r = vmxgo_tcp_splice(in, out, len, flags, vmx_thread());
+		long r = CANCEL_POINT(vmxgo_tcp_splice(in, out, len, flags, vmx_thread()));
 		if (r == -EPIPE)
 			raise(SIGPIPE);
 		if (r != -VMX_PASS)
@@ -1140,7 +1271,7 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 	pay_owed();
 	if (!any_engine_fd(fds, n))
 		return REAL(poll)(fds, n, timeout);
-	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, vmx_thread()));
+	return (int)ret(CANCEL_POINT(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, vmx_thread())));
 }
 
 static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 1000000000LL + ts->tv_nsec : -1; }
@@ -1150,7 +1281,7 @@ int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_
 	pay_owed();
 	if (!any_engine_fd(fds, n))
 		return REAL(ppoll)(fds, n, ts, mask);
-	return (int)ret(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, vmx_thread()));
+	return (int)ret(CANCEL_POINT(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, vmx_thread())));
 }
 
 /* What _FORTIFY_SOURCE builds call when nfds is not a constant (Debian
@@ -1201,7 +1332,7 @@ static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long ti
 		res = -2; /* not ours */
 		goto out;
 	}
-	res = (int)ret(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask, vmx_thread()));
+	res = (int)ret(CANCEL_POINT(vmxgo_poll(VMX_MUX_SELECT, p, n, timeout_ns, (void *)mask, vmx_thread())));
 	if (res < 0)
 		goto out;
 	if (r) FD_ZERO(r);
@@ -1273,7 +1404,7 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
 {
 	if (state(epfd) == VMX_EPOLL) {
-		long r = vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask, vmx_thread());
+		long r = CANCEL_POINT(vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask, vmx_thread()));
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}

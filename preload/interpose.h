@@ -28,8 +28,9 @@ struct vmx_fork_page {
 
 /* The signal handlers that ran on one thread: stack.Signals. */
 struct vmx_signals {
-	unsigned long long any;  /* every handler */
-	unsigned long long intr; /* handlers without SA_RESTART */
+	unsigned long long any;    /* every handler */
+	unsigned long long intr;   /* handlers without SA_RESTART */
+	unsigned long long cancel; /* a pthread_cancel waits for the call to end */
 };
 
 void vmx_set_state(int fd, int state);

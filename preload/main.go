@@ -70,6 +70,7 @@ var (
 	_ = [1]struct{}{}[unsafe.Sizeof(engine.ForkPage{})-C.sizeof_struct_vmx_fork_page]
 	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.FD)-unsafe.Offsetof(C.struct_vmx_fork_page{}.fd)]
 	_ = [1]struct{}{}[unsafe.Offsetof(stack.Signals{}.Intr)-unsafe.Offsetof(C.struct_vmx_signals{}.intr)]
+	_ = [1]struct{}{}[unsafe.Offsetof(stack.Signals{}.Cancel)-unsafe.Offsetof(C.struct_vmx_signals{}.cancel)]
 )
 
 func main() {}

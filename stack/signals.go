@@ -21,6 +21,10 @@ type Signals struct {
 	// others a receive without a timeout goes on waiting, as the kernel
 	// restarts recvfrom (signal(7)).
 	Intr atomic.Uint64
+	// Cancel is set while a pthread_cancel of the thread waits for its
+	// call to end (the interposer's wrapper): the wait ends as if a
+	// handler had run, and the interposer acts on the cancellation.
+	Cancel atomic.Uint64
 }
 
 // SignalWait is one blocking call's view of its thread's Signals.
@@ -45,8 +49,11 @@ func (s *Signals) Begin(restartable bool) SignalWait {
 	return w
 }
 
-// Interrupted reports whether a handler that ends the wait has run.
-func (w *SignalWait) Interrupted() bool { return w.s != nil && w.watch.Load() != w.seen }
+// Interrupted reports whether a handler that ends the wait has run, or
+// a pthread_cancel waits for it.
+func (w *SignalWait) Interrupted() bool {
+	return w.s != nil && (w.watch.Load() != w.seen || w.s.Cancel.Load() != 0)
+}
 
 // Ppoll sleeps in ppoll(2) with the thread's signal mask (a multiplexer
 // with a mask of its own sets it on the thread for the whole call), plus

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -166,4 +170,99 @@ func iperfReport(t *testing.T, out func() string) (lost, total int) {
 	lost, _ = strconv.Atoi(m[1])
 	total, _ = strconv.Atoi(m[2])
 	return lost, total
+}
+
+// TestRunUdpcast: Debian's udpcast moves a file from udp-sender to
+// udp-receiver, with vmaxdp under the sender, the receiver or both and the
+// kernel's stack on the other side, on both beds: multicast data
+// (--nopointopoint) and, with both under vmaxdp, point-to-point. The file
+// arrives intact, both programs exit (udp-sender cancels its return
+// channel's thread, which waits in recvfrom: it hung in pthread_join
+// under vmaxdp), and the offloaded side's kernel moves next to no UDP
+// (its one broadcast socket stays there, with that reason).
+func TestRunUdpcast(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, prog := range []string{"udp-sender", "udp-receiver"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed: make deps installs udpcast", prog)
+		}
+	}
+	vmaxdp := tools(t)
+	in := filepath.Join(t.TempDir(), "in")
+	data := make([]byte, 4<<20)
+	rand.Read(data)
+	if err := os.WriteFile(in, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		cases := []struct {
+			name             string
+			sender, receiver bool
+			p2p              bool
+		}{
+			{"sender", true, false, false},
+			{"receiver", false, true, false},
+			{"both", true, true, false},
+			{"both/pointopoint", true, true, true},
+		}
+		for i, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				port := 11310 + 2*i // udpcast takes port and port+1
+				out := filepath.Join(t.TempDir(), "out")
+				wrap := func(on bool, side testbed.Side, argv ...string) *exec.Cmd {
+					full := []string{"timeout", "-s", "KILL", "30", "ip", "netns", "exec", b.NSName(side)}
+					if on {
+						full = append(full, vmaxdp, "run", "--")
+					}
+					cmd := exec.Command(full[0], append(full[1:], argv...)...)
+					cmd.Env = append(os.Environ(), "VMAXDP_TRACELEVEL=4")
+					return cmd
+				}
+				recvIn := udpInDatagrams(t, b, testbed.B)
+				sendOut := testutil.UDPStat(t, b, testbed.A, "OutDatagrams")
+				rcv := wrap(c.receiver, testbed.B, "udp-receiver", "--interface", b.Link(testbed.B), "--portbase", strconv.Itoa(port), "--file", out, "--nokbd")
+				var rcvLog strings.Builder
+				rcv.Stdout, rcv.Stderr = &rcvLog, &rcvLog
+				if err := rcv.Start(); err != nil {
+					t.Fatal(err)
+				}
+				args := []string{"udp-sender", "--interface", b.Link(testbed.A), "--portbase", strconv.Itoa(port), "--file", in, "--min-receivers", "1", "--nokbd"}
+				if !c.p2p {
+					args = append(args, "--nopointopoint")
+				}
+				snd := wrap(c.sender, testbed.A, args...)
+				start := time.Now()
+				sndLog, sndErr := snd.CombinedOutput()
+				rcvErr := rcv.Wait()
+				if sndErr != nil || rcvErr != nil {
+					t.Fatalf("udp-sender: %v after %v\n%s\nudp-receiver: %v\n%s", sndErr, time.Since(start).Round(time.Millisecond),
+						tail(strings.ReplaceAll(string(sndLog), "\r", "\n"), 15), rcvErr, tail(strings.ReplaceAll(rcvLog.String(), "\r", "\n"), 15))
+				}
+				got, err := os.ReadFile(out)
+				if err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("the file arrived altered or not at all (%d of %d bytes): %v", len(got), len(data), err)
+				}
+				for _, s := range []struct {
+					on      bool
+					log     string
+					side    testbed.Side
+					kernel  int
+					counter string
+				}{
+					{c.sender, string(sndLog), testbed.A, testutil.UDPStat(t, b, testbed.A, "OutDatagrams") - sendOut, "OutDatagrams"},
+					{c.receiver, rcvLog.String(), testbed.B, udpInDatagrams(t, b, testbed.B) - recvIn, "InDatagrams"},
+				} {
+					if !s.on {
+						continue
+					}
+					if !strings.Contains(s.log, "offloaded on "+b.Link(s.side)) {
+						t.Errorf("side %s: no socket offloaded:\n%s", s.side, tail(s.log, 20))
+					}
+					if s.kernel > 10 {
+						t.Errorf("side %s's kernel: Udp %s moved by %d: not offloaded", s.side, s.counter, s.kernel)
+					}
+				}
+			})
+		}
+	})
 }

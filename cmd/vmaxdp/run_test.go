@@ -510,6 +510,33 @@ func TestRunSignals(t *testing.T) {
 	}
 }
 
+// TestRunCancel: pthread_cancel ends a thread that waits in a call the
+// engine serves (recvfrom, recvmsg, poll, select, epoll_wait), spinning
+// and sleeping, as it would one waiting in the kernel's call; with
+// cancellation disabled the call goes on waiting, and a cancel pending at
+// the call acts as it starts (testdata/cancel.c). udp-sender under vmaxdp
+// hung in pthread_join at the end of every transfer.
+func TestRunCancel(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "cancel")
+	b := testutil.Bed(t, nil)
+	for i, mode := range []struct{ name, poll string }{{"spinning", "-1"}, {"sleeping", "0"}} {
+		t.Run(mode.name, func(t *testing.T) {
+			port := 11176 + i
+			p := startC(t, b, prog, []string{"VMAXDP_RX_POLL=" + mode.poll, "VMAXDP_SELECT_POLL=" + mode.poll}, strconv.Itoa(port))
+			if err := p.waitFor("bound\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			p.waitOffloaded(t)
+			sendFromA(t, b, port, "go")
+			if err := p.waitFor("disabled waiting"); err == nil {
+				sendFromA(t, b, port, "wake")
+			}
+			p.wait(t, b, "recvfrom", "recvmsg", "poll", "select", "epoll_wait", "disabled", "pending")
+		})
+	}
+}
+
 // TestRunFortify: poll and ppoll as a _FORTIFY_SOURCE build calls them
 // (__poll_chk, __ppoll_chk; memcached and nsd from Debian do) wait on an
 // offloaded socket, on both beds; the kernel's own would sleep on the

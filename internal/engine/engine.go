@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -882,6 +883,17 @@ func ifaceOwning(a netip.Addr) (string, error) {
 				return "", fmt.Errorf("interface of %s: %w", a, err)
 			}
 			return ifi.Name, nil
+		}
+	}
+	for _, ad := range addrs {
+		// udp-sender and udp-receiver bind a socket to the broadcast
+		// address to hear their peers' broadcasts.
+		if x, ok := netip.AddrFromSlice(ad.Broadcast.To4()); ok && x == a {
+			name := strconv.Itoa(ad.LinkIndex)
+			if ifi, err := net.InterfaceByIndex(ad.LinkIndex); err == nil {
+				name = ifi.Name
+			}
+			return "", fmt.Errorf("%s is the broadcast address of %s: broadcast stays with the kernel", a, name)
 		}
 	}
 	return "", fmt.Errorf("no interface has address %s", a)
