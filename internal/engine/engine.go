@@ -481,11 +481,6 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	}
 	c.Counters.RxOSPackets.Add(s.osRxPackets.Swap(0))
 	c.Counters.RxOSBytes.Add(s.osRxBytes.Swap(0))
-	if s.heldRcvbuf != 0 {
-		// The queue holds what the kernel socket's own buffer would, not
-		// the raised one's (a 4 MiB queue outgrows the frames of a UMEM).
-		c.SetRxBytesLimit(s.heldRcvbuf)
-	}
 	e.applyOptions(s, c)
 	s.conn.Store(c)
 	s.state = StateOffloaded
