@@ -22,10 +22,11 @@ import (
 // every group counts as having a member, and multicast with loopback on
 // goes through the kernel.
 //
-// A member that joins while a send is under way may miss that datagram:
-// the event reaches the watcher some microseconds after the join. A join
-// has no order with another process's send but through a third channel,
-// and the kernel would deliver a datagram sent after the join returned.
+// A member that joins just before a send may miss that datagram: the
+// event reaches the stack once its watcher has run (under make test's
+// load, 5 sends in a row went out first). A join has no order with
+// another process's send but through a third channel, through which the
+// kernel would deliver a datagram sent after the join returned.
 
 // rtnlgrpIPv4McAddr is RTNLGRP_IPV4_MCADDR, which x/sys does not name
 // yet.

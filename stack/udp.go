@@ -1283,7 +1283,9 @@ func (c *UDPConn) mcViaKernel(group netip.Addr) bool {
 	if !c.mcLoop.Load() || !c.st.localMember(group) {
 		return false
 	}
-	if f := c.st.opts.McLoopViaKernel; f != nil && !c.mcLoopTold.Swap(true) {
+	// A load before the swap: this runs at every such send, and the
+	// flag is set once.
+	if f := c.st.opts.McLoopViaKernel; f != nil && !c.mcLoopTold.Load() && !c.mcLoopTold.Swap(true) {
 		f(c, group)
 	}
 	return true

@@ -96,9 +96,16 @@ func startC(t *testing.T, b *testbed.Bed, prog string, env []string, args ...str
 // at most 30 s.
 func startArgv(t *testing.T, b *testbed.Bed, env []string, argv ...string) *cProgram {
 	t.Helper()
+	return startOn(t, b, testbed.B, env, argv...)
+}
+
+// startOn starts argv in b's side, env added to the environment, for at
+// most 30 s.
+func startOn(t *testing.T, b *testbed.Bed, side testbed.Side, env []string, argv ...string) *cProgram {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", b.NSName(testbed.B)}, argv...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", b.NSName(side)}, argv...)...)
 	cmd.Env = append(append(os.Environ(), "VMAXDP_TRACELEVEL=4"), env...)
 	p := &cProgram{out: &sockperf.SyncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
