@@ -1416,6 +1416,38 @@ func askEach(t *testing.T, bed *testbed.Bed, st *stack.Stack, c net.Conn, rounds
 	return testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs") - inSegs, st.TCPCounters.AcksCarried.Load() - before
 }
 
+// offCPU is the wall-clock time less the calling thread's CPU time: for
+// a thread that never blocks, the time the scheduler kept it off the CPU.
+// (The kernel here keeps no run delay in /proc/thread-self/schedstat, and
+// an involuntary switch count counts the few microseconds of each wakeup
+// of netstack's goroutines.)
+func offCPU() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(monotime()) - time.Duration(ts.Nano())
+}
+
+// monotime reads CLOCK_MONOTONIC in nanoseconds.
+func monotime() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+// holdMiss says how a run of TestTCPPollerHoldsAcks misses its bar, or
+// "": each request the loop served without being preempted costs the
+// client's kernel one segment, the answer that carries its ACK, in three
+// of four; a preempted request may cost two.
+func holdMiss(rounds, preempted, segs int, carried uint64) string {
+	held := rounds - preempted
+	if segs-rounds > preempted+held/4 || int(carried) < held*3/4 {
+		return fmt.Sprintf("%d requests (%d preempted) cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, preempted, segs, carried)
+	}
+	return ""
+}
+
 // timingError fails t for an outcome that depends on how long the steps
 // take, which the race detector's build only logs (raceEnabled).
 func timingError(t *testing.T, format string, args ...any) {
@@ -1456,13 +1488,18 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 		// work, answer; it reads the last without answering, and stops
 		// to sleep. A writer loop answers once its next wait, which asks
 		// for EPOLLOUT on the connection, says it may (redis-benchmark's
-		// requests).
+		// requests). It counts in preempted the requests during which the
+		// scheduler kept its thread off the CPU for more than half of
+		// appPollRecent (200 us): a hold need not outlast that.
+		var preempted int
 		serve := func(n int, answerLast, writer bool) error {
 			runtime.LockOSThread() // as the application's thread is
 			defer runtime.UnlockOSThread()
 			defer p.PollStop()
+			preempted = 0
 			b := make([]byte, 16)
 			for i := range n {
+				off := offCPU()
 				got := 0
 				for deadline := time.Now().Add(5 * time.Second); got < len(b); {
 					if time.Now().After(deadline) {
@@ -1492,6 +1529,9 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 				if _, err := sc.WriteNonblock([][]byte{b}, false); err != nil {
 					return fmt.Errorf("answer %d: %w", i, err)
 				}
+				if offCPU()-off > 100*time.Microsecond {
+					preempted++
+				}
 			}
 			return nil
 		}
@@ -1503,47 +1543,55 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 		// bar is measured again, up to holdAttempts times; without the
 		// hold every run misses it. Under the race detector a wait takes
 		// longer than appPollRecent, and the drains take over.
+		//
+		// The bar counts only the requests the loop worked on without
+		// being preempted: CI once measured 117-136 of 200 processed by
+		// the loop in three runs in a row, beside cmd/vmaxdp's tests.
 		served := make(chan error, 1)
-		var miss string
-		for range holdAttempts {
+		// measure runs a measurement that misses the bar again, up to
+		// holdAttempts times; one where the loop was preempted during
+		// more than half the requests says little either way.
+		measure := func(what string, run func() (miss string)) {
+			measured := false
+			var miss string
+			for range holdAttempts {
+				if miss = run(); preempted <= rounds/2 {
+					measured = true
+				}
+				if miss == "" {
+					return
+				}
+			}
+			if !measured {
+				t.Logf("%s: not measured: the loop was preempted during more than half the requests of each of %d runs", what, holdAttempts)
+				return
+			}
+			timingError(t, "%s, in each of %d runs; the last: %s", what, holdAttempts, miss)
+		}
+		measure("an event loop", func() string {
 			go func() { served <- serve(rounds, true, false) }()
 			inline := st.TCPCounters.RxInline.Load()
 			c.SetDeadline(time.Now().Add(20 * time.Second))
 			segs, got := askEach(t, bed, st, c, rounds, served)
 			in := st.TCPCounters.RxInline.Load() - inline
-			t.Logf("%d requests answered %v after each: the client's kernel took %d segments; %d acknowledgements rode on answers; %d requests processed by the loop", rounds, work, segs, got, in)
-			switch {
-			case segs > rounds*5/4 || got < rounds*3/4:
-				miss = fmt.Sprintf("%d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
-			case in < rounds*3/4:
-				miss = fmt.Sprintf("the loop processed %d of %d requests: the drains took the rest while it worked", in, rounds)
-			default:
-				miss = ""
+			t.Logf("%d requests answered %v after each: the client's kernel took %d segments; %d acknowledgements rode on answers; %d requests processed by the loop; the loop was preempted during %d",
+				rounds, work, segs, got, in, preempted)
+			if miss := holdMiss(rounds, preempted, segs, got); miss != "" {
+				return miss
 			}
-			if miss == "" {
-				break
+			if int(in) < (rounds-preempted)*3/4 {
+				return fmt.Sprintf("the loop processed %d of %d requests (%d preempted): the drains took the rest while it worked", in, rounds, preempted)
 			}
-		}
-		if miss != "" {
-			timingError(t, "in each of %d runs; the last: %s", holdAttempts, miss)
-		}
-
+			return ""
+		})
 		// A writer loop: the wait before each answer keeps its ACK held.
 		// Measured: 200 of 200 carried; 0 when every wait released them.
-		for range holdAttempts {
+		measure("a writer loop", func() string {
 			go func() { served <- serve(rounds, true, true) }()
 			segs, got := askEach(t, bed, st, c, rounds, served)
-			t.Logf("writer loop: %d requests: the client's kernel took %d segments; %d acknowledgements rode on answers", rounds, segs, got)
-			if miss = ""; segs > rounds*5/4 || got < rounds*3/4 {
-				miss = fmt.Sprintf("a writer loop's %d requests cost the client's kernel %d segments, %d acknowledgements carried: want one segment a request", rounds, segs, got)
-			}
-			if miss == "" {
-				break
-			}
-		}
-		if miss != "" {
-			timingError(t, "in each of %d runs; the last: %s", holdAttempts, miss)
-		}
+			t.Logf("writer loop: %d requests: the client's kernel took %d segments; %d acknowledgements rode on answers; the loop was preempted during %d", rounds, segs, got, preempted)
+			return holdMiss(rounds, preempted, segs, got)
+		})
 
 		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
 		inSegs := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "InSegs")
