@@ -785,3 +785,84 @@ func TestBatchLeavesNothingQueued(t *testing.T) {
 		t.Errorf("%d of %d datagrams arrived (TX ring now holds %d)", got, bursts*size, st.Backends()[0].(interface{ Occupancy() xsk.RingOccupancy }).Occupancy().Tx)
 	}
 }
+
+// TestReopenKeepsOrder: a socket reopened (UDPConn.Reopen, as after the
+// application's connect) gives the datagrams its predecessor had queued
+// before those that reached the kernel socket while the steering changed
+// hands, and those before the ones steered to it after: arrival order.
+// Before, the kernel socket's came first (iperf 2's server connects on
+// its first datagram).
+func TestReopenKeepsOrder(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	local := netip.AddrPortFrom(bed.Addr(testbed.B), 9310)
+	var fd int
+	var here *net.UDPConn // side B's own kernel socket: its datagrams go through lo, not the stack
+	err := bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.Addr().As4(), Port: int(local.Port())}); err != nil {
+			return err
+		}
+		here, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd); here.Close() })
+	c, err := st.Adopt(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	send := func(from *net.UDPConn, first, last int) {
+		t.Helper()
+		for i := first; i <= last; i++ {
+			if _, err := from.WriteToUDPAddrPort(payload(i, 32), local); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	read := func(c *stack.UDPConn) int {
+		t.Helper()
+		buf := make([]byte, 64)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil || n < 4 {
+			t.Fatalf("read: %d bytes, %v", n, err)
+		}
+		return int(binary.BigEndian.Uint32(buf))
+	}
+	// The first read finds the kernel socket empty: nothing in it is
+	// older than what the stack queues from now on.
+	send(k, 0, 0)
+	if got := read(c); got != 0 {
+		t.Fatalf("datagram %d first, want 0", got)
+	}
+	send(k, 1, 3)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		pc, _ := st.Program().Counters()
+		if pc.Redirected == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the steering program redirected %d of 4 datagrams in 5 s", pc.Redirected)
+		}
+	}
+	c.Pending()      // queues them
+	send(here, 4, 6) // as if they came while the rules changed hands
+	n, err := c.Reopen(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	send(k, 7, 9)
+	var order []int
+	for range 9 {
+		order = append(order, read(n))
+	}
+	if !slices.Equal(order, []int{1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+		t.Errorf("the reopened socket gave %v, want 1 to 9 in order", order)
+	}
+}

@@ -150,7 +150,13 @@ type UDPConn struct {
 	// miss, as VMA's RX_UDP_POLL_OS_RATIO does: a flood on the fast path
 	// must not leave what reached the kernel socket unread.
 	osFirst atomic.Bool
-	recvs   atomic.Uint32
+	// older: the first older datagrams of the queue came before any the
+	// kernel socket holds (Reopen moved them from the socket it replaced,
+	// and the kernel socket took what came while the steering changed
+	// hands): receives take them before they look at the kernel socket.
+	// Written under the stack's rxMu.
+	older atomic.Int32
+	recvs atomic.Uint32
 	// use counts the calls in progress that use the socket's descriptors
 	// (kfd, evfd), with useClosing set once Close began; Close waits on
 	// left for them to leave before it closes the descriptors.
@@ -245,7 +251,8 @@ func SockAddrs(fd int) (local, remote netip.AddrPort, err error) {
 // disconnect, or a dup of it when c's fd is closing) with a new UDPConn
 // that takes over c's groups, options and queued datagrams, and closes c.
 // Datagrams that arrive meanwhile reach the kernel socket, which the new
-// UDPConn reads too. On error c is closed and nothing is served.
+// UDPConn reads too, after those c had queued: in arrival order. On error
+// c is closed and nothing is served.
 func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	st := c.st
 	groups := slices.Collect(maps.Keys(c.groups))
@@ -271,8 +278,20 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 	n.rxLim.Store(c.rxLim.Load())
 	st.rxMu.Lock()
 	n.sources = maps.Clone(c.sources) // a socket bound to its group has no rule to steer again
+	// What c queued came before what reached the kernel socket since c's
+	// rules went, unless c had yet to read the kernel socket's older ones
+	// (osFirst), and before what n queued since its rules came (another
+	// socket's receive may have polled the rings).
 	var it rxItem
+	var queue []rxItem
 	for c.popLocked(&it) {
+		queue = append(queue, it)
+	}
+	moved := len(queue)
+	for n.popLocked(&it) {
+		queue = append(queue, it)
+	}
+	for _, it := range queue {
 		if n.rxLen == len(n.rxq) {
 			n.Counters.RxQueueDrops.Add(1)
 			n.Counters.RxQueueDropBytes.Add(uint64(it.n))
@@ -283,6 +302,10 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 		n.rxLen++
 		n.queued.Store(int32(n.rxLen))
 		n.rxBytes += int(it.n)
+	}
+	moved = min(moved, n.rxLen)
+	if !c.osFirst.Load() {
+		n.older.Store(int32(moved))
 	}
 	st.rxMu.Unlock()
 	c.Close()
@@ -661,6 +684,9 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 	}
 	*it = c.rxq[c.rxHead]
 	c.rxq[c.rxHead] = rxItem{}
+	if c.older.Load() > 0 {
+		c.older.Add(-1)
+	}
 	c.rxHead = (c.rxHead + 1) % len(c.rxq)
 	c.rxLen--
 	c.queued.Store(int32(c.rxLen))
@@ -912,7 +938,9 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		sw = sig.Begin(c.deadlineOf(deadline) == 0)
 	}
 	everyRatio := ratio > 0 && c.recvs.Add(1)%uint32(ratio) == 0
-	if flags&RecvCheckOS != 0 || c.osPeeked.Swap(false) || everyRatio || c.osFirst.Load() {
+	// What the kernel socket holds comes after the queue's older ones, and
+	// a peeked datagram of the kernel socket before anything.
+	if c.osPeeked.Swap(false) || c.older.Load() == 0 && (flags&RecvCheckOS != 0 || everyRatio || c.osFirst.Load()) {
 		n, full, from, ok, err := c.recvOS(b, zc, false, flags, meta)
 		if ok || err != nil {
 			return n, full, from, err
