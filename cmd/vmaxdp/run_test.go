@@ -103,7 +103,14 @@ func startArgv(t *testing.T, b *testbed.Bed, env []string, argv ...string) *cPro
 // most 30 s.
 func startOn(t *testing.T, b *testbed.Bed, side testbed.Side, env []string, argv ...string) *cProgram {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return startFor(t, b, side, 30*time.Second, env, argv...)
+}
+
+// startFor starts argv in b's side, env added to the environment, and
+// kills it after limit.
+func startFor(t *testing.T, b *testbed.Bed, side testbed.Side, limit time.Duration, env []string, argv ...string) *cProgram {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", b.NSName(side)}, argv...)...)
 	cmd.Env = append(append(os.Environ(), "VMAXDP_TRACELEVEL=4"), env...)
@@ -149,6 +156,17 @@ func (p *cProgram) wantSaid(t *testing.T, wants ...string) {
 		if !strings.Contains(out, want) {
 			t.Errorf("the output lacks %q:\n%s", want, tail(out, 30))
 		}
+	}
+}
+
+// gone says how the program exited, or "" while it runs.
+func (p *cProgram) gone() string {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return fmt.Sprintf("the program exited (%v)", err)
+	default:
+		return ""
 	}
 }
 

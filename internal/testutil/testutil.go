@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -182,6 +183,58 @@ func EachBed(t *testing.T, opts *testbed.Options, fn func(t *testing.T, b *testb
 func UDPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, name string) int {
 	tb.Helper()
 	return SNMPStat(tb, b, s, "Udp", name)
+}
+
+// NetCounters reads every counter of /proc/net/snmp and /proc/net/netstat
+// in side s's namespace, by "Proto.Name" ("Tcp.OutRsts", "TcpExt.TW").
+func NetCounters(tb testing.TB, b *testbed.Bed, s testbed.Side) map[string]int64 {
+	tb.Helper()
+	m := map[string]int64{}
+	err := b.Do(s, func() error {
+		for _, file := range []string{"snmp", "netstat"} {
+			data, err := os.ReadFile("/proc/thread-self/net/" + file)
+			if err != nil {
+				return err
+			}
+			heads := map[string][]string{}
+			for _, line := range strings.Split(string(data), "\n") {
+				f := strings.Fields(line)
+				if len(f) == 0 {
+					continue
+				}
+				proto := strings.TrimSuffix(f[0], ":")
+				head, ok := heads[proto]
+				if !ok {
+					heads[proto] = f[1:]
+					continue
+				}
+				for i, h := range head {
+					if i+1 < len(f) {
+						n, _ := strconv.ParseInt(f[i+1], 10, 64)
+						m[proto+"."+h] = n
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return m
+}
+
+// CountersMoved lists the counters of prefix ("Tcp") that moved from
+// before to after, as "Tcp.OutRsts +2", in name order.
+func CountersMoved(before, after map[string]int64, prefix string) string {
+	var moved []string
+	for k, v := range after {
+		if strings.HasPrefix(k, prefix) && v != before[k] {
+			moved = append(moved, fmt.Sprintf("%s %+d", k, v-before[k]))
+		}
+	}
+	slices.Sort(moved)
+	return strings.Join(moved, ", ")
 }
 
 // SNMPStat reads counter name of protocol proto ("Tcp", "Udp", "Ip") of
