@@ -538,22 +538,28 @@ int pthread_cancel(pthread_t th)
 }
 
 /* CANCEL_POINT runs call, an engine call that may wait, as a
- * cancellation point (see above), and returns what it returns. */
-#define CANCEL_POINT(call)                                                                   \
+ * cancellation point (see above), and returns what it returns.
+ * CANCEL_POINT_AGAIN calls again instead when a cancel ended the wait
+ * of a thread with cancellation disabled: a connect must not begin anew
+ * (EALREADY) but wait for the one under way. */
+#define CANCEL_POINT_AGAIN(call, again)                                                      \
 	({                                                                                   \
 		long r_;                                                                     \
+		int again_ = 0;                                                              \
 		vmx_thread(); /* found by pthread_cancel before it can wait */      \
 		for (;;) {                                                                   \
 			__atomic_store_n(&vmx_waiting, 1, __ATOMIC_SEQ_CST);                 \
 			pthread_testcancel();                                                \
-			r_ = (call);                                                         \
+			r_ = again_ ? (again) : (call);                                      \
 			__atomic_store_n(&vmx_waiting, 0, __ATOMIC_SEQ_CST);                 \
 			if (!__atomic_exchange_n(&vmx_sig.cancel, 0, __ATOMIC_SEQ_CST) ||    \
 			    r_ != -EINTR)                                                    \
 				break;                                                       \
+			again_ = 1;                                                          \
 		}                                                                            \
 		r_;                                                                          \
 	})
+#define CANCEL_POINT(call) CANCEL_POINT_AGAIN(call, call)
 
 static void vmx_on_signal(int sig, siginfo_t *info, void *uc)
 {
@@ -639,7 +645,8 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	 * may connect through netstack (VMAXDP_TCP=1). */
 	if ((s == VMX_OS || s == VMX_TCP) && !vmx_forked && addr && len >= sizeof(struct sockaddr_in) &&
 	    addr->sa_family == AF_INET) {
-		long t = vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, &vmx_sig);
+		long t = CANCEL_POINT_AGAIN(vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, vmx_thread()),
+					    vmxgo_tcp_connect_wait(fd, vmx_thread()));
 		if (t != -VMX_PASS)
 			return (int)ret(t);
 	}

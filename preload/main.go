@@ -765,3 +765,8 @@ func vmxgo_tcp_connect(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t, sig *C
 	}
 	return -C.long(eng.TCPConnect(int(fd), to, signals(sig)))
 }
+
+//export vmxgo_tcp_connect_wait
+func vmxgo_tcp_connect_wait(fd C.int, sig *C.struct_vmx_signals) C.long {
+	return -C.long(eng.TCPConnectWait(int(fd), signals(sig)))
+}

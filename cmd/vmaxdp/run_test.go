@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/sockperf"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
@@ -560,6 +562,61 @@ func TestRunCancel(t *testing.T) {
 			p.wait(t, b, "recvfrom", "recvmsg", "poll", "select", "epoll_wait", "disabled", "pending")
 		})
 	}
+}
+
+// TestRunTCPCancel: pthread_cancel of a thread that waits in a TCP call
+// the engine serves (testdata/tcpcancel.c, VMAXDP_TCP=1): accept, read,
+// recv, recvmsg, a write on full buffers and a connect whose SYNs side A
+// drops (its listener's accept queue is full: a backlog of 0 and one
+// connection in it); and a connect with cancellation disabled, which goes
+// on until side A makes room and then connects. The connect was no
+// cancellation point at all.
+func TestRunTCPCancel(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "tcpcancel")
+	b := testutil.Bed(t, nil)
+	const port, fullPort = 11178, 11179
+	var lfd int
+	err := b.Do(testbed.A, func() (err error) {
+		if lfd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0); err != nil {
+			return err
+		}
+		if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: b.Addr(testbed.A).As4(), Port: fullPort}); err != nil {
+			return err
+		}
+		return unix.Listen(lfd, 0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted []int
+	t.Cleanup(func() {
+		for _, fd := range append(accepted, lfd) {
+			unix.Close(fd)
+		}
+	})
+	p := startC(t, b, prog, []string{"VMAXDP_TCP=1"}, strconv.Itoa(port), b.Addr(testbed.A).String(), strconv.Itoa(fullPort))
+	if err := p.waitFor("listening\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	var c net.Conn
+	err = b.Do(testbed.A, func() (err error) {
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	defer c.Close()
+	if err := p.waitFor("connect disabled waiting"); err == nil {
+		// Room in the accept queue from now on, until the program ends.
+		for deadline := time.Now().Add(10 * time.Second); p.gone() == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if fd, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC); err == nil {
+				accepted = append(accepted, fd)
+			}
+		}
+	}
+	p.wait(t, b, "accept", "read", "recv", "recvmsg", "write", "connect", "connect-disabled")
 }
 
 // TestRunFortify: poll and ppoll as a _FORTIFY_SOURCE build calls them

@@ -731,12 +731,31 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 	if nonblock {
 		return unix.EINPROGRESS
 	}
+	return t.awaitConnect(sig)
+}
+
+// TCPConnectWait waits again for the connect of fd that a cancel ended
+// while the thread had cancellation disabled (pthread_cancel wakes it
+// with SIGCANCEL): the kernel's blocking connect goes on waiting then.
+// ErrPassOS when fd is not an offloaded connection.
+func (e *Engine) TCPConnectWait(fd int, sig *stack.Signals) unix.Errno {
+	t := e.tcpConn(fd)
+	if t == nil {
+		return ErrPassOS
+	}
+	return t.awaitConnect(sig)
+}
+
+// awaitConnect waits until t's connect ends, as a blocking connect: 0
+// once established, the error that ended it, EINTR (the connect goes on)
+// or EINPROGRESS once SO_SNDTIMEO passed.
+func (t *tcpConn) awaitConnect(sig *stack.Signals) unix.Errno {
 	var deadline time.Time
 	if d := t.sndtimeo.Load(); d > 0 {
 		deadline = time.Now().Add(time.Duration(d))
 	}
 	sw := sig.Begin(false) // an interrupted connect goes on, and says EINTR
-	for c.Connecting() {
+	for t.c.Connecting() {
 		if errno := t.wait(unix.POLLOUT, deadline, &sw); errno != 0 {
 			if errno == unix.EAGAIN {
 				return unix.EINPROGRESS // SO_SNDTIMEO passed, as the kernel says it
@@ -744,10 +763,10 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 			return errno
 		}
 	}
-	if c.Established() {
+	if t.c.Established() {
 		return 0
 	}
-	if errno := c.SoError(); errno != 0 {
+	if errno := t.c.SoError(); errno != 0 {
 		return errno
 	}
 	return unix.ECONNREFUSED
