@@ -250,13 +250,24 @@ func parseScript(t *testing.T, out []byte) []line {
 		}
 		secs, _ := strconv.ParseUint(m[4], 10, 64)
 		usecs, _ := strconv.ParseUint(m[5], 10, 64)
-		l := line{t: secs*1e6 + usecs, key: strings.Join([]string{m[1], m[2], m[3], m[6], m[7]}, " "), text: sc.Text()}
+		l := line{t: secs*1e6 + usecs, key: strings.Join([]string{workerComm(m[1]), m[2], m[3], m[6], m[7]}, " "), text: sc.Text()}
 		if s := skbField.FindStringSubmatch(m[7]); s != nil {
 			l.skb = s[1]
 		}
 		ls = append(ls, l)
 	}
 	return ls
+}
+
+// workerComm is comm without the workqueue a kernel worker served when
+// perf read its name from /proc at the start of its recording
+// ("kworker/0:3-mm_percpu_wq", cut to 15 characters): the name in the
+// kernel, which nettrace reads at each event, has none ("kworker/0:3").
+func workerComm(comm string) string {
+	if i := strings.IndexByte(comm, '-'); i > 0 && strings.HasPrefix(comm, "kworker/") {
+		return comm[:i]
+	}
+	return comm
 }
 
 // perf record and nettrace record of the same events during the same
