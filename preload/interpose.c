@@ -635,6 +635,8 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len)
 	int r = REAL(bind)(fd, addr, len);
 	if (r == 0 && state(fd) == VMX_CANDIDATE)
 		vmx_set_state(fd, vmxgo_bind(fd));
+	else if (r == 0 && !vmx_forked && addr && addr->sa_family == AF_INET6)
+		vmxgo_ipv6_socket(fd, NULL, 0); /* says why it stays on the kernel */
 	return r;
 }
 
@@ -654,6 +656,11 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	s = state(fd);
 	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED))
 		vmx_set_state(fd, vmxgo_connect(fd));
+	else if (s == VMX_OS && !vmx_forked && addr && addr->sa_family == AF_INET6 && (r == 0 || errno == EINPROGRESS)) {
+		int e = errno;
+		vmxgo_ipv6_socket(fd, (struct sockaddr *)addr, len); /* says why it stays on the kernel */
+		errno = e;
+	}
 	return r;
 }
 

@@ -197,6 +197,17 @@ func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), n
 //export vmxgo_bind
 func vmxgo_bind(fd C.int) C.int { return C.int(eng.Bind(int(fd))) }
 
+//export vmxgo_ipv6_socket
+func vmxgo_ipv6_socket(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t) {
+	var to netip.AddrPort
+	if sa != nil && alen >= C.socklen_t(unsafe.Sizeof(unix.RawSockaddrInet6{})) {
+		if raw := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa)); raw.Family == unix.AF_INET6 {
+			to = netip.AddrPortFrom(netip.AddrFrom16(raw.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:]))
+		}
+	}
+	eng.IPv6Socket(int(fd), to)
+}
+
 //export vmxgo_connect
 func vmxgo_connect(fd C.int) C.int { return C.int(eng.Connect(int(fd))) }
 

@@ -317,6 +317,67 @@ func (e *Engine) Bind(fd int) State {
 	return e.decide(s, rules.UDPReceiver, local, netip.AddrPort{}, "")
 }
 
+// IPv6Socket is called after the kernel bound fd, an AF_INET6 socket, or
+// connected it (to: the destination), and says why a UDP one, or a TCP
+// one connecting, stays on the kernel: the offload serves AF_INET sockets. One that carries
+// IPv4 as well (IPV6_V6ONLY off, on :: or an IPv4-mapped address) is what
+// a Java program opens by default, and Node's for "::"; before, such a
+// program was offloaded nothing, and nothing said why.
+func (e *Engine) IPv6Socket(fd int, to netip.AddrPort) {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil || typ == unix.SOCK_STREAM && !e.p.TCP {
+		return
+	}
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET6 {
+		return
+	}
+	local, remote := sockAddrs6(fd)
+	if !remote.IsValid() {
+		remote = to // a connect under way
+	}
+	role, proto := rules.UDPReceiver, "UDP"
+	switch {
+	case typ == unix.SOCK_STREAM && remote.IsValid():
+		role, proto = rules.TCPClient, "TCP"
+	case typ == unix.SOCK_STREAM:
+		return // a listener says so as it listens; a connection as it connects
+	case typ != unix.SOCK_DGRAM:
+		return
+	case remote.IsValid():
+		role = rules.UDPConnect
+	}
+	e.logNotOffloaded(fd, socketWhat(role, local, remote), ipv6Cause(fd, proto, local, remote))
+}
+
+// ipv6Cause says why fd, an AF_INET6 socket of proto ("UDP", "TCP") with
+// those addresses, stays on the kernel.
+func ipv6Cause(fd int, proto string, local, remote netip.AddrPort) string {
+	cause := "an IPv6 socket: " + proto + " offload serves AF_INET sockets"
+	mapped := local.Addr().IsUnspecified() || local.Addr().Is4In6() || remote.Addr().Is4In6()
+	if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err == nil && v6only == 0 && mapped {
+		cause += ", and this one carries IPv4 as well (IPV6_V6ONLY off), which keeps flowing through the kernel with it (a Java program opens such sockets unless run with -Djava.net.preferIPv4Stack=true)"
+	}
+	return cause
+}
+
+// sockAddrs6 are fd's local and peer addresses when it is an AF_INET6
+// socket (invalid when it has none).
+func sockAddrs6(fd int) (local, remote netip.AddrPort) {
+	addr6 := func(sa unix.Sockaddr) netip.AddrPort {
+		if s6, ok := sa.(*unix.SockaddrInet6); ok {
+			return netip.AddrPortFrom(netip.AddrFrom16(s6.Addr), uint16(s6.Port))
+		}
+		return netip.AddrPort{}
+	}
+	if sa, err := unix.Getsockname(fd); err == nil {
+		local = addr6(sa)
+	}
+	if sa, err := unix.Getpeername(fd); err == nil {
+		remote = addr6(sa)
+	}
+	return local, remote
+}
+
 // Connect is called after the kernel connected (or, with AF_UNSPEC,
 // disconnected) fd; an offloaded socket follows its new peer.
 func (e *Engine) Connect(fd int) State {

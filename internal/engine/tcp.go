@@ -454,7 +454,8 @@ func (e *Engine) Listen(fd, backlog int) State {
 	case unix.AF_INET:
 	case unix.AF_INET6:
 		if e.p.TCP {
-			return e.tcpNotOffloaded(fd, rules.TCPServer.String(), "an IPv6 socket: TCP offload serves AF_INET sockets (IPv6 keeps flowing through the kernel)")
+			local, _ := sockAddrs6(fd)
+			return e.tcpNotOffloaded(fd, socketWhat(rules.TCPServer, local, netip.AddrPort{}), ipv6Cause(fd, "TCP", local, netip.AddrPort{}))
 		}
 		return StateOS
 	default:
