@@ -355,7 +355,7 @@ func ipv6Cause(fd int, proto string, local, remote netip.AddrPort) string {
 	cause := "an IPv6 socket: " + proto + " offload serves AF_INET sockets"
 	mapped := local.Addr().IsUnspecified() || local.Addr().Is4In6() || remote.Addr().Is4In6()
 	if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err == nil && v6only == 0 && mapped {
-		cause += ", and this one carries IPv4 as well (IPV6_V6ONLY off), which keeps flowing through the kernel with it (a Java program opens such sockets unless run with -Djava.net.preferIPv4Stack=true)"
+		cause += ", and this one carries IPv4 as well (IPV6_V6ONLY off), which keeps flowing through the kernel with it: an AF_INET socket on 0.0.0.0 or an IPv4 address is offloaded (Node: listen on \"0.0.0.0\", not the default \"::\"; Java: -Djava.net.preferIPv4Stack=true)"
 	}
 	return cause
 }
