@@ -624,7 +624,7 @@ __attribute__((destructor)) static void vmx_fini(void)
 int socket(int domain, int type, int protocol)
 {
 	int fd = REAL(socket)(domain, type, protocol);
-	if (fd >= 0 && !vmx_forked && domain == AF_INET && (type & 0xf) == SOCK_DGRAM &&
+	if (fd >= 0 && !vmx_forked && (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_DGRAM &&
 	    (protocol == 0 || protocol == IPPROTO_UDP))
 		vmx_set_state(fd, vmxgo_socket(fd, (type & SOCK_NONBLOCK) != 0));
 	return fd;
@@ -635,8 +635,6 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len)
 	int r = REAL(bind)(fd, addr, len);
 	if (r == 0 && state(fd) == VMX_CANDIDATE)
 		vmx_set_state(fd, vmxgo_bind(fd));
-	else if (r == 0 && !vmx_forked && addr && addr->sa_family == AF_INET6)
-		vmxgo_ipv6_socket(fd, NULL, 0); /* says why it stays on the kernel */
 	return r;
 }
 
@@ -658,7 +656,7 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		vmx_set_state(fd, vmxgo_connect(fd));
 	else if (s == VMX_OS && !vmx_forked && addr && addr->sa_family == AF_INET6 && (r == 0 || errno == EINPROGRESS)) {
 		int e = errno;
-		vmxgo_ipv6_socket(fd, (struct sockaddr *)addr, len); /* says why it stays on the kernel */
+		vmxgo_ipv6_connect(fd, (struct sockaddr *)addr, len); /* says why it stays on the kernel */
 		errno = e;
 	}
 	return r;

@@ -40,6 +40,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,15 +198,11 @@ func vmxgo_socket(fd, nonblock C.int) C.int { return C.int(eng.Socket(int(fd), n
 //export vmxgo_bind
 func vmxgo_bind(fd C.int) C.int { return C.int(eng.Bind(int(fd))) }
 
-//export vmxgo_ipv6_socket
-func vmxgo_ipv6_socket(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t) {
-	var to netip.AddrPort
-	if sa != nil && alen >= C.socklen_t(unsafe.Sizeof(unix.RawSockaddrInet6{})) {
-		if raw := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa)); raw.Family == unix.AF_INET6 {
-			to = netip.AddrPortFrom(netip.AddrFrom16(raw.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:]))
-		}
+//export vmxgo_ipv6_connect
+func vmxgo_ipv6_connect(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t) {
+	if to, ok := getAddr6(sa, alen); ok {
+		eng.IPv6Connect(int(fd), to)
 	}
-	eng.IPv6Socket(int(fd), to)
 }
 
 //export vmxgo_connect
@@ -320,9 +317,24 @@ func vmxgo_membership(fd, add C.int, group, ifaddr C.uint32_t, ifindex C.int) C.
 }
 
 // putAddr writes from as a sockaddr_in into sa, cut to *alen, as the
-// kernel does, and sets *alen to its full size.
-func putAddr(sa *C.struct_sockaddr, alen *C.socklen_t, from netip.AddrPort) {
+// kernel does, and sets *alen to its full size; as a sockaddr_in6 when v6
+// (an AF_INET6 socket's receive: an IPv4 source mapped).
+func putAddr(sa *C.struct_sockaddr, alen *C.socklen_t, from netip.AddrPort, v6 bool) {
 	if sa == nil || alen == nil {
+		return
+	}
+	if v6 {
+		var raw unix.RawSockaddrInet6
+		raw.Family = unix.AF_INET6
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:], from.Port())
+		raw.Addr = from.Addr().As16()
+		if zone := from.Addr().Zone(); zone != "" {
+			id, _ := strconv.ParseUint(zone, 10, 32) // as stack.KernelRecvFrom wrote it
+			raw.Scope_id = uint32(id)
+		}
+		n := min(int(*alen), int(unsafe.Sizeof(raw)))
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(sa)), n), unsafe.Slice((*byte)(unsafe.Pointer(&raw)), n))
+		*alen = C.socklen_t(unsafe.Sizeof(raw))
 		return
 	}
 	var raw unix.RawSockaddrInet4
@@ -334,9 +346,18 @@ func putAddr(sa *C.struct_sockaddr, alen *C.socklen_t, from netip.AddrPort) {
 	*alen = C.socklen_t(unsafe.Sizeof(raw))
 }
 
+// getAddr reads a destination: a sockaddr_in, or a sockaddr_in6 with an
+// IPv4-mapped address (an AF_INET6 socket's IPv4 peer); false for any
+// other, which the kernel serves.
 func getAddr(sa *C.struct_sockaddr, alen C.socklen_t) (netip.AddrPort, bool) {
 	if sa == nil {
 		return netip.AddrPort{}, true
+	}
+	if to, ok := getAddr6(sa, alen); ok {
+		if !to.Addr().Is4In6() {
+			return netip.AddrPort{}, false
+		}
+		return netip.AddrPortFrom(to.Addr().Unmap(), to.Port()), true
 	}
 	if alen < C.socklen_t(unsafe.Sizeof(unix.RawSockaddrInet4{})) {
 		return netip.AddrPort{}, false
@@ -347,6 +368,18 @@ func getAddr(sa *C.struct_sockaddr, alen C.socklen_t) (netip.AddrPort, bool) {
 	}
 	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:])
 	return netip.AddrPortFrom(netip.AddrFrom4(raw.Addr), port), true
+}
+
+// getAddr6 reads a sockaddr_in6; false for any other.
+func getAddr6(sa *C.struct_sockaddr, alen C.socklen_t) (netip.AddrPort, bool) {
+	if sa == nil || alen < C.socklen_t(unsafe.Sizeof(unix.RawSockaddrInet6{})) {
+		return netip.AddrPort{}, false
+	}
+	raw := (*unix.RawSockaddrInet6)(unsafe.Pointer(sa))
+	if raw.Family != unix.AF_INET6 {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(raw.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&raw.Port))[:])), true
 }
 
 // signals is the calling thread's count of signal handlers, kept by the
@@ -366,7 +399,7 @@ func vmxgo_recvfrom(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C
 	if errno != 0 {
 		return -C.long(errno)
 	}
-	putAddr(sa, alen, from)
+	putAddr(sa, alen, from, eng.IPv6(int(fd)))
 	if flags&unix.MSG_TRUNC != 0 {
 		return C.long(full)
 	}
@@ -464,7 +497,7 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 		}
 	}
 	alen := msg.msg_namelen
-	putAddr((*C.struct_sockaddr)(msg.msg_name), &alen, from)
+	putAddr((*C.struct_sockaddr)(msg.msg_name), &alen, from, eng.IPv6(int(fd)))
 	if msg.msg_name != nil {
 		msg.msg_namelen = alen
 	}
@@ -600,7 +633,7 @@ func vmxgo_accept(fd C.int, sa *C.struct_sockaddr, alen *C.socklen_t, flags C.in
 	if errno != 0 {
 		return -C.long(errno)
 	}
-	putAddr(sa, alen, peer)
+	putAddr(sa, alen, peer, false)
 	return C.long(nfd)
 }
 
@@ -665,9 +698,9 @@ func vmxgo_tcp_name(fd, peer C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.
 		return -C.long(unix.EFAULT)
 	}
 	if peer != 0 {
-		putAddr(sa, alen, remote)
+		putAddr(sa, alen, remote, false)
 	} else {
-		putAddr(sa, alen, local)
+		putAddr(sa, alen, local, false)
 	}
 	return 0
 }

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"net/netip"
+	"strconv"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -14,7 +15,7 @@ import (
 // blocking or allocating; it returns the datagram's full length, which may
 // exceed len(b).
 func KernelRecvFrom(fd int, b []byte, flags int) (int, netip.AddrPort, unix.Errno) {
-	var sa unix.RawSockaddrInet4
+	var sa unix.RawSockaddrInet6 // an AF_INET6 socket's is the longer
 	sl := uint32(unsafe.Sizeof(sa))
 	var p unsafe.Pointer
 	if len(b) > 0 {
@@ -25,15 +26,30 @@ func KernelRecvFrom(fd int, b []byte, flags int) (int, netip.AddrPort, unix.Errn
 	if e != 0 {
 		return 0, netip.AddrPort{}, e
 	}
+	return int(n), rawAddr(&sa), 0
+}
+
+// rawAddr is the source address the kernel wrote into sa, a sockaddr_in
+// or a sockaddr_in6; an IPv4-mapped one as IPv4, a link-local one with its
+// scope (the interface's index) as its zone.
+func rawAddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
 	port := uint16(sa.Port>>8) | uint16(sa.Port<<8)
-	return int(n), netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), 0
+	if sa.Family == unix.AF_INET {
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), port)
+	}
+	a := netip.AddrFrom16(sa.Addr).Unmap()
+	if sa.Scope_id != 0 && a.Is6() {
+		a = a.WithZone(strconv.FormatUint(uint64(sa.Scope_id), 10))
+	}
+	return netip.AddrPortFrom(a, port)
 }
 
 // KernelRecvMsg is KernelRecvFrom that also reads the kernel's ancillary
 // data into meta: IP_PKTINFO, IP_TOS, IP_TTL, IP_ORIGDSTADDR and
 // SCM_TIMESTAMP(NS), those the socket has turned on.
 func KernelRecvMsg(fd int, b []byte, flags int, meta *RecvMeta) (int, netip.AddrPort, unix.Errno) {
-	var sa unix.RawSockaddrInet4
+	var sa unix.RawSockaddrInet6
 	var oob [256]byte
 	var iov unix.Iovec
 	if len(b) > 0 {
@@ -49,8 +65,7 @@ func KernelRecvMsg(fd int, b []byte, flags int, meta *RecvMeta) (int, netip.Addr
 	}
 	*meta = RecvMeta{}
 	parseControl(oob[:msg.Controllen], meta)
-	port := uint16(sa.Port>>8) | uint16(sa.Port<<8)
-	return int(n), netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), port), 0
+	return int(n), rawAddr(&sa), 0
 }
 
 // parseControl reads the cmsgs KernelRecvMsg knows into meta, without

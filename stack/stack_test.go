@@ -866,3 +866,61 @@ func TestReopenKeepsOrder(t *testing.T) {
 		t.Errorf("the reopened socket gave %v, want 1 to 9 in order", order)
 	}
 }
+
+// TestSockAddrsIPv6: an AF_INET6 socket that carries IPv4 (IPV6_V6ONLY
+// off, on :: or an IPv4-mapped address, with an IPv4-mapped peer) has
+// IPv4 addresses; one with IPv6 traffic only has stack.ErrIPv6.
+func TestSockAddrsIPv6(t *testing.T) {
+	open := func(v6only int, addr string) int {
+		t.Helper()
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Skipf("no IPv6 here: %v", err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrInet6{Addr: netip.MustParseAddr(addr).As16()}); err != nil {
+			t.Skipf("bind %s: %v", addr, err)
+		}
+		return fd
+	}
+	port := func(fd int) uint16 {
+		sa, _ := unix.Getsockname(fd)
+		return uint16(sa.(*unix.SockaddrInet6).Port)
+	}
+	for _, c := range []struct {
+		v6only int
+		addr   string
+		want   string // the local address, without the port; "" for ErrIPv6
+	}{
+		{0, "::", "0.0.0.0"},
+		{0, "::ffff:127.0.0.1", "127.0.0.1"},
+		{1, "::", ""},
+		{0, "::1", ""},
+	} {
+		fd := open(c.v6only, c.addr)
+		local, remote, err := stack.SockAddrs(fd)
+		switch {
+		case c.want == "" && !errors.Is(err, stack.ErrIPv6):
+			t.Errorf("[%s] IPV6_V6ONLY %d: %v, %v, %v; want ErrIPv6", c.addr, c.v6only, local, remote, err)
+		case c.want != "" && (err != nil || local != netip.AddrPortFrom(netip.MustParseAddr(c.want), port(fd)) || remote.IsValid()):
+			t.Errorf("[%s] IPV6_V6ONLY %d: %v, %v, %v; want %s:%d", c.addr, c.v6only, local, remote, err, c.want, port(fd))
+		}
+	}
+	fd := open(0, "::")
+	if err := unix.Connect(fd, &unix.SockaddrInet6{Addr: netip.MustParseAddr("::ffff:127.0.0.1").As16(), Port: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if _, remote, err := stack.SockAddrs(fd); err != nil || remote != netip.MustParseAddrPort("127.0.0.1:9") {
+		t.Errorf("connected to [::ffff:127.0.0.1]:9: peer %v, %v", remote, err)
+	}
+	fd = open(0, "::")
+	if err := unix.Connect(fd, &unix.SockaddrInet6{Addr: netip.MustParseAddr("::1").As16(), Port: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := stack.SockAddrs(fd); !errors.Is(err, stack.ErrIPv6) {
+		t.Errorf("connected to [::1]:9: %v, want ErrIPv6", err)
+	}
+}

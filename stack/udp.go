@@ -227,24 +227,50 @@ func (st *Stack) Adopt(fd int) (_ *UDPConn, err error) {
 	return c, c.attach()
 }
 
-// SockAddrs reads a kernel IPv4 socket's bound address and its peer (zero
-// when not connected).
+// ErrIPv6 is returned by SockAddrs for an AF_INET6 socket with IPv6
+// traffic only: an IPv6 address of its own or peer, or IPV6_V6ONLY on.
+var ErrIPv6 = errors.New("IPv6 only")
+
+// SockAddrs reads a kernel socket's bound address and its peer (zero
+// when not connected), as IPv4 addresses: an AF_INET6 socket that carries
+// IPv4 as well (IPV6_V6ONLY off; bound to :: or an IPv4-mapped address,
+// with an IPv4-mapped peer if any) has its IPv4 traffic served as an
+// AF_INET socket's would be; any other gives ErrIPv6.
 func SockAddrs(fd int) (local, remote netip.AddrPort, err error) {
 	sa, err := unix.Getsockname(fd)
 	if err != nil {
 		return local, remote, fmt.Errorf("getsockname: %w", err)
 	}
-	s4, ok := sa.(*unix.SockaddrInet4)
-	if !ok {
-		return local, remote, fmt.Errorf("%w: IPv4 only", unix.EAFNOSUPPORT)
+	if local, err = sockAddr4(fd, sa, true); err != nil {
+		return local, remote, err
 	}
-	local = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), uint16(s4.Port))
-	if pa, err := unix.Getpeername(fd); err == nil {
-		if p4, ok := pa.(*unix.SockaddrInet4); ok {
-			remote = netip.AddrPortFrom(netip.AddrFrom4(p4.Addr), uint16(p4.Port))
+	if pa, perr := unix.Getpeername(fd); perr == nil {
+		if remote, err = sockAddr4(fd, pa, false); err != nil {
+			return netip.AddrPort{}, netip.AddrPort{}, err
 		}
 	}
 	return local, remote, nil
+}
+
+// sockAddr4 is sa, fd's own address (local) or its peer's, as IPv4.
+func sockAddr4(fd int, sa unix.Sockaddr, local bool) (netip.AddrPort, error) {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), nil
+	case *unix.SockaddrInet6:
+		addr := netip.AddrFrom16(a.Addr)
+		if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err != nil || v6only != 0 {
+			return netip.AddrPort{}, fmt.Errorf("%w: IPV6_V6ONLY is on", ErrIPv6)
+		}
+		switch {
+		case addr.Is4In6():
+			return netip.AddrPortFrom(addr.Unmap(), uint16(a.Port)), nil
+		case addr.IsUnspecified() && local:
+			return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(a.Port)), nil
+		}
+		return netip.AddrPort{}, fmt.Errorf("%w: %s", ErrIPv6, netip.AddrPortFrom(addr, uint16(a.Port)))
+	}
+	return netip.AddrPort{}, fmt.Errorf("%w: not an IP socket", unix.EAFNOSUPPORT)
 }
 
 // Reopen serves the kernel socket fd (c's own after a connect or

@@ -6,8 +6,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,13 +22,15 @@ import (
 // Selector) and a TCP one on java.net.ServerSocket with a thread a
 // connection, under vmaxdp (VMAXDP_TCP=1) with kernel clients, both beds.
 // With the JVM's defaults, where the namespace has IPv6 (the plain bed),
-// they open AF_INET6 sockets that carry IPv4 as well, which vmaxdp leaves
-// on the kernel: every echo comes back, and the log says why and what to
-// do (it said nothing before, and nothing was offloaded). With
-// -Djava.net.preferIPv4Stack=true, as the log advises, or without IPv6
-// (the tuned bed), they open AF_INET sockets and are offloaded: every echo
-// comes back, and side B's kernel takes no segment, and no datagram but
-// the first one or two, which may come before the socket's stack is open.
+// they open AF_INET6 sockets that carry IPv4 as well. The UDP one is
+// offloaded as an AF_INET one would be (its sources IPv4-mapped); it
+// stayed on the kernel before, and nothing said so. The TCP one stays on
+// the kernel, every echo comes back, and the log says why and what to do.
+// With -Djava.net.preferIPv4Stack=true, as the log advises, or without
+// IPv6 (the tuned bed), the JVM opens AF_INET sockets. Offloaded, every
+// echo comes back, and side B's kernel takes no segment, and no datagram
+// but the first one or two, which may come before the socket's stack is
+// open.
 func TestRunJava(t *testing.T) {
 	testutil.RequireRoot(t)
 	javac, err := exec.LookPath("javac")
@@ -67,7 +71,7 @@ func TestRunJava(t *testing.T) {
 					before := kernel()
 					err := b.Do(testbed.A, func() error {
 						if proto == "udp" {
-							return echoUDP(raddr, 500)
+							return echoUDP("udp4", raddr, 500)
 						}
 						return echoTCP(raddr, 20, 20)
 					})
@@ -75,7 +79,7 @@ func TestRunJava(t *testing.T) {
 						t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 					}
 					moved := kernel() - before
-					if ipv4 || !b.Plain {
+					if ipv4 || !b.Plain || proto == "udp" {
 						p.wantSaid(t, "offloaded on "+b.Link(testbed.B))
 						if moved > 2 {
 							t.Errorf("side B's kernel took %d of the echoes' packets: not offloaded", moved)
@@ -93,10 +97,10 @@ func TestRunJava(t *testing.T) {
 	})
 }
 
-// echoUDP sends n datagrams to raddr, one after the other, each to be
-// echoed within 2 s.
-func echoUDP(raddr string, n int) error {
-	c, err := net.Dial("udp4", raddr)
+// echoUDP sends n datagrams to raddr over network ("udp4", "udp6"), one
+// after the other, each to be echoed within 2 s.
+func echoUDP(network, raddr string, n int) error {
+	c, err := net.Dial(network, raddr)
 	if err != nil {
 		return err
 	}
@@ -140,4 +144,121 @@ func echoTCP(raddr string, conns, rounds int) error {
 		c.Close()
 	}
 	return nil
+}
+
+// TestRunDualStack: a Python UDP echo server on one AF_INET6 socket that
+// carries IPv4 as well (testdata/dualstack.py: IPV6_V6ONLY off, bound to
+// ::) under vmaxdp, kernel clients on side A over IPv4 and over IPv6
+// (link-local), on the plain bed (the tuned one has no IPv6). Its IPv4 is
+// offloaded: every echo comes back, side B's kernel takes no IPv4
+// datagram but the first one or two, which may come before the socket's
+// stack is open, and recvfrom gives the source IPv4-mapped, as the
+// kernel's does. Its IPv6 goes through the kernel socket: every echo comes
+// back, and recvfrom gives the source's scope, the interface's index, as
+// the kernel's does.
+func TestRunDualStack(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	const port, n = 11440, 300
+	p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/dualstack.py", strconv.Itoa(port), "25")
+	if err := p.waitFor("ready\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	waitDAD(t, b)
+	var ll netip.Addr
+	var index int
+	err := b.Do(testbed.B, func() error {
+		ifc, err := net.InterfaceByName(b.Link(testbed.B))
+		if err != nil {
+			return err
+		}
+		index = ifc.Index
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().IsLinkLocalUnicast() {
+				ll = p.Addr()
+			}
+		}
+		return nil
+	})
+	if err != nil || !ll.IsValid() {
+		t.Fatalf("side B's link-local address: %v (found %v)", err, ll)
+	}
+	in4, in6 := testutil.UDPStat(t, b, testbed.B, "InDatagrams"), udp6In(t, b, testbed.B)
+	err = b.Do(testbed.A, func() error {
+		if err := echoUDP("udp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), n); err != nil {
+			return fmt.Errorf("over IPv4: %w", err)
+		}
+		if err := echoUDP("udp6", netip.AddrPortFrom(ll.WithZone(b.Link(testbed.A)), port).String(), n); err != nil {
+			return fmt.Errorf("over IPv6: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	}
+	if moved := testutil.UDPStat(t, b, testbed.B, "InDatagrams") - in4; moved > 2 {
+		t.Errorf("side B's kernel took %d of the %d IPv4 datagrams: not offloaded", moved, n)
+	}
+	if moved := udp6In(t, b, testbed.B) - in6; moved != n {
+		t.Errorf("side B's kernel took %d of the %d IPv6 datagrams, want all", moved, n)
+	}
+	p.wantSaid(t, "offloaded on "+b.Link(testbed.B),
+		fmt.Sprintf("from mapped ('::ffff:%s', ", b.Addr(testbed.A)),
+		"from ipv6 ('fe80::",
+		fmt.Sprintf(", 0, %d)", index))
+}
+
+// udp6In reads Udp6InDatagrams of /proc/net/snmp6 in side s's namespace.
+func udp6In(t *testing.T, b *testbed.Bed, s testbed.Side) int {
+	t.Helper()
+	n := -1
+	err := b.Do(s, func() error {
+		data, err := os.ReadFile("/proc/thread-self/net/snmp6")
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "Udp6InDatagrams" {
+				n, err = strconv.Atoi(f[1])
+				return err
+			}
+		}
+		return fmt.Errorf("no Udp6InDatagrams in snmp6")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitDAD waits up to 5 s for both sides' link-local addresses to be
+// usable: a new interface's stays tentative for duplicate address
+// detection, a second or so, and a socket cannot use it until then.
+func waitDAD(t *testing.T, b *testbed.Bed) {
+	t.Helper()
+	for _, side := range []testbed.Side{testbed.A, testbed.B} {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			var out []byte
+			err := b.Do(side, func() (err error) {
+				out, err = exec.Command("ip", "-6", "addr", "show", "dev", b.Link(side), "scope", "link").Output()
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(out, []byte("inet6")) && !bytes.Contains(out, []byte("tentative")) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's link-local address still tentative after 5 s:\n%s", b.Link(side), out)
+			}
+		}
+	}
 }

@@ -52,6 +52,19 @@ func cmsgOption(level, name int) (Cmsg, bool) {
 	return 0, false
 }
 
+// ipv6CmsgOptions are an AF_INET6 socket's options for ancillary data,
+// which the kernel makes for its IPv4 datagrams too (IPV6_PKTINFO with the
+// address mapped, ...) and vmaxdp does not.
+var ipv6CmsgOptions = map[int]string{
+	unix.IPV6_RECVPKTINFO: "IPV6_RECVPKTINFO", unix.IPV6_2292PKTINFO: "IPV6_2292PKTINFO",
+	unix.IPV6_RECVHOPLIMIT: "IPV6_RECVHOPLIMIT", unix.IPV6_2292HOPLIMIT: "IPV6_2292HOPLIMIT",
+	unix.IPV6_RECVTCLASS: "IPV6_RECVTCLASS", unix.IPV6_RECVORIGDSTADDR: "IPV6_RECVORIGDSTADDR",
+	unix.IPV6_RECVRTHDR: "IPV6_RECVRTHDR", unix.IPV6_RECVHOPOPTS: "IPV6_RECVHOPOPTS",
+	unix.IPV6_RECVDSTOPTS: "IPV6_RECVDSTOPTS", unix.IPV6_RECVPATHMTU: "IPV6_RECVPATHMTU",
+	unix.IPV6_RECVFRAGSIZE: "IPV6_RECVFRAGSIZE", unix.IPV6_2292RTHDR: "IPV6_2292RTHDR",
+	unix.IPV6_2292HOPOPTS: "IPV6_2292HOPOPTS", unix.IPV6_2292DSTOPTS: "IPV6_2292DSTOPTS",
+}
+
 // foreignCmsgOption names an option whose ancillary data or behaviour the
 // engine does not make for offloaded datagrams; a socket that turns one on
 // is served by the kernel ("" for any other option).
@@ -73,6 +86,8 @@ func foreignCmsgOption(level, name int) string {
 		return "IP_CHECKSUM"
 	case level == unix.IPPROTO_IP && name == unix.IP_RECVFRAGSIZE:
 		return "IP_RECVFRAGSIZE"
+	case level == unix.IPPROTO_IPV6:
+		return ipv6CmsgOptions[name]
 	}
 	return ""
 }

@@ -137,6 +137,7 @@ type Engine struct {
 // Socket is one application UDP socket.
 type Socket struct {
 	fd       int
+	v6       bool // an AF_INET6 socket: its IPv4 traffic is served, IPv4-mapped
 	conn     atomic.Pointer[stack.UDPConn]
 	nonblock atomic.Bool
 	rcvtimeo atomic.Int64 // nanoseconds, 0: none
@@ -297,9 +298,19 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 	}
 	s.nonblock.Store(nonblock)
 	s.inode = inodeOf(fd)
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil && dom == unix.AF_INET6 {
+		s.v6 = true
+	}
 	e.fds[fd].Store(s)
 	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
 	return StateCandidate
+}
+
+// IPv6 says whether fd is an offloaded or candidate AF_INET6 socket, whose
+// receives give IPv4 sources as IPv4-mapped sockaddr_in6.
+func (e *Engine) IPv6(fd int) bool {
+	s := e.get(fd)
+	return s != nil && s.v6
 }
 
 // Bind is called after the kernel bound fd.
@@ -313,40 +324,30 @@ func (e *Engine) Bind(fd int) State {
 	if s.state != StateCandidate {
 		return s.state
 	}
-	local, _ := sockAddrs(fd)
+	local, _, err := stack.SockAddrs(fd)
+	if err != nil {
+		return e.notIPv4(s, rules.UDPReceiver, err)
+	}
 	return e.decide(s, rules.UDPReceiver, local, netip.AddrPort{}, "")
 }
 
-// IPv6Socket is called after the kernel bound fd, an AF_INET6 socket, or
-// connected it (to: the destination), and says why a UDP one, or a TCP
-// one connecting, stays on the kernel: the offload serves AF_INET sockets. One that carries
-// IPv4 as well (IPV6_V6ONLY off, on :: or an IPv4-mapped address) is what
-// a Java program opens by default, and Node's for "::"; before, such a
-// program was offloaded nothing, and nothing said why.
-func (e *Engine) IPv6Socket(fd int, to netip.AddrPort) {
-	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
-	if err != nil || typ == unix.SOCK_STREAM && !e.p.TCP {
+// notIPv4 leaves s, an AF_INET6 socket with IPv6 traffic only
+// (stack.ErrIPv6), on the kernel.
+func (e *Engine) notIPv4(s *Socket, role rules.Role, err error) State {
+	local, remote := sockAddrs6(s.fd)
+	return e.notOffloaded(s, socketWhat(role, local, remote), fmt.Sprintf("an IPv6 socket with IPv6 traffic only (%v): UDP offload serves IPv4, which an AF_INET6 socket carries with IPV6_V6ONLY off on :: or an IPv4-mapped address", err))
+}
+
+// IPv6Connect is called as fd, an AF_INET6 stream socket, connects to
+// to (VMAXDP_TCP=1), and says why it stays on the kernel: TCP offload
+// serves AF_INET sockets. A Java program's sockets are AF_INET6 by
+// default, and its TCP clients were offloaded nothing without a word.
+func (e *Engine) IPv6Connect(fd int, to netip.AddrPort) {
+	if !e.p.TCP || streamDomain(fd) != unix.AF_INET6 {
 		return
 	}
-	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || dom != unix.AF_INET6 {
-		return
-	}
-	local, remote := sockAddrs6(fd)
-	if !remote.IsValid() {
-		remote = to // a connect under way
-	}
-	role, proto := rules.UDPReceiver, "UDP"
-	switch {
-	case typ == unix.SOCK_STREAM && remote.IsValid():
-		role, proto = rules.TCPClient, "TCP"
-	case typ == unix.SOCK_STREAM:
-		return // a listener says so as it listens; a connection as it connects
-	case typ != unix.SOCK_DGRAM:
-		return
-	case remote.IsValid():
-		role = rules.UDPConnect
-	}
-	e.logNotOffloaded(fd, socketWhat(role, local, remote), ipv6Cause(fd, proto, local, remote))
+	local, _ := sockAddrs6(fd)
+	e.logNotOffloaded(fd, socketWhat(rules.TCPClient, local, to), ipv6Cause(fd, "TCP", local, to))
 }
 
 // ipv6Cause says why fd, an AF_INET6 socket of proto ("UDP", "TCP") with
@@ -387,12 +388,15 @@ func (e *Engine) Connect(fd int) State {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	local, remote := sockAddrs(fd)
+	local, remote, err := stack.SockAddrs(fd)
 	switch s.state {
 	case StateCandidate:
 		role := rules.UDPConnect
 		if !remote.IsValid() {
 			role = rules.UDPReceiver
+		}
+		if err != nil {
+			return e.notIPv4(s, role, err)
 		}
 		return e.decide(s, role, local, remote, "")
 	case StateOffloaded:
