@@ -848,3 +848,35 @@ func TestEpollSmallMaxevents(t *testing.T) {
 		t.Errorf("four waits of maxevents 1 reported %v: both members are ready", seen)
 	}
 }
+
+// TestForeignCmsgOptions: a socket that asks for ancillary data vmaxdp
+// does not make goes to the kernel, which makes it: offloaded, it is no
+// longer steered and says why; a candidate is decided for the kernel. An
+// AF_INET6 socket's IPv6 options are among them (the kernel makes
+// IPV6_PKTINFO for its IPv4 datagrams too).
+func TestForeignCmsgOptions(t *testing.T) {
+	bed, e, fd := offloaded(t, 9420, false)
+	e.SetCmsgOption(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, true)
+	if st := e.State(fd); st != StateOffloaded {
+		t.Fatalf("IP_PKTINFO, which vmaxdp makes: state %d, reason %q", st, e.Reason(fd))
+	}
+	e.SetCmsgOption(fd, unix.IPPROTO_IP, unix.IP_RECVOPTS, true)
+	if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), "IP_RECVOPTS") {
+		t.Errorf("IP_RECVOPTS: state %d, reason %q; want the kernel's, said", st, e.Reason(fd))
+	}
+
+	var fd6 int
+	err := bed.Do(testbed.B, func() (err error) {
+		fd6, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(fd6); unix.Close(fd6) })
+	e.Socket(fd6, false)
+	e.SetCmsgOption(fd6, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, true)
+	if st := e.State(fd6); st != StateKernel || !strings.Contains(e.Reason(fd6), "IPV6_RECVPKTINFO") {
+		t.Errorf("an AF_INET6 candidate with IPV6_RECVPKTINFO: state %d, reason %q; want the kernel's, said", st, e.Reason(fd6))
+	}
+}
