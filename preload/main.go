@@ -633,7 +633,7 @@ func vmxgo_accept(fd C.int, sa *C.struct_sockaddr, alen *C.socklen_t, flags C.in
 	if errno != 0 {
 		return -C.long(errno)
 	}
-	putAddr(sa, alen, peer, false)
+	putAddr(sa, alen, peer, eng.TCPListenerIPv6(int(fd)))
 	return C.long(nfd)
 }
 
@@ -690,7 +690,7 @@ func vmxgo_tcp_shutdown(fd, how C.int) C.long { return -C.long(eng.TCPShutdown(i
 
 //export vmxgo_tcp_name
 func vmxgo_tcp_name(fd, peer C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.long {
-	local, remote, errno := eng.TCPAddrs(int(fd))
+	local, remote, v6, errno := eng.TCPAddrs(int(fd))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -698,9 +698,9 @@ func vmxgo_tcp_name(fd, peer C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.
 		return -C.long(unix.EFAULT)
 	}
 	if peer != 0 {
-		putAddr(sa, alen, remote, false)
+		putAddr(sa, alen, remote, v6)
 	} else {
-		putAddr(sa, alen, local, false)
+		putAddr(sa, alen, local, v6)
 	}
 	return 0
 }

@@ -335,30 +335,29 @@ func (e *Engine) Bind(fd int) State {
 // (stack.ErrIPv6), on the kernel.
 func (e *Engine) notIPv4(s *Socket, role rules.Role, err error) State {
 	local, remote := sockAddrs6(s.fd)
-	return e.notOffloaded(s, socketWhat(role, local, remote), fmt.Sprintf("an IPv6 socket with IPv6 traffic only (%v): UDP offload serves IPv4, which an AF_INET6 socket carries with IPV6_V6ONLY off on :: or an IPv4-mapped address", err))
+	return e.notOffloaded(s, socketWhat(role, local, remote), ipv6Only("UDP", err))
 }
 
 // IPv6Connect is called as fd, an AF_INET6 stream socket, connects to
 // to (VMAXDP_TCP=1), and says why it stays on the kernel: TCP offload
-// serves AF_INET sockets. A Java program's sockets are AF_INET6 by
+// connects AF_INET sockets only. A Java program's sockets are AF_INET6 by
 // default, and its TCP clients were offloaded nothing without a word.
 func (e *Engine) IPv6Connect(fd int, to netip.AddrPort) {
 	if !e.p.TCP || streamDomain(fd) != unix.AF_INET6 {
 		return
 	}
 	local, _ := sockAddrs6(fd)
-	e.logNotOffloaded(fd, socketWhat(rules.TCPClient, local, to), ipv6Cause(fd, "TCP", local, to))
+	cause := "an AF_INET6 socket connecting: TCP offload connects AF_INET sockets (and serves AF_INET6 listeners' IPv4), so this connection stays on the kernel"
+	if to.Addr().Is4In6() {
+		cause += "; an AF_INET socket to " + to.Addr().Unmap().String() + " would be offloaded (Java: -Djava.net.preferIPv4Stack=true)"
+	}
+	e.logNotOffloaded(fd, socketWhat(rules.TCPClient, local, to), cause)
 }
 
-// ipv6Cause says why fd, an AF_INET6 socket of proto ("UDP", "TCP") with
-// those addresses, stays on the kernel.
-func ipv6Cause(fd int, proto string, local, remote netip.AddrPort) string {
-	cause := "an IPv6 socket: " + proto + " offload serves AF_INET sockets"
-	mapped := local.Addr().IsUnspecified() || local.Addr().Is4In6() || remote.Addr().Is4In6()
-	if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err == nil && v6only == 0 && mapped {
-		cause += ", and this one carries IPv4 as well (IPV6_V6ONLY off), which keeps flowing through the kernel with it: an AF_INET socket on 0.0.0.0 or an IPv4 address is offloaded (Node: listen on \"0.0.0.0\", not the default \"::\"; Java: -Djava.net.preferIPv4Stack=true)"
-	}
-	return cause
+// ipv6Only says why an AF_INET6 socket of proto ("UDP", "TCP") with IPv6
+// traffic only (err, stack.ErrIPv6) stays on the kernel.
+func ipv6Only(proto string, err error) string {
+	return fmt.Sprintf("an IPv6 socket with IPv6 traffic only (%v): %s offload serves IPv4, which an AF_INET6 socket carries with IPV6_V6ONLY off on :: or an IPv4-mapped address", err, proto)
 }
 
 // sockAddrs6 are fd's local and peer addresses when it is an AF_INET6

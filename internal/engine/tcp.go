@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,7 +38,11 @@ import (
 
 // tcpListener is an offloaded listening socket.
 type tcpListener struct {
-	nl      *stack.NetstackListener
+	nl *stack.NetstackListener
+	v6 bool // an AF_INET6 listener: its connections are AF_INET6 sockets, with IPv4-mapped addresses
+	// forking: in handover since a fork began, to go to the kernel once
+	// it returns (handoverAtFork).
+	forking atomic.Bool
 	cancel  func()
 	refs    atomic.Int32 // fds naming it (dup)
 	ifname  string
@@ -94,6 +99,7 @@ func (l *tcpListener) settle() {
 // a Unix socket pair (app) whose other end (eng) the engine keeps.
 type tcpConn struct {
 	c        *stack.TCPConn
+	v6       bool // accepted on an AF_INET6 listener
 	app, eng int
 	cancel   func()
 	refs     atomic.Int32 // fds naming it (dup)
@@ -450,25 +456,29 @@ func (e *Engine) Listen(fd, backlog int) State {
 	if l := e.listener(fd); l != nil {
 		return StateOffloaded // listen again: the kernel took the new backlog
 	}
-	switch streamDomain(fd) {
-	case unix.AF_INET:
-	case unix.AF_INET6:
-		if e.p.TCP {
-			local, _ := sockAddrs6(fd)
-			return e.tcpNotOffloaded(fd, socketWhat(rules.TCPServer, local, netip.AddrPort{}), ipv6Cause(fd, "TCP", local, netip.AddrPort{}))
-		}
-		return StateOS
-	default:
+	dom := streamDomain(fd)
+	if dom != unix.AF_INET && (dom != unix.AF_INET6 || !e.p.TCP) {
 		return StateOS
 	}
-	local, _ := sockAddrs(fd)
-	if local.Port() == 0 {
+	// An AF_INET6 listener that carries IPv4 (IPV6_V6ONLY off, on :: or
+	// an IPv4-mapped address) has its IPv4 connections served as an
+	// AF_INET one's; its IPv6 ones stay the kernel's.
+	local, _, err := stack.SockAddrs(fd)
+	if err == nil && local.Port() == 0 {
 		// listen binds an unbound socket to a port of the kernel's choice;
 		// netstack needs the port before.
-		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.Addr().As4()}); err != nil {
+		var sa unix.Sockaddr = &unix.SockaddrInet4{Addr: local.Addr().As4()}
+		if dom == unix.AF_INET6 {
+			sa = &unix.SockaddrInet6{}
+		}
+		if err := unix.Bind(fd, sa); err != nil {
 			return StateOS // the kernel's listen says why
 		}
-		local, _ = sockAddrs(fd)
+		local, _, err = stack.SockAddrs(fd)
+	}
+	if err != nil {
+		local6, _ := sockAddrs6(fd)
+		return e.tcpNotOffloaded(fd, socketWhat(rules.TCPServer, local6, netip.AddrPort{}), ipv6Only("TCP", err))
 	}
 	what := socketWhat(rules.TCPServer, local, netip.AddrPort{})
 	if !e.p.TCP {
@@ -502,7 +512,7 @@ func (e *Engine) Listen(fd, backlog int) State {
 		nl.Close()
 		return e.tcpNotOffloaded(fd, what, fmt.Sprintf("eventfd: %v", err))
 	}
-	l := &tcpListener{nl: nl, wake: highfd.Move(wake), ifname: ifname, backlog: backlog}
+	l := &tcpListener{nl: nl, wake: highfd.Move(wake), ifname: ifname, backlog: backlog, v6: dom == unix.AF_INET6}
 	l.refs.Store(1)
 	l.cancel = nl.Notify(l.mark)
 	l.mark() // what came before Notify
@@ -564,7 +574,7 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 			if err := c.InheritOptions(fd); err != nil {
 				e.Log.Printf(params.LevelInfo, "fd %d: %v; accepted without those", fd, err)
 			}
-			return e.adoptConn(c, l.ifname, flags)
+			return e.adoptConn(c, l.ifname, flags, l.v6)
 		}
 		if !errors.Is(err, unix.EAGAIN) {
 			e.Log.Printf(params.LevelDebug, "fd %d: accept from netstack: %v", fd, err)
@@ -576,8 +586,15 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 			if err == nil {
 				l.acceptedOS.Add(1)
 				var peer netip.AddrPort
-				if sa4, ok := sa.(*unix.SockaddrInet4); ok {
-					peer = netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(sa4.Port))
+				switch a := sa.(type) {
+				case *unix.SockaddrInet4:
+					peer = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+				case *unix.SockaddrInet6:
+					addr := netip.AddrFrom16(a.Addr).Unmap()
+					if a.ZoneId != 0 && addr.Is6() {
+						addr = addr.WithZone(strconv.FormatUint(uint64(a.ZoneId), 10))
+					}
+					peer = netip.AddrPortFrom(addr, uint16(a.Port))
 				}
 				return nfd, peer, 0
 			}
@@ -610,7 +627,7 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 
 // adoptConn gives c an fd of the application's: the lowest free number,
 // as the kernel's accept would.
-func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int) (int, netip.AddrPort, unix.Errno) {
+func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int, v6 bool) (int, netip.AddrPort, unix.Errno) {
 	local, peer := c.Addrs()
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -623,7 +640,7 @@ func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int) (int, net
 		unix.FcntlInt(uintptr(app), unix.F_SETFD, 0)
 	}
 	t := e.mirror(c, app, highfd.Move(pair[1]), flags&unix.SOCK_NONBLOCK != 0)
-	t.ifname = ifname
+	t.ifname, t.v6 = ifname, v6
 	e.conns[app].Store(t)
 	e.onState(app, StateTCP)
 	e.Log.Printf(params.LevelDebug, "fd %d: tcp connection %s>%s offloaded", app, local, peer)
@@ -1210,13 +1227,20 @@ func (e *Engine) TCPShutdown(fd, how int) unix.Errno {
 }
 
 // TCPAddrs serves getsockname and getpeername on an offloaded connection.
-func (e *Engine) TCPAddrs(fd int) (local, remote netip.AddrPort, errno unix.Errno) {
+func (e *Engine) TCPAddrs(fd int) (local, remote netip.AddrPort, v6 bool, errno unix.Errno) {
 	t := e.tcpConn(fd)
 	if t == nil {
-		return local, remote, ErrPassOS
+		return local, remote, false, ErrPassOS
 	}
 	local, remote = t.c.Addrs()
-	return local, remote, 0
+	return local, remote, t.v6, 0
+}
+
+// TCPListenerIPv6 says whether fd is an offloaded AF_INET6 listener,
+// whose accept gives peers as sockaddr_in6.
+func (e *Engine) TCPListenerIPv6(fd int) bool {
+	l := e.listener(fd)
+	return l != nil && l.v6
 }
 
 // TCPUnread serves FIONREAD (SIOCINQ), and with out SIOCOUTQ: the bytes
@@ -1271,6 +1295,14 @@ func (e *Engine) TCPOption(fd, level, name int) (int, unix.Errno) {
 	t := e.tcpConn(fd)
 	if t == nil {
 		return 0, ErrPassOS
+	}
+	if t.v6 {
+		switch {
+		case level == unix.SOL_SOCKET && name == unix.SO_DOMAIN:
+			return unix.AF_INET6, 0
+		case level == unix.IPPROTO_IPV6 && name == unix.IPV6_V6ONLY:
+			return 0, 0
+		}
 	}
 	v, err := t.c.Option(level, name)
 	if errors.Is(err, unix.ENOPROTOOPT) && level == unix.SOL_SOCKET {
@@ -1460,7 +1492,7 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 		l.cancel()
 		l.nl.Close()
 		highfd.Close(l.wake)
-		if l.nl.InHandover() {
+		if l.nl.InHandover() && !l.forking.Load() {
 			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: handed over to the kernel", fd, l.nl.Addr())
 		} else {
 			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: %s", fd, l.nl.Addr(), cause)

@@ -1,31 +1,60 @@
-"""dualstack: a UDP echo server on one AF_INET6 socket that carries IPv4
-as well (IPV6_V6ONLY off, bound to ::), for TestRunDualStack.
+"""dualstack: an echo server on one AF_INET6 socket that carries IPv4 as
+well (IPV6_V6ONLY off, bound to ::), for TestRunDualStack.
 
-    python3 dualstack.py PORT SECONDS
+    python3 dualstack.py udp|tcp PORT SECONDS
 
-It prints "ready", then for the first datagram of each family the source
-address as recvfrom gave it ("from mapped ('::ffff:...', port, 0, 0)",
-"from ipv6 ('fe80::...', port, 0, scope)"), echoes every datagram to its
-source, and exits after SECONDS.
+It prints "ready", then for the first datagram or connection of each
+family what the socket calls said of it: "from mapped (...)" or
+"from ipv6 (...)" with the source as recvfrom or accept gave it, and for
+TCP the accepted socket's family, SO_DOMAIN, getsockname and getpeername.
+It echoes everything to its source, and exits after SECONDS.
 """
 import socket
 import sys
+import threading
 import time
 
-s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+proto, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM)
 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-s.bind(("::", int(sys.argv[1])))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", port))
+if proto == "tcp":
+    s.listen(16)
 s.settimeout(0.2)
 print("ready", flush=True)
 seen = set()
-end = time.time() + float(sys.argv[2])
-while time.time() < end:
-    try:
-        data, src = s.recvfrom(65536)
-    except socket.timeout:
-        continue
+
+
+def first(src, *more):
     family = "mapped" if src[0].startswith("::ffff:") else "ipv6"
     if family not in seen:
         seen.add(family)
-        print("from", family, src, flush=True)
-    s.sendto(data, src)
+        print("from", family, src, *more, flush=True)
+
+
+def serve(c, src):
+    first(src, int(c.family), c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN), c.getsockname(), c.getpeername())
+    while True:
+        data = c.recv(65536)
+        if not data:
+            break
+        c.sendall(data)
+    c.close()
+
+
+end = time.time() + seconds
+while time.time() < end:
+    try:
+        if proto == "udp":
+            data, src = s.recvfrom(65536)
+        else:
+            c, src = s.accept()
+    except socket.timeout:
+        continue
+    if proto == "udp":
+        first(src)
+        s.sendto(data, src)
+    else:
+        c.settimeout(None)
+        threading.Thread(target=serve, args=(c, src), daemon=True).start()
