@@ -346,15 +346,16 @@ func putAddr(sa *C.struct_sockaddr, alen *C.socklen_t, from netip.AddrPort, v6 b
 	*alen = C.socklen_t(unsafe.Sizeof(raw))
 }
 
-// getAddr reads a destination: a sockaddr_in, or a sockaddr_in6 with an
-// IPv4-mapped address (an AF_INET6 socket's IPv4 peer); false for any
-// other, which the kernel serves.
-func getAddr(sa *C.struct_sockaddr, alen C.socklen_t) (netip.AddrPort, bool) {
+// getAddr reads a destination: a sockaddr_in, or for an AF_INET6 socket
+// (v6) a sockaddr_in6 with an IPv4-mapped address; false for any other,
+// which the kernel serves (or refuses: an AF_INET socket's sendto to a
+// sockaddr_in6 fails with EAFNOSUPPORT).
+func getAddr(sa *C.struct_sockaddr, alen C.socklen_t, v6 bool) (netip.AddrPort, bool) {
 	if sa == nil {
 		return netip.AddrPort{}, true
 	}
 	if to, ok := getAddr6(sa, alen); ok {
-		if !to.Addr().Is4In6() {
+		if !v6 || !to.Addr().Is4In6() {
 			return netip.AddrPort{}, false
 		}
 		return netip.AddrPortFrom(to.Addr().Unmap(), to.Port()), true
@@ -531,7 +532,7 @@ func iovLen(iov []unix.Iovec) int {
 
 //export vmxgo_sendto
 func vmxgo_sendto(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.struct_sockaddr, alen C.socklen_t) C.long {
-	to, ok := getAddr(sa, alen)
+	to, ok := getAddr(sa, alen, eng.IPv6(int(fd)))
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
@@ -544,7 +545,7 @@ func vmxgo_sendto(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.s
 
 //export vmxgo_sendmsg
 func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
-	to, ok := getAddr((*C.struct_sockaddr)(msg.msg_name), msg.msg_namelen)
+	to, ok := getAddr((*C.struct_sockaddr)(msg.msg_name), msg.msg_namelen, eng.IPv6(int(fd)))
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
@@ -803,7 +804,7 @@ func vmxgo_tcp_getsockopt(fd, level, name C.int, val unsafe.Pointer, n *C.sockle
 
 //export vmxgo_tcp_connect
 func vmxgo_tcp_connect(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t, sig *C.struct_vmx_signals) C.long {
-	to, ok := getAddr(sa, alen)
+	to, ok := getAddr(sa, alen, false)
 	if !ok || !to.IsValid() {
 		return -C.long(engine.ErrPassOS)
 	}
