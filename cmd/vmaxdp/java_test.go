@@ -221,6 +221,40 @@ func TestRunDualStack(t *testing.T) {
 			p.wantSaid(t, "offloaded on "+b.Link(testbed.B), mapped, "from ipv6 ('fe80::", fmt.Sprintf(", 0, %d)", index))
 		})
 	}
+	// A client's unbound AF_INET6 socket, sending to a mapped address of
+	// side A's kernel echo server: bound by vmaxdp to :: (it bound an
+	// AF_INET6 socket as AF_INET and left it on the kernel before).
+	t.Run("udp-client", func(t *testing.T) {
+		const port, n = 11442, 200
+		var echo *net.UDPConn
+		err := b.Do(testbed.A, func() (err error) {
+			echo, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer echo.Close()
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				k, from, err := echo.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return
+				}
+				echo.WriteToUDPAddrPort(buf[:k], from)
+			}
+		}()
+		out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
+		p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/dualstack.py", "client", b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(n))
+		if err := p.exited(); err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		p.wantSaid(t, "offloaded on "+b.Link(testbed.B), fmt.Sprintf("echoed %d of %d", n, n))
+		if moved := testutil.UDPStat(t, b, testbed.B, "OutDatagrams") - out; moved != 0 {
+			t.Errorf("side B's kernel sent %d of the %d datagrams: not offloaded", moved, n)
+		}
+	})
 }
 
 // udp6In reads Udp6InDatagrams of /proc/net/snmp6 in side s's namespace.

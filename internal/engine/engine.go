@@ -430,7 +430,7 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 		return StateCandidate // the kernel answers (EDESTADDRREQ and the like)
 	}
 	if local.Port() == 0 {
-		if err := bindEphemeral(fd); err != nil {
+		if err := bindEphemeral(fd, s.v6); err != nil {
 			return e.notOffloaded(s, "bind before first send", err.Error())
 		}
 		local, _ = sockAddrs(fd)
@@ -1426,9 +1426,12 @@ func (e *Engine) sharedToKernel(cs []*stack.UDPConn, reason string) {
 // hold, at random, and then every unicast answer of both goes to one of
 // them (memcaslap, whose 16 sockets set SO_REUSEADDR, aborts on it under
 // the kernel too). If no port is free on those terms, it binds as the
-// kernel would.
-func bindEphemeral(fd int) error {
-	addr := &unix.SockaddrInet4{}
+// kernel would. An AF_INET6 socket (v6) is bound to ::.
+func bindEphemeral(fd int, v6 bool) error {
+	var addr unix.Sockaddr = &unix.SockaddrInet4{}
+	if v6 {
+		addr = &unix.SockaddrInet6{}
+	}
 	reuse, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR)
 	if err != nil || reuse == 0 || reusePort(fd) {
 		return unix.Bind(fd, addr)

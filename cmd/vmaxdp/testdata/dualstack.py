@@ -2,17 +2,37 @@
 well (IPV6_V6ONLY off, bound to ::), for TestRunDualStack.
 
     python3 dualstack.py udp|tcp PORT SECONDS
+    python3 dualstack.py client ADDR PORT N
 
 It prints "ready", then for the first datagram or connection of each
 family what the socket calls said of it: "from mapped (...)" or
 "from ipv6 (...)" with the source as recvfrom or accept gave it, and for
 TCP the accepted socket's family, SO_DOMAIN, getsockname and getpeername.
 It echoes everything to its source, and exits after SECONDS.
+
+As a client, it sends N datagrams from an unbound AF_INET6 socket to the
+IPv4 address ADDR, mapped, each to be echoed within 2 s, and prints
+"echoed K of N".
 """
 import socket
 import sys
 import threading
 import time
+
+if sys.argv[1] == "client":
+    c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    c.settimeout(2)
+    dst, n, echoed = ("::ffff:" + sys.argv[2], int(sys.argv[3])), int(sys.argv[4]), 0
+    for i in range(n):
+        msg = b"datagram %d;" % i
+        c.sendto(msg, dst)
+        try:
+            data, src = c.recvfrom(65536)
+        except socket.timeout:
+            continue
+        echoed += data == msg and src[:2] == dst
+    print("echoed", echoed, "of", n, flush=True)
+    sys.exit(0)
 
 proto, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM)
