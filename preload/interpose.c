@@ -643,8 +643,9 @@ int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	int s = state(fd);
 	/* A stream socket (the kernel's, or a connection of the engine's)
 	 * may connect through netstack (VMAXDP_TCP=1). */
-	if ((s == VMX_OS || s == VMX_TCP) && !vmx_forked && addr && len >= sizeof(struct sockaddr_in) &&
-	    addr->sa_family == AF_INET) {
+	if ((s == VMX_OS || s == VMX_TCP) && !vmx_forked && addr &&
+	    ((len >= sizeof(struct sockaddr_in) && addr->sa_family == AF_INET) ||
+	     (len >= sizeof(struct sockaddr_in6) && addr->sa_family == AF_INET6))) {
 		long t = CANCEL_POINT_AGAIN(vmxgo_tcp_connect(fd, (struct sockaddr *)addr, len, vmx_thread()),
 					    vmxgo_tcp_connect_wait(fd, vmx_thread()));
 		if (t != -VMX_PASS)

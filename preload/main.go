@@ -804,6 +804,13 @@ func vmxgo_tcp_getsockopt(fd, level, name C.int, val unsafe.Pointer, n *C.sockle
 
 //export vmxgo_tcp_connect
 func vmxgo_tcp_connect(fd C.int, sa *C.struct_sockaddr, alen C.socklen_t, sig *C.struct_vmx_signals) C.long {
+	if _, mapped := getAddr6(sa, alen); mapped {
+		to, ok := getAddr(sa, alen, true)
+		if !ok || !to.IsValid() {
+			return -C.long(engine.ErrPassOS) // an IPv6 destination
+		}
+		return -C.long(eng.TCPConnect6(int(fd), to, signals(sig)))
+	}
 	to, ok := getAddr(sa, alen, false)
 	if !ok || !to.IsValid() {
 		return -C.long(engine.ErrPassOS)

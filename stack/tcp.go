@@ -580,9 +580,14 @@ func tcpipErrno(e tcpip.Error) error {
 }
 
 // kernelBind binds the kernel socket fd to src and a port the kernel
-// picks, which keeps that port from its other sockets.
+// picks, which keeps that port from its other sockets; an AF_INET6
+// socket to src mapped, as its own connect would.
 func kernelBind(fd int, src netip.Addr) (netip.AddrPort, error) {
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: src.As4()}); err != nil {
+	var sa unix.Sockaddr = &unix.SockaddrInet4{Addr: src.As4()}
+	if dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil && dom == unix.AF_INET6 {
+		sa = &unix.SockaddrInet6{Addr: src.As16()}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
 		return netip.AddrPort{}, fmt.Errorf("kernel socket: bind %s: %w", src, err)
 	}
 	local, _, err := SockAddrs(fd)

@@ -221,40 +221,45 @@ func TestRunDualStack(t *testing.T) {
 			p.wantSaid(t, "offloaded on "+b.Link(testbed.B), mapped, "from ipv6 ('fe80::", fmt.Sprintf(", 0, %d)", index))
 		})
 	}
-	// A client's unbound AF_INET6 socket, sending to a mapped address of
-	// side A's kernel echo server: bound by vmaxdp to :: (it bound an
-	// AF_INET6 socket as AF_INET and left it on the kernel before).
-	t.Run("udp-client", func(t *testing.T) {
-		const port, n = 11442, 200
-		var echo *net.UDPConn
-		err := b.Do(testbed.A, func() (err error) {
-			echo, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer echo.Close()
-		go func() {
-			buf := make([]byte, 2048)
-			for {
-				k, from, err := echo.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					return
-				}
-				echo.WriteToUDPAddrPort(buf[:k], from)
+	// A client's unbound AF_INET6 socket, sending to or connecting to a
+	// mapped address of side A's kernel echo server, offloaded: the UDP
+	// one is bound by vmaxdp to :: (bound as AF_INET before, which failed,
+	// and left on the kernel); the TCP one connects through netstack, an
+	// AF_INET6 socket with mapped names (left on the kernel before).
+	for i, proto := range []string{"udp", "tcp"} {
+		t.Run(proto+"-client", func(t *testing.T) {
+			port, n := 11442+i, 200
+			raddr := netip.AddrPortFrom(b.Addr(testbed.A), uint16(port))
+			var stop func()
+			err := b.Do(testbed.A, func() error {
+				var err error
+				stop, err = kernelEcho(proto, raddr)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}()
-		out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
-		p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/dualstack.py", "client", b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(n))
-		if err := p.exited(); err != nil {
-			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
-		}
-		p.wantSaid(t, "offloaded on "+b.Link(testbed.B), fmt.Sprintf("echoed %d of %d", n, n))
-		if moved := testutil.UDPStat(t, b, testbed.B, "OutDatagrams") - out; moved != 0 {
-			t.Errorf("side B's kernel sent %d of the %d datagrams: not offloaded", moved, n)
-		}
-	})
+			defer stop()
+			out := func() int {
+				if proto == "udp" {
+					return testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
+				}
+				return testutil.SNMPStat(t, b, testbed.B, "Tcp", "OutSegs")
+			}
+			before := out()
+			p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "testdata/dualstack.py", "client", proto, b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(n))
+			if err := p.exited(); err != nil {
+				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+			}
+			p.wantSaid(t, "offloaded on "+b.Link(testbed.B), fmt.Sprintf("echoed %d of %d", n, n))
+			if proto == "tcp" {
+				p.wantSaid(t, fmt.Sprintf("connected 10 10 ::ffff:%s ('::ffff:%s', %d, 0, 0)", b.Addr(testbed.B), b.Addr(testbed.A), port))
+			}
+			if moved := out() - before; moved != 0 {
+				t.Errorf("side B's kernel sent %d packets of the client's: not offloaded", moved)
+			}
+		})
+	}
 }
 
 // udp6In reads Udp6InDatagrams of /proc/net/snmp6 in side s's namespace.
@@ -303,4 +308,43 @@ func waitDAD(t *testing.T, b *testbed.Bed) {
 			}
 		}
 	}
+}
+
+// kernelEcho serves an echo on the kernel's socket at addr, over proto
+// ("udp", "tcp"), in the calling thread's namespace, until stop.
+func kernelEcho(proto string, addr netip.AddrPort) (stop func(), err error) {
+	if proto == "udp" {
+		c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		if err != nil {
+			return nil, err
+		}
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				k, from, err := c.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return
+				}
+				c.WriteToUDPAddrPort(buf[:k], from)
+			}
+		}()
+		return func() { c.Close() }, nil
+	}
+	l, err := net.Listen("tcp4", addr.String())
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return func() { l.Close() }, nil
 }

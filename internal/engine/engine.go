@@ -338,20 +338,16 @@ func (e *Engine) notIPv4(s *Socket, role rules.Role, err error) State {
 	return e.notOffloaded(s, socketWhat(role, local, remote), ipv6Only("UDP", err))
 }
 
-// IPv6Connect is called as fd, an AF_INET6 stream socket, connects to
-// to (VMAXDP_TCP=1), and says why it stays on the kernel: TCP offload
-// connects AF_INET sockets only. A Java program's sockets are AF_INET6 by
-// default, and its TCP clients were offloaded nothing without a word.
+// IPv6Connect is called after the kernel took the connect of fd, an
+// AF_INET6 stream socket, to to (VMAXDP_TCP=1), and says why it stays on
+// the kernel: TCP offload serves IPv4, which an AF_INET6 socket carries
+// to an IPv4-mapped address with IPV6_V6ONLY off.
 func (e *Engine) IPv6Connect(fd int, to netip.AddrPort) {
-	if !e.p.TCP || streamDomain(fd) != unix.AF_INET6 {
-		return
+	if !e.p.TCP || streamDomain(fd) != unix.AF_INET6 || to.Addr().Is4In6() {
+		return // a mapped destination that is not offloaded says why itself
 	}
 	local, _ := sockAddrs6(fd)
-	cause := "an AF_INET6 socket connecting: TCP offload connects AF_INET sockets (and serves AF_INET6 listeners' IPv4), so this connection stays on the kernel"
-	if to.Addr().Is4In6() {
-		cause += "; an AF_INET socket to " + to.Addr().Unmap().String() + " would be offloaded (Java: -Djava.net.preferIPv4Stack=true)"
-	}
-	e.logNotOffloaded(fd, socketWhat(rules.TCPClient, local, to), cause)
+	e.logNotOffloaded(fd, socketWhat(rules.TCPClient, local, to), "an IPv6 destination: TCP offload serves IPv4 (IPv6 keeps flowing through the kernel)")
 }
 
 // ipv6Only says why an AF_INET6 socket of proto ("UDP", "TCP") with IPv6

@@ -655,6 +655,19 @@ func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int, v6 bool) 
 // flags. Blocking, or EINPROGRESS when fd is non-blocking, as the
 // kernel's connect; ErrPassOS leaves the connect to the kernel.
 func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) unix.Errno {
+	return e.tcpConnect(fd, raddr, unix.AF_INET, sig)
+}
+
+// TCPConnect6 serves connect to an IPv4-mapped sockaddr_in6 (raddr, as
+// IPv4): only an AF_INET6 socket takes one, and it is offloaded as an
+// AF_INET socket connecting to raddr would be, its names mapped.
+func (e *Engine) TCPConnect6(fd int, raddr netip.AddrPort, sig *stack.Signals) unix.Errno {
+	return e.tcpConnect(fd, raddr, unix.AF_INET6, sig)
+}
+
+// tcpConnect is TCPConnect to a destination of family dst (AF_INET, or
+// AF_INET6 when it came mapped).
+func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Signals) unix.Errno {
 	if fd < 0 || fd >= MaxFD {
 		return ErrPassOS
 	}
@@ -670,10 +683,16 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 	if !e.p.TCP || !raddr.Addr().Is4() || raddr.Addr().IsLoopback() || raddr.Addr().IsUnspecified() || raddr.Addr().IsMulticast() {
 		return ErrPassOS
 	}
-	if streamDomain(fd) != unix.AF_INET {
+	// An AF_INET6 socket takes an AF_INET destination as well, and
+	// carries its IPv4 mapped; an AF_INET socket refuses a sockaddr_in6.
+	dom := streamDomain(fd)
+	if dom != unix.AF_INET6 && (dom != unix.AF_INET || dst != unix.AF_INET) {
 		return ErrPassOS
 	}
-	local, _ := sockAddrs(fd)
+	local, _, err := stack.SockAddrs(fd)
+	if err != nil {
+		return ErrPassOS // IPV6_V6ONLY, or an IPv6 address: the kernel's connect answers
+	}
 	what := socketWhat(rules.TCPClient, local, raddr)
 	if _, cause := e.ruleDecision(rules.TCPClient, local, raddr); cause != "" {
 		e.tcpNotOffloaded(fd, what, cause)
@@ -730,7 +749,7 @@ func (e *Engine) TCPConnect(fd int, raddr netip.AddrPort, sig *stack.Signals) un
 	unix.Close(pair[0])
 	nonblock := fl&unix.O_NONBLOCK != 0
 	t := e.mirror(c, fd, highfd.Move(pair[1]), nonblock)
-	t.ifname = ifname
+	t.ifname, t.v6 = ifname, dom == unix.AF_INET6
 	// The timeouts set before connect were the kernel socket's (kfd's
 	// now): fd's mirror and the engine take them over.
 	for _, o := range []struct {

@@ -2,7 +2,7 @@
 well (IPV6_V6ONLY off, bound to ::), for TestRunDualStack.
 
     python3 dualstack.py udp|tcp PORT SECONDS
-    python3 dualstack.py client ADDR PORT N
+    python3 dualstack.py client udp|tcp ADDR PORT N
 
 It prints "ready", then for the first datagram or connection of each
 family what the socket calls said of it: "from mapped (...)" or
@@ -10,9 +10,10 @@ family what the socket calls said of it: "from mapped (...)" or
 TCP the accepted socket's family, SO_DOMAIN, getsockname and getpeername.
 It echoes everything to its source, and exits after SECONDS.
 
-As a client, it sends N datagrams from an unbound AF_INET6 socket to the
+As a client, it sends N messages from an unbound AF_INET6 socket to the
 IPv4 address ADDR, mapped, each to be echoed within 2 s, and prints
-"echoed K of N".
+"echoed K of N"; over TCP, one connection, and first its family,
+SO_DOMAIN, getsockname and getpeername.
 """
 import socket
 import sys
@@ -20,17 +21,28 @@ import threading
 import time
 
 if sys.argv[1] == "client":
-    c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    udp = sys.argv[2] == "udp"
+    c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM)
     c.settimeout(2)
-    dst, n, echoed = ("::ffff:" + sys.argv[2], int(sys.argv[3])), int(sys.argv[4]), 0
+    dst, n, echoed = ("::ffff:" + sys.argv[3], int(sys.argv[4])), int(sys.argv[5]), 0
+    if not udp:
+        c.connect(dst)
+        print("connected", int(c.family), c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN), c.getsockname()[0], c.getpeername(), flush=True)
     for i in range(n):
-        msg = b"datagram %d;" % i
-        c.sendto(msg, dst)
+        msg = b"message %d;" % i
         try:
-            data, src = c.recvfrom(65536)
+            if udp:
+                c.sendto(msg, dst)
+                data, src = c.recvfrom(65536)
+                echoed += data == msg and src[:2] == dst
+            else:
+                c.sendall(msg)
+                data = b""
+                while len(data) < len(msg):
+                    data += c.recv(len(msg) - len(data))
+                echoed += data == msg
         except socket.timeout:
             continue
-        echoed += data == msg and src[:2] == dst
     print("echoed", echoed, "of", n, flush=True)
     sys.exit(0)
 
