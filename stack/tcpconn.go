@@ -35,6 +35,9 @@ type TCPConn struct {
 	rule steer.RuleID
 	kfd  int // the kernel socket that holds the local port, or -1
 	once sync.Once
+	// mapped: the application's socket is AF_INET6 (SetMapped), so the
+	// kernel socket ToKernel makes is one too, with IPv4-mapped names.
+	mapped atomic.Bool
 
 	// The readers and writers of ReadNonblock and WriteNonblock, kept so
 	// that a call allocates nothing.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 	"unsafe"
 
@@ -44,6 +45,10 @@ const (
 type tcpRepairWindow struct {
 	sndWl1, sndWnd, maxWindow, rcvWnd, rcvWup uint32
 }
+
+// SetMapped says that the application's socket of c is AF_INET6, which
+// carries c's IPv4 mapped: the socket ToKernel makes is AF_INET6 too.
+func (c *TCPConn) SetMapped() { c.mapped.Store(true) }
 
 // ToKernel hands the connection, established or in CLOSE-WAIT, to a new
 // kernel socket, made in the calling thread's network namespace, and
@@ -229,7 +234,17 @@ func (m *movedValues) set(fd int) error {
 // and timestamp clock, unread in its receive queue, and the options of
 // moved.
 func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *movedValues, now tcpip.MonotonicTime) (int, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	family := unix.AF_INET
+	sockaddr := func(a netip.AddrPort) unix.Sockaddr {
+		return &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().As4()}
+	}
+	if c.mapped.Load() {
+		family = unix.AF_INET6
+		sockaddr = func(a netip.AddrPort) unix.Sockaddr {
+			return &unix.SockaddrInet6{Port: int(a.Port()), Addr: a.Addr().As16()}
+		}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
@@ -260,7 +275,7 @@ func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *mo
 	local, remote := c.key.local, c.key.remote
 	err = errors.Join(
 		checkRepair("TCP_REPAIR", opt(unix.TCP_REPAIR, 1)),
-		checkRepair("bind "+local.String(), unix.Bind(fd, &unix.SockaddrInet4{Port: int(local.Port()), Addr: local.Addr().As4()})),
+		checkRepair("bind "+local.String(), unix.Bind(fd, sockaddr(local))),
 	)
 	if err == nil {
 		err = errors.Join(
@@ -269,7 +284,7 @@ func (c *TCPConn) repairSocket(s *tcp.TCPEndpointState, unread []byte, moved *mo
 		)
 	}
 	if err == nil {
-		err = checkRepair("connect "+remote.String(), unix.Connect(fd, &unix.SockaddrInet4{Port: int(remote.Port()), Addr: remote.Addr().As4()}))
+		err = checkRepair("connect "+remote.String(), unix.Connect(fd, sockaddr(remote)))
 	}
 	if err == nil {
 		err = checkRepair("TCP_REPAIR_OPTIONS", setsockoptBytes(fd, unix.TCP_REPAIR_OPTIONS, unsafe.Pointer(unsafe.SliceData(opts)), len(opts)*int(unsafe.Sizeof(opts[0]))))

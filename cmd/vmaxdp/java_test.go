@@ -218,9 +218,44 @@ func TestRunDualStack(t *testing.T) {
 				// family 10 and SO_DOMAIN 10: AF_INET6.
 				mapped = fmt.Sprintf(", 0, 0) 10 10 ('::ffff:%s', %d, 0, 0) ('::ffff:%s', ", b.Addr(testbed.B), port, b.Addr(testbed.A))
 			}
+			// The output comes through a pipe, which a goroutine copies.
+			p.waitFor(fmt.Sprintf(", 0, %d)", index))
 			p.wantSaid(t, "offloaded on "+b.Link(testbed.B), mapped, "from ipv6 ('fe80::", fmt.Sprintf(", 0, %d)", index))
 		})
 	}
+	// Python's ForkingTCPServer on the same kind of socket: the
+	// connection accepted and not used yet goes to a kernel socket for the
+	// child (TCP_REPAIR), an AF_INET6 one with mapped names as the
+	// kernel's accept made it (it was AF_INET before).
+	t.Run("forking", func(t *testing.T) {
+		const port = 11444
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "testdata/dualstack.py", "forking", strconv.Itoa(port), "25")
+		if err := p.waitFor("ready\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		var answer string
+		err := b.Do(testbed.A, func() error {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write([]byte("hello\n")); err != nil {
+				return err
+			}
+			got, err := io.ReadAll(c)
+			answer = string(got)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		if want := fmt.Sprintf("hello ('::ffff:%s', ", b.Addr(testbed.A)); !strings.HasPrefix(answer, want) {
+			t.Errorf("the child answered %q, want it to begin %q (its getpeername as the kernel's)", answer, want)
+		}
+		p.wantSaid(t, "handed to a kernel socket before fork (TCP_REPAIR)")
+	})
 	// A client's unbound AF_INET6 socket, sending to or connecting to a
 	// mapped address of side A's kernel echo server, offloaded: the UDP
 	// one is bound by vmaxdp to :: (bound as AF_INET before, which failed,

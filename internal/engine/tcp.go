@@ -641,6 +641,9 @@ func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int, v6 bool) 
 	}
 	t := e.mirror(c, app, highfd.Move(pair[1]), flags&unix.SOCK_NONBLOCK != 0)
 	t.ifname, t.v6 = ifname, v6
+	if v6 {
+		c.SetMapped()
+	}
 	e.conns[app].Store(t)
 	e.onState(app, StateTCP)
 	e.Log.Printf(params.LevelDebug, "fd %d: tcp connection %s>%s offloaded", app, local, peer)
@@ -750,6 +753,9 @@ func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Si
 	nonblock := fl&unix.O_NONBLOCK != 0
 	t := e.mirror(c, fd, highfd.Move(pair[1]), nonblock)
 	t.ifname, t.v6 = ifname, dom == unix.AF_INET6
+	if t.v6 {
+		c.SetMapped()
+	}
 	// The timeouts set before connect were the kernel socket's (kfd's
 	// now): fd's mirror and the engine take them over.
 	for _, o := range []struct {

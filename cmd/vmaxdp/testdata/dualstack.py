@@ -3,6 +3,7 @@ well (IPV6_V6ONLY off, bound to ::), for TestRunDualStack.
 
     python3 dualstack.py udp|tcp PORT SECONDS
     python3 dualstack.py client udp|tcp ADDR PORT N
+    python3 dualstack.py forking PORT SECONDS
 
 It prints "ready", then for the first datagram or connection of each
 family what the socket calls said of it: "from mapped (...)" or
@@ -14,6 +15,10 @@ As a client, it sends N messages from an unbound AF_INET6 socket to the
 IPv4 address ADDR, mapped, each to be echoed within 2 s, and prints
 "echoed K of N"; over TCP, one connection, and first its family,
 SO_DOMAIN, getsockname and getpeername.
+
+Forking, it is a socketserver.ForkingTCPServer on the same kind of socket,
+whose child answers each connection's line with the line and its
+getpeername.
 """
 import socket
 import sys
@@ -44,6 +49,28 @@ if sys.argv[1] == "client":
         except socket.timeout:
             continue
     print("echoed", echoed, "of", n, flush=True)
+    sys.exit(0)
+
+if sys.argv[1] == "forking":
+    import socketserver
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            line = self.rfile.readline().strip()
+            self.wfile.write(b"%s %r\n" % (line, self.request.getpeername()))
+
+    class Server(socketserver.ForkingTCPServer):
+        address_family = socket.AF_INET6
+        allow_reuse_address = True
+
+        def server_bind(self):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            super().server_bind()
+
+    server = Server(("::", int(sys.argv[2])), Handler)
+    print("ready", flush=True)
+    threading.Timer(float(sys.argv[3]), server.shutdown).start()
+    server.serve_forever()
     sys.exit(0)
 
 proto, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
