@@ -28,6 +28,8 @@ import (
 // tuned bed), the JVM opens AF_INET sockets. Either way every echo comes
 // back, and side B's kernel takes no segment, and no datagram but the
 // first one or two, which may come before the socket's stack is open.
+// A multicast receiver (a DatagramChannel that binds and joins at once)
+// gets every datagram of its group through the stack once it is open.
 func TestRunJava(t *testing.T) {
 	testutil.RequireRoot(t)
 	javac, err := exec.LookPath("javac")
@@ -82,6 +84,57 @@ func TestRunJava(t *testing.T) {
 					}
 				})
 			}
+		}
+		// A multicast receiver that binds and joins at once, the first
+		// socket of its interface: its group is steered once its stack is
+		// open (it went through the kernel for good before), and every
+		// datagram after that comes through the stack.
+		for _, ipv4 := range []bool{false, true} {
+			port++
+			name := "mcast/default"
+			if ipv4 {
+				name = "mcast/preferIPv4Stack"
+			}
+			t.Run(name, func(t *testing.T) {
+				const n = 500
+				group := netip.MustParseAddr("239.18.0.31")
+				argv := []string{vmaxdp, "run", "--", "java"}
+				if ipv4 {
+					argv = append(argv, "-Djava.net.preferIPv4Stack=true")
+				}
+				argv = append(argv, "-cp", classes, "Echo", "mcast", group.String(), strconv.Itoa(port), "20", b.Link(testbed.B), strconv.Itoa(n))
+				p := startArgv(t, b, nil, argv...)
+				// What comes while the stack opens goes through the kernel
+				// socket, and is received all the same.
+				if err := p.waitFor("group " + group.String() + " offloaded"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				before := testutil.UDPStat(t, b, testbed.B, "InDatagrams")
+				err := b.Do(testbed.A, func() error {
+					c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(group, uint16(port))))
+					if err != nil {
+						return err
+					}
+					defer c.Close()
+					for range n {
+						if _, err := c.Write(make([]byte, 100)); err != nil {
+							return err
+						}
+						time.Sleep(200 * time.Microsecond) // within the receiver's rings
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.exited(); err != nil {
+					t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+				}
+				p.wantSaid(t, fmt.Sprintf("received %d", n))
+				if moved := testutil.UDPStat(t, b, testbed.B, "InDatagrams") - before; moved > 2 {
+					t.Errorf("side B's kernel took %d of the group's %d datagrams: not offloaded", moved, n)
+				}
+			})
 		}
 	})
 }

@@ -1304,6 +1304,9 @@ func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex 
 	defer s.mu.Unlock()
 	if s.state == StateCandidate && add {
 		if !e.joinCandidate(s, group, ifaddr, ifindex) {
+			if s.state == StateCandidate && s.pending != "" {
+				return s.state, e.joinWhileOpening(s, group, ifaddr, ifindex)
+			}
 			return s.state, ErrPassOS
 		}
 	}
@@ -1321,6 +1324,28 @@ func (e *Engine) Membership(fd int, add bool, group, ifaddr netip.Addr, ifindex 
 		err = c.LeaveGroup(group)
 	}
 	return s.state, errnoOf(err)
+}
+
+// joinWhileOpening joins group on the kernel socket of s, a candidate
+// whose stack is opening, and keeps the group for the adoption, which
+// steers it as the kernel socket's membership then stands (applyOptions).
+// The join is made here, under s.mu, not by the caller after: the
+// adoption could look before it. A program that binds and joins at once,
+// as the first socket of its interface, had its group left to the kernel
+// for good (a Java receiver: every datagram through the kernel socket).
+// Caller holds s.mu.
+func (e *Engine) joinWhileOpening(s *Socket, group, ifaddr netip.Addr, ifindex int) unix.Errno {
+	mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)}
+	if ifaddr.Is4() {
+		mreq.Address = ifaddr.As4()
+	}
+	if err := unix.SetsockoptIPMreqn(s.fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
+		return errnoOf(err)
+	}
+	if !slices.Contains(s.groups, group) {
+		s.groups = append(s.groups, group)
+	}
+	return 0
 }
 
 // joinCandidate decides whether a candidate that joins group is offloaded,

@@ -880,3 +880,62 @@ func TestForeignCmsgOptions(t *testing.T) {
 		t.Errorf("an AF_INET6 candidate with IPV6_RECVPKTINFO: state %d, reason %q; want the kernel's, said", st, e.Reason(fd6))
 	}
 }
+
+// TestJoinWhileOpening: a socket that binds and joins a group at once, as
+// the first socket of its interface, joins while its stack opens: the
+// group is steered once the stack is, and a sender on side A reaches it
+// through the stack. It was left to the kernel for good.
+func TestJoinWhileOpening(t *testing.T) {
+	bed, e := newEngine(t)
+	fd := socketB(t, bed, e, false)
+	bindWhileOpening(t, bed, e, fd, 9430)
+	group := netip.MustParseAddr("239.18.0.30")
+	ifindex := 0
+	if err := bed.Do(testbed.B, func() error {
+		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
+		if err == nil {
+			ifindex = ifi.Index
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// As the preload library calls it: the engine's join, and the
+	// kernel's when the engine passes.
+	switch _, errno := e.Membership(fd, true, group, netip.IPv4Unspecified(), ifindex); errno {
+	case 0:
+	case ErrPassOS:
+		if err := unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifindex)}); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("join %s while the stack opens: %v", group, errno)
+	}
+	if st := settled(e, fd); st != StateOffloaded {
+		t.Fatalf("state %d, reason %q", st, e.Reason(fd))
+	}
+	var sender *net.UDPConn
+	err := bed.Do(testbed.A, func() (err error) {
+		sender, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(group, 9430)))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	const n = 20
+	for range n {
+		if _, err := sender.Write(make([]byte, 64)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 2048)
+	for i := range n {
+		if _, _, _, errno := e.Recv(fd, buf, 0, time.Now().Add(2*time.Second), nil, nil); errno != 0 {
+			t.Fatalf("datagram %d of %d: %v", i, n, errno)
+		}
+	}
+	if got := e.Conn(fd).Counters.RxOffloadPackets.Load(); got != n {
+		t.Errorf("%d of the group's %d datagrams came through the stack, want all", got, n)
+	}
+}
