@@ -47,7 +47,7 @@ func TestRunIperfMulticast(t *testing.T) {
 					t.Fatalf("%v\n%s", err, srv.out.String())
 				}
 				sent := iperfSend(t, b, testbed.A, nil, group, port, size)
-				lost, total := iperfReport(t, srv.out.String)
+				lost, total := iperfReport(t, srv.out.String, nil)
 				if lost != 0 || total != sent-1 {
 					t.Errorf("the receiver under vmaxdp: %d lost of %d, %d sent\n%s", lost, total, sent, tail(srv.out.String(), 20))
 				}
@@ -76,6 +76,7 @@ func TestRunIperfMulticast(t *testing.T) {
 						local = startIperfServer(t, b, testbed.B, group, port)
 					}
 					out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
+					kernA := testutil.NetCounters(t, b, testbed.A)
 					log := &strings.Builder{}
 					sent := iperfSend(t, b, testbed.B, log, group, port, size, vmaxdp, "run", "--")
 					if !strings.Contains(log.String(), "fd 3: offloaded on "+b.Link(testbed.B)) {
@@ -85,8 +86,14 @@ func TestRunIperfMulticast(t *testing.T) {
 					if member {
 						servers = append(servers, local)
 					}
+					// Once a receiver never reported (make test, 1 run in
+					// 4): where its datagrams went, for the next time.
+					more := func() string {
+						return fmt.Sprintf("\nside A's kernel: %s\nthe sender under vmaxdp:\n%s",
+							testutil.CountersMoved(kernA, testutil.NetCounters(t, b, testbed.A), "Udp"), tail(log.String(), 15))
+					}
 					for _, s := range servers {
-						if lost, total := iperfReport(t, s.out.String); lost != 0 || total != sent-1 {
+						if lost, total := iperfReport(t, s.out.String, more); lost != 0 || total != sent-1 {
 							t.Errorf("%s's kernel receiver: %d lost of %d, %d sent\n%s", s.side, lost, total, sent, tail(s.out.String(), 10))
 						}
 					}
@@ -146,15 +153,20 @@ func iperfSend(t *testing.T, b *testbed.Bed, side testbed.Side, log *strings.Bui
 }
 
 // iperfReport waits for an iperf 2 receiver's report of the whole run and
-// returns its lost and total datagrams.
-func iperfReport(t *testing.T, out func() string) (lost, total int) {
+// returns its lost and total datagrams. Should none come, the failure
+// says what more says (nil: nothing).
+func iperfReport(t *testing.T, out func() string, more func() string) (lost, total int) {
 	t.Helper()
 	// The whole run's line starts at 0.0000 and counts lost/total.
 	re := regexp.MustCompile(`0\.0000-\S+ sec .* (\d+)/(\d+) \(`)
 	deadline := time.Now().Add(10 * time.Second)
 	for re.FindStringSubmatch(out()) == nil {
 		if time.Now().After(deadline) {
-			t.Fatalf("the receiver never reported:\n%s", tail(out(), 20))
+			var also string
+			if more != nil {
+				also = more()
+			}
+			t.Fatalf("the receiver never reported:\n%s%s", tail(out(), 20), also)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
