@@ -248,11 +248,24 @@ func Down(name string) error {
 				errs = append(errs, fmt.Errorf("namespace %s: %w", n, err))
 			}
 		}
-		if err := netns.DeleteNamed(n); err != nil {
+		if err := deleteNamedNS(n); err != nil {
 			errs = append(errs, fmt.Errorf("remove namespace %s: %w", n, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// deleteNamedNS removes the namespace file name: unmounted, then removed.
+// A file with no namespace mounted on it (a creation that failed after
+// the file was made; one was found after a make test) is removed as it
+// is: netns.DeleteNamed stops at its unmount (EINVAL), and every later
+// Down failed on it.
+func deleteNamedNS(name string) error {
+	err := netns.DeleteNamed(name)
+	if errors.Is(err, syscall.EINVAL) {
+		return os.Remove(filepath.Join(nsDir, name))
+	}
+	return err
 }
 
 // List returns the names of the beds present.
@@ -347,6 +360,10 @@ func newNamedNS(name string) (netns.NsHandle, error) {
 	}
 	defer orig.Close()
 	h, nerr := netns.NewNamed(name)
+	if nerr != nil && !errors.Is(nerr, os.ErrExist) {
+		// NewNamed leaves the file it made when the bind mount fails.
+		os.Remove(filepath.Join(nsDir, name))
+	}
 	if err := netns.Set(orig); err != nil {
 		runtime.LockOSThread()
 		return -1, errors.Join(nerr, err)

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
@@ -56,5 +58,29 @@ func TestBadOptions(t *testing.T) {
 	}
 	if _, err := testbed.Up("a/b", nil); err == nil {
 		t.Error("Up accepted a name with a slash")
+	}
+}
+
+// A namespace file with no namespace mounted on it, as a creation that
+// failed after making the file leaves, is removed with its bed: Down
+// failed on it ("invalid argument"), for good.
+func TestDownRemovesUnmountedFile(t *testing.T) {
+	testutil.RequireRoot(t)
+	const name = "t999999998-1"
+	b, err := testbed.Up(name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	t.Cleanup(func() { testbed.Down(name) })
+	path := "/var/run/netns/vmx-" + name + "-a"
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := testbed.Down(name); err != nil {
+		t.Fatalf("Down with side A's file unmounted: %v", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s still there after Down: %v", path, err)
 	}
 }
