@@ -35,22 +35,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cancelcheck.h"
 #include "watchdog.h"
 
 static int fd;
-static int failed;
 static volatile int got; /* the disabled check's datagram length */
-
-static void check(const char *name, int ok, const char *why)
-{
-	if (ok)
-		printf("ok %s\n", name);
-	else {
-		printf("FAIL %s: %s\n", name, why);
-		failed = 1;
-	}
-	fflush(stdout);
-}
 
 static void *in_recvfrom(void *arg)
 {
@@ -102,21 +91,6 @@ static void *in_epoll(void *arg)
 	for (;;)
 		epoll_wait(ep, &out, 1, -1);
 	return NULL;
-}
-
-/* cancelled cancels t after it has had 100 ms to block, and says whether
- * it ended as cancelled within 2 s. */
-static int cancelled(pthread_t t)
-{
-	usleep(100000);
-	pthread_cancel(t);
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 2;
-	void *res = NULL;
-	if (pthread_timedjoin_np(t, &res, &ts) != 0)
-		return 0;
-	return res == PTHREAD_CANCELED;
 }
 
 static void *disabled(void *arg)

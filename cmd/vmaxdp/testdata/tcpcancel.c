@@ -34,23 +34,12 @@
 #include <unistd.h>
 
 #include "tcplisten.h"
+#include "cancelcheck.h"
 #include "watchdog.h"
 
 static int lfd, conn;
 static struct sockaddr_in full;
-static int failed;
 static volatile int connected; /* the disabled check's connect: 0, or -errno */
-
-static void check(const char *name, int ok, const char *why)
-{
-	if (ok)
-		printf("ok %s\n", name);
-	else {
-		printf("FAIL %s: %s\n", name, why);
-		failed = 1;
-	}
-	fflush(stdout);
-}
 
 static void *in_accept(void *arg)
 {
@@ -118,21 +107,6 @@ static void *disabled(void *arg)
 	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
 	pthread_testcancel();
 	return NULL;
-}
-
-/* cancelled cancels t after it has had 100 ms to block, and says whether
- * it ended as cancelled within 2 s. */
-static int cancelled(pthread_t t)
-{
-	usleep(100000);
-	pthread_cancel(t);
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 2;
-	void *res = NULL;
-	if (pthread_timedjoin_np(t, &res, &ts) != 0)
-		return 0;
-	return res == PTHREAD_CANCELED;
 }
 
 /* fill writes to conn until its buffers are full. */
