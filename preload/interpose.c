@@ -40,6 +40,28 @@
 #include "interpose.h"
 #include "_cgo_export.h"
 
+/* REAL(name) is libc's name, looked up at its first use: another
+ * library's constructor may call one of our names before ours runs (knotd's
+ * libcap-ng closes an fd in its own), and must reach libc then too. */
+#define REAL(name) ((__typeof__(real_##name))vmx_real((void **)&real_##name, #name))
+#define DECLARE(rt, name, ...) static rt (*real_##name)(__VA_ARGS__)
+
+static void *vmx_real(void **slot, const char *name)
+{
+	void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (!f) {
+		f = dlsym(RTLD_NEXT, name);
+		__atomic_store_n(slot, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+/* sys is libc's syscall(2), past this library's own (below): the raw calls
+ * this file makes (an internal fd's close, a forked child's) must not come
+ * back to its wrappers. */
+DECLARE(long, syscall, long, ...);
+#define sys(...) REAL(syscall)(__VA_ARGS__)
+
 static unsigned char vmx_state[VMX_MAXFD];
 static volatile int vmx_forked;
 /* vmx_ready: the engine is up and what calls sigaction now is the
@@ -114,19 +136,19 @@ static void claim_slow(int fd)
 	struct vmx_fork_page *p = vmx_fork_page;
 	int saved = errno;
 	__atomic_store_n(&vmx_state[fd], VMX_OS, __ATOMIC_RELEASE); /* the child's own table: claim once */
-	int me = (int)syscall(SYS_getpid), v = -1;
+	int me = (int)sys(SYS_getpid), v = -1;
 	if (!__atomic_compare_exchange_n(&p->fd[fd], &v, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) && v <= 0) {
 		errno = saved; /* not kept: the kernel's already */
 		return;
 	}
 	__atomic_add_fetch(&p->seq, 1, __ATOMIC_SEQ_CST);
-	syscall(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
+	sys(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
 	for (int i = 0; i < 100; i++) {
 		v = __atomic_load_n(&p->fd[fd], __ATOMIC_ACQUIRE);
 		if (v <= 0 || (kill(p->engine_pid, 0) < 0 && errno == ESRCH))
 			break;
 		struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
-		syscall(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
+		sys(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
 	}
 	errno = saved;
 }
@@ -161,7 +183,7 @@ static int orphan(int fd)
 				 "which forked this one; a child cannot use it (ENOTCONN): accept or connect "
 				 "in the child, or exec, to use TCP there\n", fd, (int)getppid());
 		if (n > 0)
-			syscall(SYS_write, 2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+			sys(SYS_write, 2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
 		vmx_state[fd] = VMX_TCP_ORPHAN;
 	}
 	errno = ENOTCONN;
@@ -186,21 +208,6 @@ static inline long ret(long r)
 	return r;
 }
 
-/* REAL(name) is libc's name, looked up at its first use: another
- * library's constructor may call one of our names before ours runs (knotd's
- * libcap-ng closes an fd in its own), and must reach libc then too. */
-#define REAL(name) ((__typeof__(real_##name))vmx_real((void **)&real_##name, #name))
-#define DECLARE(rt, name, ...) static rt (*real_##name)(__VA_ARGS__)
-
-static void *vmx_real(void **slot, const char *name)
-{
-	void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-	if (!f) {
-		f = dlsym(RTLD_NEXT, name);
-		__atomic_store_n(slot, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
 
 DECLARE(int, socket, int, int, int);
 DECLARE(int, bind, int, const struct sockaddr *, socklen_t);
@@ -258,7 +265,7 @@ static void vmx_child(void)
 		unsigned char bits = __atomic_load_n(&vmx_internal[i], __ATOMIC_ACQUIRE);
 		for (int b = 0; bits; b++, bits >>= 1)
 			if (bits & 1)
-				syscall(SYS_close, i * 8 + b);
+				sys(SYS_close, i * 8 + b);
 	}
 }
 
@@ -309,20 +316,20 @@ static void hold_low_fds(void)
 	long top = VMX_HELD_FDS;
 	if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < (rlim_t)top + 64)
 		top = (long)lim.rlim_cur - 64;
-	long null = syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDONLY | O_CLOEXEC);
+	long null = sys(SYS_openat, AT_FDCWD, "/dev/null", O_RDONLY | O_CLOEXEC);
 	if (null < 0)
 		return;
 	if (null >= top) {
-		syscall(SYS_close, null);
+		sys(SYS_close, null);
 		return;
 	}
 	vmx_held[vmx_nheld++] = (int)null;
 	while (vmx_nheld < VMX_HELD_FDS) {
-		long fd = syscall(SYS_fcntl, null, F_DUPFD_CLOEXEC, 0);
+		long fd = sys(SYS_fcntl, null, F_DUPFD_CLOEXEC, 0);
 		if (fd < 0)
 			break;
 		if (fd >= top) {
-			syscall(SYS_close, fd);
+			sys(SYS_close, fd);
 			break;
 		}
 		vmx_held[vmx_nheld++] = (int)fd;
@@ -332,7 +339,7 @@ static void hold_low_fds(void)
 static void release_low_fds(void)
 {
 	while (vmx_nheld > 0)
-		syscall(SYS_close, vmx_held[--vmx_nheld]);
+		sys(SYS_close, vmx_held[--vmx_nheld]);
 }
 
 /* open_fds marks in set the fds open now (below VMX_MAXFD), less the one
@@ -378,6 +385,7 @@ static int vmx_have_nofile;
 
 __attribute__((constructor(101))) static void vmx_before_runtime(void)
 {
+	(void)REAL(syscall); /* resolved now: a forked child's sys() must not call dlsym */
 	sigset_t all;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
@@ -476,7 +484,7 @@ static void vmx_register_thread(void)
 			continue;
 		t->sig = &vmx_sig;
 		t->waiting = &vmx_waiting;
-		t->tid = (pid_t)syscall(SYS_gettid);
+		t->tid = (pid_t)sys(SYS_gettid);
 		/* pthread_cancel reads the slot once it sees self. */
 		__atomic_store_n(&t->self, pthread_self(), __ATOMIC_RELEASE);
 		pthread_setspecific(vmx_slot_key, t);
@@ -503,12 +511,12 @@ static pthread_once_t vmx_cancel_once = PTHREAD_ONCE_INIT;
 static void vmx_cancel_onstack(void)
 {
 	struct vmx_ksigaction k;
-	if (syscall(SYS_rt_sigaction, VMX_SIGCANCEL, NULL, &k, sizeof k.mask) != 0 || k.handler == SIG_DFL ||
+	if (sys(SYS_rt_sigaction, VMX_SIGCANCEL, NULL, &k, sizeof k.mask) != 0 || k.handler == SIG_DFL ||
 	    k.handler == SIG_IGN)
 		return;
 	if (!(k.flags & SA_ONSTACK)) {
 		k.flags |= SA_ONSTACK;
-		if (syscall(SYS_rt_sigaction, VMX_SIGCANCEL, &k, NULL, sizeof k.mask) != 0)
+		if (sys(SYS_rt_sigaction, VMX_SIGCANCEL, &k, NULL, sizeof k.mask) != 0)
 			return;
 	}
 	vmx_cancel_wakes = 1;
@@ -530,7 +538,7 @@ int pthread_cancel(pthread_t th)
 		if (__atomic_load_n(t->waiting, __ATOMIC_SEQ_CST)) {
 			__atomic_store_n(&t->sig->cancel, 1, __ATOMIC_SEQ_CST);
 			if (vmx_cancel_wakes)
-				syscall(SYS_tgkill, getpid(), t->tid, VMX_SIGCANCEL);
+				sys(SYS_tgkill, getpid(), t->tid, VMX_SIGCANCEL);
 		}
 		break;
 	}
@@ -819,7 +827,7 @@ static int sys_close_range(unsigned int first, unsigned int last, int flags)
 {
 	if (REAL(close_range))
 		return REAL(close_range)(first, last, flags);
-	return (int)syscall(SYS_close_range, first, last, flags);
+	return (int)sys(SYS_close_range, first, last, flags);
 }
 
 /* close_range closes the range around vmaxdp's own fds, and tells the
@@ -1431,6 +1439,106 @@ int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 	return REAL(epoll_wait)(epfd, ev, max, timeout);
 }
 
+/* syscall(2) reaches the wrappers above for the calls they serve. Some
+ * programs make their socket calls through it rather than through libc's
+ * names: libuv before 1.45 does so for recvmmsg and sendmmsg, with which
+ * BIND 9.18 reads and answers its UDP sockets, and the kernel served those
+ * on the kernel socket, which offload leaves empty (named answered
+ * nothing). The kernel forms that differ from libc's go to the kernel:
+ * pselect6 (its sigmask argument), ppoll (it writes the time left back),
+ * and epoll_pwait with a signal set of another size than the kernel's. */
+long syscall(long nr, ...)
+{
+	va_list ap;
+	va_start(ap, nr);
+	long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+	long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+	va_end(ap);
+	switch (nr) {
+	case SYS_socket:
+		return socket((int)a, (int)b, (int)c);
+	case SYS_bind:
+		return bind((int)a, (const struct sockaddr *)b, (socklen_t)c);
+	case SYS_connect:
+		return connect((int)a, (const struct sockaddr *)b, (socklen_t)c);
+	case SYS_listen:
+		return listen((int)a, (int)b);
+	case SYS_accept:
+		return accept((int)a, (struct sockaddr *)b, (socklen_t *)c);
+	case SYS_accept4:
+		return accept4((int)a, (struct sockaddr *)b, (socklen_t *)c, (int)d);
+	case SYS_shutdown:
+		return shutdown((int)a, (int)b);
+	case SYS_getsockname:
+		return getsockname((int)a, (struct sockaddr *)b, (socklen_t *)c);
+	case SYS_getpeername:
+		return getpeername((int)a, (struct sockaddr *)b, (socklen_t *)c);
+	case SYS_getsockopt:
+		return getsockopt((int)a, (int)b, (int)c, (void *)d, (socklen_t *)e);
+	case SYS_setsockopt:
+		return setsockopt((int)a, (int)b, (int)c, (const void *)d, (socklen_t)e);
+	case SYS_close:
+		return close((int)a);
+	case SYS_close_range:
+		return close_range((unsigned int)a, (unsigned int)b, (int)c);
+	case SYS_dup:
+		return dup((int)a);
+#ifdef SYS_dup2
+	case SYS_dup2:
+		return dup2((int)a, (int)b);
+#endif
+	case SYS_dup3:
+		return dup3((int)a, (int)b, (int)c);
+	case SYS_fcntl:
+		return fcntl((int)a, (int)b, c);
+	case SYS_ioctl:
+		return ioctl((int)a, (unsigned long)b, c);
+	case SYS_read:
+		return read((int)a, (void *)b, (size_t)c);
+	case SYS_readv:
+		return readv((int)a, (const struct iovec *)b, (int)c);
+	case SYS_recvfrom:
+		return recvfrom((int)a, (void *)b, (size_t)c, (int)d, (struct sockaddr *)e, (socklen_t *)f);
+	case SYS_recvmsg:
+		return recvmsg((int)a, (struct msghdr *)b, (int)c);
+	case SYS_recvmmsg:
+		return recvmmsg((int)a, (struct mmsghdr *)b, (unsigned int)c, (int)d, (struct timespec *)e);
+	case SYS_write:
+		return write((int)a, (const void *)b, (size_t)c);
+	case SYS_writev:
+		return writev((int)a, (const struct iovec *)b, (int)c);
+	case SYS_sendto:
+		return sendto((int)a, (const void *)b, (size_t)c, (int)d, (const struct sockaddr *)e, (socklen_t)f);
+	case SYS_sendmsg:
+		return sendmsg((int)a, (const struct msghdr *)b, (int)c);
+	case SYS_sendmmsg:
+		return sendmmsg((int)a, (struct mmsghdr *)b, (unsigned int)c, (int)d);
+	case SYS_sendfile:
+		return sendfile((int)a, (int)b, (off_t *)c, (size_t)d);
+	case SYS_splice:
+		return splice((int)a, (loff_t *)b, (int)c, (loff_t *)d, (size_t)e, (unsigned int)f);
+#ifdef SYS_poll
+	case SYS_poll:
+		return poll((struct pollfd *)a, (nfds_t)b, (int)c);
+#endif
+#ifdef SYS_select
+	case SYS_select:
+		return select((int)a, (fd_set *)b, (fd_set *)c, (fd_set *)d, (struct timeval *)e);
+#endif
+	case SYS_epoll_ctl:
+		return epoll_ctl((int)a, (int)b, (int)c, (struct epoll_event *)d);
+#ifdef SYS_epoll_wait
+	case SYS_epoll_wait:
+		return epoll_wait((int)a, (struct epoll_event *)b, (int)c, (int)d);
+#endif
+	case SYS_epoll_pwait:
+		if (e == 0 || f == _NSIG / 8) /* the kernel's sigset_t, which libc passes */
+			return epoll_pwait((int)a, (struct epoll_event *)b, (int)c, (int)d, (const sigset_t *)e);
+		break;
+	}
+	return sys(nr, a, b, c, d, e, f);
+}
+
 /* vfork's child shares the parent's memory, engine included: run it as a
  * fork, as VMA does. */
 pid_t vfork(void) { return REAL(fork)(); }
@@ -1444,7 +1552,7 @@ static void claim_for_exec(void)
 		return;
 	for (int fd = 0; fd < VMX_MAXFD; fd++)
 		if (vmx_state[fd] == VMX_OFFLOADED) {
-			long fl = syscall(SYS_fcntl, fd, F_GETFD, 0);
+			long fl = sys(SYS_fcntl, fd, F_GETFD, 0);
 			if (fl >= 0 && !(fl & FD_CLOEXEC))
 				claim(fd);
 		}

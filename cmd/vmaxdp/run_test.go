@@ -670,6 +670,58 @@ func TestRunRecvmmsg(t *testing.T) {
 	p.wait(t, b, "timeout", "waitforone")
 }
 
+// TestRunRawSyscalls: a program that makes its socket calls through
+// syscall(2) rather than libc's names (testdata/rawsyscall.c; libuv before
+// 1.45 reads and answers with recvmmsg and sendmmsg so, and BIND 9.18's
+// named answered nothing under vmaxdp) is offloaded and served: an echo
+// of each exchange comes back to a kernel socket in side A, and side B's
+// kernel delivers none of the datagrams.
+func TestRunRawSyscalls(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "rawsyscall")
+	b := testutil.Bed(t, nil)
+	const port = 11450
+	var c *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before := udpInDatagrams(t, b, testbed.B)
+	p := startC(t, b, prog, nil, strconv.Itoa(port))
+	if err := p.waitFor("ready\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	p.waitOffloaded(t)
+	for _, step := range []struct {
+		after string
+		msgs  []string
+	}{{"ready\n", []string{"one"}}, {"ready\n", []string{"two", "thr"}}, {"epoll\n", []string{"four"}}, {"poll\n", []string{"five"}}} {
+		if err := p.waitFor(step.after); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		for _, m := range step.msgs {
+			if _, err := c.Write([]byte(m)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		buf := make([]byte, 64)
+		for _, m := range step.msgs {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil || string(buf[:n]) != m {
+				t.Fatalf("echo of %q: %q, %v\n%s", m, buf[:n], err, p.out.String())
+			}
+		}
+	}
+	p.wait(t, b, "recvfrom", "sendto", "recvmmsg", "sendmmsg", "epoll_ctl", "epoll_wait", "read", "sendmsg", "poll", "recvmsg", "sendto-after-poll", "getsockname", "close")
+	if moved := udpInDatagrams(t, b, testbed.B) - before; moved != 0 {
+		t.Errorf("side B's kernel delivered %d UDP datagrams: not offloaded", moved)
+	}
+}
+
 // TestRunFDs runs testdata/fds.c with a soft fd limit of 1024: the
 // application keeps its limit and its low fd numbers, and a daemon's
 // close-everything loop, closefrom and close_range leave vmaxdp's own fds

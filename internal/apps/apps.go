@@ -529,6 +529,35 @@ remote-control:
 	}
 }
 
+// bind9 is BIND 9's named, authoritative, with threads worker threads and
+// as many UDP sockets, a SO_REUSEPORT group on port 53 (named's default
+// is a thread a CPU). Its event loop, libuv before 1.45, reads and
+// answers them with recvmmsg and sendmmsg made through syscall(2).
+func bind9(threads int) *App {
+	name, client := threaded("bind9", threads, "threads")
+	return &App{
+		Name: name, Unit: "queries/s", Programs: []string{"named", "dnsperf"}, Package: "bind9 dnsperf",
+		Proto: "udp", Port: 53, Group: threads,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{"zone.db": zoneFile, "named.conf": fmt.Sprintf(`options {
+    directory "%[2]s";
+    listen-on port 53 { %[1]s; };
+    listen-on-v6 { none; };
+    recursion no;
+    dnssec-validation no;
+    pid-file "%[2]s/named.pid";
+    session-keyfile "%[2]s/session.key";
+    managed-keys-directory "%[2]s";
+};
+controls { };
+zone "%[3]s" { type primary; file "%[2]s/zone.db"; };
+`, addr, dir, zoneName)})
+			return []string{"named", "-g", "-4", "-n", strconv.Itoa(threads), "-c", filepath.Join(dir, "named.conf")}
+		},
+		Client: client, Parse: parseDnsperf,
+	}
+}
+
 // All are the applications, by name.
 var All = []*App{
 	knot(1),
@@ -589,6 +618,7 @@ zone:
 		parseMemcaslap, regexp.MustCompile(`ms_sort_udp_packet: Assertion .*`)),
 	knot(2),
 	unbound(2),
+	bind9(2),
 }
 
 // TCP are the TCP applications; their offload needs VMAXDP_TCP=1.
