@@ -250,6 +250,9 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 			ifindex = int((*unix.IPMreqn)(val).Ifindex)
 		}
 		eng.SetMulticastIf(f, netip.AddrFrom4(*addr), ifindex)
+	case level == unix.IPPROTO_UDP && name == unix.UDP_SEGMENT && n >= 4:
+		eng.SetSegment(f, int(*(*int32)(val)))
+		return
 	case level == unix.IPPROTO_IP && (name == unix.IP_TTL || name == unix.IP_MULTICAST_TTL) && n >= 1:
 		eng.SetTTL(f, optInt(val, n), name == unix.IP_MULTICAST_TTL)
 	case level == unix.IPPROTO_IP:

@@ -98,6 +98,8 @@ type UDPConn struct {
 	remote netip.AddrPort // valid when connected
 	ttl    atomic.Uint32  // unicast TTL
 	mttl   atomic.Uint32  // multicast TTL
+	// segment is UDP_SEGMENT's size on the kernel socket, 0: off (SetSegment).
+	segment atomic.Int32
 	// mcLoop: multicast to a group with a member on this host goes
 	// through the kernel socket, for the kernel's loopback copy
 	// (IP_MULTICAST_LOOP; mcmember.go). mcOtherIf: all multicast does,
@@ -1203,10 +1205,20 @@ func (c *UDPConn) sendKernel(b []byte, to netip.AddrPort) error {
 	if e := kernelSendTo(c.FD(), b, to); e != 0 {
 		return c.sendErr(to, os.NewSyscallError("sendto", e))
 	}
-	c.Counters.TxOSPackets.Add(1)
+	n := 1
+	if g := int(c.segment.Load()); g > 0 && len(b) > g {
+		n = (len(b) + g - 1) / g // the kernel socket's UDP_SEGMENT cut it
+	}
+	c.Counters.TxOSPackets.Add(uint64(n))
 	c.Counters.TxOSBytes.Add(uint64(len(b)))
 	return nil
 }
+
+// SetSegment follows UDP_SEGMENT (UDP GSO), set on the socket's kernel
+// socket: a send longer than size bytes (0: off) goes to the kernel
+// socket, which cuts it into datagrams of size bytes, where the stack
+// would send it whole.
+func (c *UDPConn) SetSegment(size int) { c.segment.Store(int32(size)) }
 
 // txSoftSumMax is the largest payload whose UDP checksum the stack sums
 // itself though the backend would have the kernel finish it (AF_XDP TX
@@ -1264,6 +1276,9 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 		f.TTL = uint8(c.mttl.Load())
 	}
 	maxPayload := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
+	if g := int(c.segment.Load()); g > 0 {
+		maxPayload = min(maxPayload, g)
+	}
 	q := c.txq
 	q.txMu.Lock()
 	sent, err := c.sendLocked(q, msgs, to, &f, maxPayload, now)
@@ -1281,7 +1296,8 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 	for sent < len(msgs) {
 		if len(msgs[sent]) > maxPayload {
 			// Larger than the MTU or a transmit frame: the kernel sends it
-			// (and fragments it when it must).
+			// (and fragments it when it must); longer than UDP_SEGMENT:
+			// the kernel cuts it.
 			if err := c.sendKernel(msgs[sent], to); err != nil {
 				return sent, err
 			}

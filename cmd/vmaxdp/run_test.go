@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -720,6 +721,47 @@ func TestRunRawSyscalls(t *testing.T) {
 	if moved := udpInDatagrams(t, b, testbed.B) - before; moved != 0 {
 		t.Errorf("side B's kernel delivered %d UDP datagrams: not offloaded", moved)
 	}
+}
+
+// TestRunUDPSegment: a socket with UDP_SEGMENT set (UDP GSO, which QUIC
+// servers use) sends what the kernel would (testdata/gso.py): a send
+// longer than the segment size is cut into datagrams of that size, where
+// the stack sent it whole before (3 datagrams of 400 bytes for 12 of 100);
+// the others are offloaded.
+func TestRunUDPSegment(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, nil)
+	const port = 11451
+	var c *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/gso.py", b.Addr(testbed.A).String(), strconv.Itoa(port))
+	want := []int{64, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 400}
+	var got []int
+	buf := make([]byte, 2048)
+	for len(got) < len(want) {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			break
+		}
+		got = append(got, n)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("datagrams received (bytes): %v, want %v", got, want)
+	}
+	if err := p.exited(); err != nil {
+		t.Errorf("sender: %v", err)
+	}
+	p.wantSaid(t, "sent", "fd 3: offloaded on "+b.Link(testbed.B))
 }
 
 // TestRunFDs runs testdata/fds.c with a soft fd limit of 1024: the

@@ -167,6 +167,8 @@ type Socket struct {
 	rcvbuf int          // SO_RCVBUF asked, 0: none
 	ttl    int          // IP_TTL asked, -1: none
 	mttl   int          // IP_MULTICAST_TTL asked, -1: none
+	// segment is UDP_SEGMENT's size (UDP GSO), 0: off.
+	segment int
 	mcLoop bool         // IP_MULTICAST_LOOP
 	mcIf   string       // IP_MULTICAST_IF's interface, "": by route; why not, when it could not be named
 	groups []netip.Addr // joined by the kernel while a candidate
@@ -791,6 +793,7 @@ func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 	if s.mttl >= 0 {
 		c.SetTTL(uint8(s.mttl), true)
 	}
+	c.SetSegment(s.segment)
 	for _, g := range s.groups {
 		if err := c.SteerGroup(g); err != nil {
 			e.Log.Printf(params.LevelWarning, "fd %d: group %s stays on the kernel: %v", s.fd, g, err)
@@ -1257,6 +1260,22 @@ func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
 	}
 	if c := s.conn.Load(); c != nil {
 		c.SetTTL(uint8(ttl), multicast)
+	}
+}
+
+// SetSegment follows UDP_SEGMENT (UDP GSO), which the kernel socket has
+// taken: a send longer than size goes to the kernel socket, which cuts it
+// into datagrams of size bytes as the application asked.
+func (e *Engine) SetSegment(fd, size int) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.segment = size
+	if c := s.conn.Load(); c != nil {
+		c.SetSegment(size)
 	}
 }
 
