@@ -37,6 +37,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -250,6 +251,24 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 			ifindex = int((*unix.IPMreqn)(val).Ifindex)
 		}
 		eng.SetMulticastIf(f, netip.AddrFrom4(*addr), ifindex)
+	case level == unix.SOL_SOCKET && name == unix.SO_BINDTODEVICE:
+		name := unsafe.Slice((*byte)(val), n)
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		eng.SetBoundDevice(f, string(name))
+		return
+	case level == unix.SOL_SOCKET && name == unix.SO_BINDTOIFINDEX && n >= 4:
+		ifname := ""
+		if i := int(*(*int32)(val)); i > 0 {
+			if ifi, err := net.InterfaceByIndex(i); err == nil {
+				ifname = ifi.Name
+			} else {
+				ifname = fmt.Sprintf("index %d", i)
+			}
+		}
+		eng.SetBoundDevice(f, ifname)
+		return
 	case level == unix.IPPROTO_UDP && name == unix.UDP_SEGMENT && n >= 4:
 		eng.SetSegment(f, int(*(*int32)(val)))
 		return

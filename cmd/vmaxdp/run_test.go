@@ -764,6 +764,54 @@ func TestRunUDPSegment(t *testing.T) {
 	p.wantSaid(t, "sent", "fd 3: offloaded on "+b.Link(testbed.B))
 }
 
+// TestRunBindToDevice: a UDP socket bound to an interface with
+// SO_BINDTODEVICE gets what the kernel would give it (testdata/
+// bindtodevice.py, side B under vmaxdp, datagrams from side A): bound to
+// the stack's interface it is offloaded; bound to another (lo), before or
+// after its bind, it is the kernel's, which takes nothing from side A's
+// link. Before, the stack served it whatever its interface received.
+func TestRunBindToDevice(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, nil)
+	link := b.Link(testbed.B)
+	for i, c := range []struct {
+		dev, when string
+		got       []string // what the program prints after each datagram sent
+		log       string
+	}{
+		{link, "before", []string{"got one"}, "fd 3: offloaded on " + link},
+		{"lo", "before", []string{"timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
+		{"lo", "after", []string{"got one", "timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
+	} {
+		t.Run(c.dev+"/"+c.when, func(t *testing.T) {
+			port := 11452 + i
+			in := udpInDatagrams(t, b, testbed.B)
+			p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/bindtodevice.py", c.dev, strconv.Itoa(port), c.when)
+			if err := p.waitFor("ready\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			p.waitOffloaded(t)
+			sendFromA(t, b, port, "one")
+			if c.when == "after" {
+				if err := p.waitFor("moved\n"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				sendFromA(t, b, port, "two")
+			}
+			if err := p.exited(); err != nil {
+				t.Errorf("program: %v", err)
+			}
+			p.wantSaid(t, append(c.got, c.log)...)
+			if moved := udpInDatagrams(t, b, testbed.B) - in; c.dev == link && moved != 0 {
+				t.Errorf("side B's kernel delivered %d datagrams to a socket bound to %s: not offloaded", moved, link)
+			}
+		})
+	}
+}
+
 // TestRunFDs runs testdata/fds.c with a soft fd limit of 1024: the
 // application keeps its limit and its low fd numbers, and a daemon's
 // close-everything loop, closefrom and close_range leave vmaxdp's own fds

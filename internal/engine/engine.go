@@ -163,12 +163,15 @@ type Socket struct {
 
 	mu     sync.Mutex // decisions and options below
 	state  State
-	reason string       // why it is not offloaded
-	rcvbuf int          // SO_RCVBUF asked, 0: none
-	ttl    int          // IP_TTL asked, -1: none
-	mttl   int          // IP_MULTICAST_TTL asked, -1: none
+	reason string // why it is not offloaded
+	rcvbuf int    // SO_RCVBUF asked, 0: none
+	ttl    int    // IP_TTL asked, -1: none
+	mttl   int    // IP_MULTICAST_TTL asked, -1: none
 	// segment is UDP_SEGMENT's size (UDP GSO), 0: off.
 	segment int
+	// device is the interface SO_BINDTODEVICE or SO_BINDTOIFINDEX bound
+	// the socket to, "": none.
+	device string
 	mcLoop bool         // IP_MULTICAST_LOOP
 	mcIf   string       // IP_MULTICAST_IF's interface, "": by route; why not, when it could not be named
 	groups []netip.Addr // joined by the kernel while a candidate
@@ -498,6 +501,9 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 			return e.notOffloaded(s, what, err.Error())
 		}
 	}
+	if s.device != "" && s.device != ifname {
+		return e.notOffloaded(s, what, deviceCause(s.device, ifname))
+	}
 	st, err := e.stackOrWait(ifname, s, what, by)
 	switch {
 	case err != nil:
@@ -536,6 +542,9 @@ func (e *Engine) ruleDecision(role rules.Role, local, remote netip.AddrPort) (by
 func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	if s.selects != "" && reusePort(s.fd) { // set while its stack opened
 		return e.notOffloaded(s, what, selectsCause(s.selects, "datagram"))
+	}
+	if s.device != "" && s.device != st.Interface() { // set while its stack opened
+		return e.notOffloaded(s, what, deviceCause(s.device, st.Interface()))
 	}
 	c, err := st.Adopt(s.fd)
 	if err != nil {
@@ -1261,6 +1270,30 @@ func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
 	if c := s.conn.Load(); c != nil {
 		c.SetTTL(uint8(ttl), multicast)
 	}
+}
+
+// SetBoundDevice follows SO_BINDTODEVICE and SO_BINDTOIFINDEX (ifname "":
+// unbound). The kernel delivers to such a socket only what arrives on
+// that interface, and the stack would serve it whatever its own interface
+// received: a socket bound to another interface than its stack's stays
+// on, or goes back to, the kernel.
+func (e *Engine) SetBoundDevice(fd int, ifname string) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.device = ifname
+	c := s.conn.Load()
+	s.mu.Unlock()
+	if c != nil && ifname != "" && ifname != c.Stack().Interface() {
+		e.toKernel(s, deviceCause(ifname, c.Stack().Interface()))
+	}
+}
+
+// deviceCause says why a socket bound to device is not served on ifname.
+func deviceCause(device, ifname string) string {
+	return fmt.Sprintf("bound to interface %s (SO_BINDTODEVICE), where its traffic would come through %s: the kernel serves it, and takes only what %s receives", device, ifname, device)
 }
 
 // SetSegment follows UDP_SEGMENT (UDP GSO), which the kernel socket has

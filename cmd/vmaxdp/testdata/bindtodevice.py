@@ -1,0 +1,35 @@
+"""bindtodevice: a UDP receiver bound to an interface with
+SO_BINDTODEVICE, for TestRunBindToDevice.
+
+    python3 bindtodevice.py DEV PORT before|after
+
+before: it binds the device, then 0.0.0.0:PORT, prints "ready" and waits
+1.5 s for a datagram: "got DATA" or "timeout".
+after: it binds 0.0.0.0:PORT, prints "ready", waits 5 s for a datagram
+("got DATA" or "timeout"), then binds the device, prints "moved" and waits
+1.5 s for another.
+"""
+import socket
+import sys
+
+dev, port, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+def wait(seconds):
+    s.settimeout(seconds)
+    try:
+        print("got", s.recv(100).decode(), flush=True)
+    except socket.timeout:
+        print("timeout", flush=True)
+
+
+if when == "before":
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
+s.bind(("0.0.0.0", port))
+print("ready", flush=True)
+if when == "after":
+    wait(5)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
+    print("moved", flush=True)
+wait(1.5)
