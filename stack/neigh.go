@@ -206,8 +206,10 @@ func (st *Stack) cacheHop(dst netip.Addr, h nextHop) {
 
 func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 	h := nextHop{expires: monoNow() + int64(nextHopTTL)}
+	// Broadcast goes the kernel's way: it refuses it without SO_BROADCAST
+	// (EACCES), and routes 255.255.255.255 (ENETUNREACH without a route).
 	if dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		h.mac, h.src = header.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, st.Addr()
+		h.viaKernel = true
 		return h, nil
 	}
 	// The stack's own netlink socket, opened in its namespace at Open:
@@ -217,7 +219,7 @@ func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 	if err != nil {
 		return h, fmt.Errorf("route to %s: %w", dst, errors.Join(err, unix.ENETUNREACH))
 	}
-	if r.oif != st.ifindex || r.local {
+	if r.oif != st.ifindex || r.local || r.broadcast {
 		h.viaKernel = true
 		return h, nil
 	}

@@ -112,9 +112,10 @@ func (st *Stack) rtDump(req []byte, each func(data []byte)) error {
 
 // rtRoute is what the kernel's route to dst says.
 type rtRoute struct {
-	oif     int
-	local   bool // RTN_LOCAL: dst is this host's
-	gw, src netip.Addr
+	oif       int
+	local     bool // RTN_LOCAL: dst is this host's
+	broadcast bool // RTN_BROADCAST: dst is a subnet's broadcast address
+	gw, src   netip.Addr
 }
 
 // routeGet asks the kernel for its route to dst (through the stack's
@@ -138,7 +139,7 @@ func (st *Stack) routeGet(dst netip.Addr) (rtRoute, error) {
 	if len(data) < unix.SizeofRtMsg {
 		return rtRoute{}, fmt.Errorf("rtnetlink: short route answer")
 	}
-	r := rtRoute{local: data[7] == unix.RTN_LOCAL}
+	r := rtRoute{local: data[7] == unix.RTN_LOCAL, broadcast: data[7] == unix.RTN_BROADCAST}
 	rtAttrs(data[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
 		switch {
 		case typ == unix.RTA_OIF && len(v) >= 4:
