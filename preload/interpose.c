@@ -721,7 +721,10 @@ int shutdown(int fd, int how)
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
-	return REAL(shutdown)(fd, how);
+	int r = REAL(shutdown)(fd, how);
+	if (r == 0 && engine(fd))
+		vmxgo_shutdown(fd, how);
+	return r;
 }
 
 int getsockname(int fd, struct sockaddr *addr, socklen_t *alen)

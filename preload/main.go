@@ -218,6 +218,9 @@ func vmxgo_dup(oldfd, newfd C.int) C.int { return C.int(eng.Dup(int(oldfd), int(
 //export vmxgo_set_nonblock
 func vmxgo_set_nonblock(fd, on C.int) { eng.SetNonblock(int(fd), on != 0) }
 
+//export vmxgo_shutdown
+func vmxgo_shutdown(fd, how C.int) { eng.ShutdownUDP(int(fd), int(how)) }
+
 //export vmxgo_setsockopt
 func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) {
 	f := int(fd)
@@ -268,6 +271,9 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 			}
 		}
 		eng.SetBoundDevice(f, ifname)
+		return
+	case level == unix.IPPROTO_UDP && name == unix.UDP_CORK && n >= 4:
+		eng.SetCork(f, *(*int32)(val) != 0)
 		return
 	case level == unix.IPPROTO_UDP && name == unix.UDP_SEGMENT && n >= 4:
 		eng.SetSegment(f, int(*(*int32)(val)))

@@ -871,6 +871,71 @@ func TestRunBroadcastSend(t *testing.T) {
 	t.Logf("the sends said:\n%sside A received %q", said[1], got[1])
 }
 
+// TestRunUDPSemantics runs testdata/udpsemantics.py on the kernel and
+// under vmaxdp, against an echo in side A, and compares what each call
+// gave: empty and largest datagrams, truncation, MSG_PEEK, FIONREAD,
+// MSG_MORE and UDP_CORK (one datagram of two sends), connect and
+// disconnect, a send after shutdown(SHUT_WR) (EPIPE). Before, under
+// vmaxdp, MSG_MORE and UDP_CORK sent two datagrams and left bytes in the
+// kernel socket's cork, and a shut down socket sent.
+func TestRunUDPSemantics(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, nil)
+	const port = 11456
+	var echo *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		echo, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := echo.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			echo.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	args := []string{"python3", "testdata/udpsemantics.py", b.Addr(testbed.A).String(), strconv.Itoa(port)}
+	var said [2][]string
+	for i, argv := range [][]string{args, append([]string{tools(t), "run", "--"}, args...)} {
+		p := startArgv(t, b, nil, argv...)
+		if err := p.exited(); err != nil {
+			t.Fatalf("%v: %v\n%s", argv, err, p.out.String())
+		}
+		for _, l := range strings.Split(p.out.String(), "\n") {
+			if l != "" && !strings.HasPrefix(l, "vmaxdp ") {
+				said[i] = append(said[i], l)
+			}
+		}
+		if i == 1 {
+			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
+		}
+	}
+	if len(said[0]) < 17 {
+		t.Fatalf("the kernel's run said too little:\n%s", strings.Join(said[0], "\n"))
+	}
+	for i := range max(len(said[0]), len(said[1])) {
+		k, v := "(nothing)", "(nothing)"
+		if i < len(said[0]) {
+			k = said[0][i]
+		}
+		if i < len(said[1]) {
+			v = said[1][i]
+		}
+		if k != v {
+			t.Errorf("kernel %q, vmaxdp %q", k, v)
+		}
+	}
+}
+
 // TestRunFDs runs testdata/fds.c with a soft fd limit of 1024: the
 // application keeps its limit and its low fd numbers, and a daemon's
 // close-everything loop, closefrom and close_range leave vmaxdp's own fds

@@ -149,6 +149,11 @@ type Socket struct {
 	// datagrams are still served, and the kernel serves it once they are.
 	draining atomic.Bool
 	cmsg     atomic.Uint32 // the ancillary data its receives report (Cmsg)
+	// The kernel socket sends for it, as the kernel would: cork, UDP_CORK
+	// is on; corked, a MSG_MORE send left the start of a datagram in the
+	// kernel socket's cork, which the next send ends; shutWr, shutdown
+	// ended its sending (EPIPE).
+	cork, corked, shutWr atomic.Bool
 	// drainCause is why a draining socket goes back to the kernel.
 	drainCause string
 	// inode names its kernel socket in sock_diag's answers (see
@@ -1294,6 +1299,23 @@ func (e *Engine) SetBoundDevice(fd int, ifname string) {
 // deviceCause says why a socket bound to device is not served on ifname.
 func deviceCause(device, ifname string) string {
 	return fmt.Sprintf("bound to interface %s (SO_BINDTODEVICE), where its traffic would come through %s: the kernel serves it, and takes only what %s receives", device, ifname, device)
+}
+
+// SetCork follows UDP_CORK: while it is on, the socket's sends go to the
+// kernel socket, which joins them into one datagram when it goes off.
+func (e *Engine) SetCork(fd int, on bool) {
+	if s := e.get(fd); s != nil {
+		s.cork.Store(on)
+	}
+}
+
+// ShutdownUDP follows shutdown(2) on a UDP socket, which the kernel socket
+// has taken: once sending is shut down, sends go to the kernel socket,
+// which refuses them (EPIPE, and SIGPIPE unless MSG_NOSIGNAL).
+func (e *Engine) ShutdownUDP(fd, how int) {
+	if s := e.get(fd); s != nil && (how == unix.SHUT_WR || how == unix.SHUT_RDWR) {
+		s.shutWr.Store(true)
+	}
 }
 
 // SetSegment follows UDP_SEGMENT (UDP GSO), which the kernel socket has

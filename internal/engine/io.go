@@ -16,7 +16,8 @@ import (
 // goes to the kernel.
 const recvFlagsServed = unix.MSG_DONTWAIT | unix.MSG_PEEK | unix.MSG_TRUNC | unix.MSG_WAITALL | unix.MSG_NOSIGNAL | unix.MSG_CMSG_CLOEXEC
 
-// Send flags the engine serves; any other (MSG_MORE, MSG_OOB) goes to the kernel.
+// Send flags the engine serves; any other (MSG_MORE, MSG_OOB) goes to the
+// kernel, and after MSG_MORE the send that ends the datagram too.
 const sendFlagsServed = unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL | unix.MSG_CONFIRM | unix.MSG_EOR
 
 // Recv serves a receive on fd into b: bytes copied, the datagram's full
@@ -169,7 +170,16 @@ func (e *Engine) Pending(fd int) (int, unix.Errno) {
 // The first send of a candidate socket decides its offload.
 func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags int) (int, unix.Errno) {
 	s := e.get(fd)
-	if s == nil || flags&^sendFlagsServed != 0 {
+	if s == nil {
+		return 0, ErrPassOS
+	}
+	if flags&unix.MSG_MORE != 0 {
+		// The kernel socket keeps the start of the datagram (its cork)
+		// until a send without MSG_MORE, which must be its too.
+		s.corked.Store(true)
+		return 0, ErrPassOS
+	}
+	if flags&^sendFlagsServed != 0 || s.cork.Load() || s.shutWr.Load() || s.corked.Load() && s.corked.CompareAndSwap(true, false) {
 		return 0, ErrPassOS
 	}
 	c := s.conn.Load()

@@ -1,0 +1,135 @@
+"""udpsemantics: UDP socket calls whose outcome the kernel defines, each
+printed as "NAME: RESULT" (the result, or the errno's name), for
+TestRunUDPSemantics, which runs it on the kernel and under vmaxdp and
+compares what they print.
+
+    python3 udpsemantics.py ADDR PORT
+
+ADDR:PORT echoes every datagram to its source.
+"""
+import ctypes
+import errno
+import fcntl
+import socket
+import struct
+import sys
+import termios
+import time
+
+A = (sys.argv[1], int(sys.argv[2]))
+SOL_UDP, UDP_CORK = 17, 1
+out = []
+
+
+def note(name, f):
+    try:
+        out.append(f"{name}: {f()}")
+    except OSError as e:
+        out.append(f"{name}: {errno.errorcode.get(e.errno, e.errno)}")
+
+
+def later(sock):
+    """The datagrams that came back, up to two, the second within 0.2 s."""
+    r = [sock.recv(100)]
+    sock.settimeout(0.2)
+    try:
+        r.append(sock.recv(100))
+    except OSError:
+        pass
+    sock.settimeout(2)
+    return r
+
+
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+note("empty datagram", lambda: (s.sendto(b"", A), len(s.recv(100)))[1])
+note("autobound", lambda: (s.getsockname()[0], s.getsockname()[1] != 0))
+note("largest datagram", lambda: (s.sendto(b"m" * 65507, A), len(s.recv(70000)))[1])
+note("one byte more", lambda: s.sendto(b"m" * 65508, A))
+note("short buffer", lambda: (s.sendto(b"s" * 100, A), len(s.recv(10)))[1])
+
+
+def trunc():
+    s.sendto(b"t" * 100, A)
+    time.sleep(0.2)
+    return s.recv_into(bytearray(10), 10, socket.MSG_TRUNC)
+
+
+note("MSG_TRUNC", trunc)
+
+
+def peek():
+    s.sendto(b"peek", A)
+    time.sleep(0.2)
+    return s.recv(100, socket.MSG_PEEK), s.recv(100)
+
+
+note("MSG_PEEK", peek)
+
+
+def fionread():
+    s.sendto(b"f" * 33, A)
+    time.sleep(0.2)
+    n = struct.unpack("i", fcntl.ioctl(s, termios.FIONREAD, b"\0\0\0\0"))[0]
+    s.recv(100)
+    return n
+
+
+note("FIONREAD", fionread)
+def dontwait():
+    n = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    n.bind(("0.0.0.0", 0))
+    return n.recv(100, socket.MSG_DONTWAIT)
+
+
+note("MSG_DONTWAIT, nothing queued", dontwait)
+
+
+def more():
+    s.sendto(b"a", socket.MSG_MORE, A)
+    s.sendto(b"b", A)
+    time.sleep(0.2)
+    return later(s)
+
+
+note("MSG_MORE", more)
+
+
+def cork():
+    s.setsockopt(SOL_UDP, UDP_CORK, 1)
+    s.sendto(b"c1", A)
+    s.sendto(b"c2", A)
+    s.setsockopt(SOL_UDP, UDP_CORK, 0)
+    time.sleep(0.2)
+    return later(s)
+
+
+note("UDP_CORK", cork)
+note("after the cork", lambda: (s.sendto(b"d", A), later(s))[1])
+
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.settimeout(2)
+c.connect(A)
+note("connected", lambda: (c.send(b"hi"), c.recv(100))[1])
+
+
+def disconnect():
+    sa = struct.pack("HH12x", socket.AF_UNSPEC, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.connect(c.fileno(), sa, len(sa))
+
+
+note("connect AF_UNSPEC", disconnect)
+note("send, disconnected", lambda: c.send(b"x"))
+note("sendto, disconnected", lambda: (c.sendto(b"y", A), c.recv(100))[1])
+
+
+def shut_wr():
+    d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    d.connect(A)
+    d.shutdown(socket.SHUT_WR)
+    return d.send(b"z")
+
+
+note("send after SHUT_WR", shut_wr)
+print("\n".join(out), flush=True)
