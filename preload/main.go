@@ -278,6 +278,9 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 	case level == unix.IPPROTO_UDP && name == unix.UDP_SEGMENT && n >= 4:
 		eng.SetSegment(f, int(*(*int32)(val)))
 		return
+	case level == unix.IPPROTO_IP && name == unix.IP_TOS && n >= 1:
+		eng.SetTOS(f, optInt(val, n))
+		return
 	case level == unix.IPPROTO_IP && (name == unix.IP_TTL || name == unix.IP_MULTICAST_TTL) && n >= 1:
 		eng.SetTTL(f, optInt(val, n), name == unix.IP_MULTICAST_TTL)
 	case level == unix.IPPROTO_IP:
@@ -582,6 +585,7 @@ func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 		// IP_PKTINFO is served (the source a DNS server answers from);
 		// other ancillary data is the kernel's to apply.
 		if src, ok = engine.SendSource(bytesOf(msg.msg_control, C.size_t(msg.msg_controllen)), eng.Ifindex(int(fd))); !ok {
+			eng.FlushSends(int(fd))
 			return -C.long(engine.ErrPassOS)
 		}
 	}

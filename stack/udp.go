@@ -98,6 +98,7 @@ type UDPConn struct {
 	remote netip.AddrPort // valid when connected
 	ttl    atomic.Uint32  // unicast TTL
 	mttl   atomic.Uint32  // multicast TTL
+	tos    atomic.Uint32  // IP_TOS
 	// segment is UDP_SEGMENT's size on the kernel socket, 0: off (SetSegment).
 	segment atomic.Int32
 	// mcLoop: multicast to a group with a member on this host goes
@@ -632,6 +633,18 @@ func (c *UDPConn) SetTTL(ttl uint8, multicast bool) {
 		c.ttl.Store(uint32(ttl))
 	}
 }
+
+// FlushSends sends what the socket's earlier sends left on its TX ring
+// (coalesced kicks): a send through the kernel socket comes after them.
+func (c *UDPConn) FlushSends() {
+	if q := c.txq; q != nil && q.unkicked.Load() {
+		c.st.flushQueue(q, true, 0)
+	}
+}
+
+// SetTOS sets the IP TOS byte (DSCP and ECN) of the datagrams the socket
+// sends, as IP_TOS does.
+func (c *UDPConn) SetTOS(tos uint8) { c.tos.Store(uint32(tos)) }
 
 // SetRxBytesLimit caps the payload bytes queued on the socket (the
 // offloaded counterpart of SO_RCVBUF); it never goes below the stack's
@@ -1253,10 +1266,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 		kernel = hop.viaKernel || to.Addr().IsMulticast() && c.mcViaKernel(to.Addr())
 	}
 	if kernel {
-		// What this socket's earlier sends left on the ring leaves first.
-		if q := c.txq; q != nil && q.unkicked.Load() {
-			st.flushQueue(q, true, 0)
-		}
+		c.FlushSends() // what this socket's earlier sends left on the ring leaves first
 		for i, b := range msgs {
 			if err := c.sendKernel(b, to); err != nil {
 				return i, err
@@ -1271,7 +1281,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 	case src.IsUnspecified() || src.IsMulticast():
 		src = hop.src
 	}
-	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TTL: uint8(c.ttl.Load())}
+	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
 	if to.Addr().IsMulticast() {
 		f.TTL = uint8(c.mttl.Load())
 	}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -875,9 +877,12 @@ func TestRunBroadcastSend(t *testing.T) {
 // under vmaxdp, against an echo in side A, and compares what each call
 // gave: empty and largest datagrams, truncation, MSG_PEEK, FIONREAD,
 // MSG_MORE and UDP_CORK (one datagram of two sends), connect and
-// disconnect, a send after shutdown(SHUT_WR) (EPIPE). Before, under
-// vmaxdp, MSG_MORE and UDP_CORK sent two datagrams and left bytes in the
-// kernel socket's cork, and a shut down socket sent.
+// disconnect, a send after shutdown(SHUT_WR) (EPIPE), IP_TOS and IP_TTL
+// as the receiver sees them, in order with a send with ancillary data
+// (the kernel's). Before, under vmaxdp, MSG_MORE and UDP_CORK sent two
+// datagrams and left bytes in the kernel socket's cork, a shut down
+// socket sent, IP_TOS was not applied, and a send through the kernel
+// socket overtook the stack's coalesced ones.
 func TestRunUDPSemantics(t *testing.T) {
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -893,14 +898,36 @@ func TestRunUDPSemantics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer echo.Close()
+	raw, err := echo.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) {
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTOS, 1)
+		unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVTTL, 1)
+	})
 	go func() {
-		buf := make([]byte, 65536)
+		buf, oob := make([]byte, 65536), make([]byte, 128)
 		for {
-			n, from, err := echo.ReadFromUDPAddrPort(buf)
+			n, oobn, _, from, err := echo.ReadMsgUDPAddrPort(buf, oob)
 			if err != nil {
 				return
 			}
-			echo.WriteToUDPAddrPort(buf[:n], from)
+			reply := buf[:n]
+			if bytes.HasPrefix(reply, []byte("meta ")) {
+				tos, ttl := -1, -1
+				msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+				for _, m := range msgs {
+					switch {
+					case m.Header.Type == unix.IP_TOS && len(m.Data) >= 1:
+						tos = int(m.Data[0])
+					case m.Header.Type == unix.IP_TTL && len(m.Data) >= 4:
+						ttl = int(binary.NativeEndian.Uint32(m.Data))
+					}
+				}
+				reply = fmt.Appendf(nil, "%s tos=%d ttl=%d", reply, tos, ttl)
+			}
+			echo.WriteToUDPAddrPort(reply, from)
 		}
 	}()
 	args := []string{"python3", "testdata/udpsemantics.py", b.Addr(testbed.A).String(), strconv.Itoa(port)}
@@ -919,7 +946,7 @@ func TestRunUDPSemantics(t *testing.T) {
 			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
 		}
 	}
-	if len(said[0]) < 17 {
+	if len(said[0]) < 22 {
 		t.Fatalf("the kernel's run said too little:\n%s", strings.Join(said[0], "\n"))
 	}
 	for i := range max(len(said[0]), len(said[1])) {

@@ -172,6 +172,7 @@ type Socket struct {
 	rcvbuf int    // SO_RCVBUF asked, 0: none
 	ttl    int    // IP_TTL asked, -1: none
 	mttl   int    // IP_MULTICAST_TTL asked, -1: none
+	tos    int    // IP_TOS
 	// segment is UDP_SEGMENT's size (UDP GSO), 0: off.
 	segment int
 	// device is the interface SO_BINDTODEVICE or SO_BINDTOIFINDEX bound
@@ -808,6 +809,7 @@ func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 		c.SetTTL(uint8(s.mttl), true)
 	}
 	c.SetSegment(s.segment)
+	c.SetTOS(uint8(s.tos))
 	for _, g := range s.groups {
 		if err := c.SteerGroup(g); err != nil {
 			e.Log.Printf(params.LevelWarning, "fd %d: group %s stays on the kernel: %v", s.fd, g, err)
@@ -1299,6 +1301,28 @@ func (e *Engine) SetBoundDevice(fd int, ifname string) {
 // deviceCause says why a socket bound to device is not served on ifname.
 func deviceCause(device, ifname string) string {
 	return fmt.Sprintf("bound to interface %s (SO_BINDTODEVICE), where its traffic would come through %s: the kernel serves it, and takes only what %s receives", device, ifname, device)
+}
+
+// SetTOS follows IP_TOS: the TOS byte of the socket's datagrams.
+func (e *Engine) SetTOS(fd, tos int) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tos = tos
+	if c := s.conn.Load(); c != nil {
+		c.SetTOS(uint8(tos))
+	}
+}
+
+// FlushSends sends what fd's earlier sends left on its TX ring, before a
+// send the kernel socket makes: the datagrams leave in the order sent.
+func (e *Engine) FlushSends(fd int) {
+	if c := e.Conn(fd); c != nil {
+		c.FlushSends()
+	}
 }
 
 // SetCork follows UDP_CORK: while it is on, the socket's sends go to the

@@ -173,16 +173,16 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 	if s == nil {
 		return 0, ErrPassOS
 	}
+	c := s.conn.Load()
 	if flags&unix.MSG_MORE != 0 {
 		// The kernel socket keeps the start of the datagram (its cork)
 		// until a send without MSG_MORE, which must be its too.
 		s.corked.Store(true)
-		return 0, ErrPassOS
+		return 0, passSend(c)
 	}
 	if flags&^sendFlagsServed != 0 || s.cork.Load() || s.shutWr.Load() || s.corked.Load() && s.corked.CompareAndSwap(true, false) {
-		return 0, ErrPassOS
+		return 0, passSend(c)
 	}
-	c := s.conn.Load()
 	if c == nil {
 		if e.PrepareSend(fd, to) != StateOffloaded {
 			return 0, ErrPassOS
@@ -199,6 +199,16 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 		return 0, errnoOf(err)
 	}
 	return len(b), 0
+}
+
+// passSend hands a send to the kernel socket (ErrPassOS) once what the
+// stack socket c (nil: none) left on its TX ring has gone: the datagrams
+// leave in the order sent.
+func passSend(c *stack.UDPConn) unix.Errno {
+	if c != nil {
+		c.FlushSends()
+	}
+	return ErrPassOS
 }
 
 // Scratch lends a 64 KiB buffer for gathering and scattering iovecs;

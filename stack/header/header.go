@@ -64,10 +64,11 @@ func (ip IPv4) Dst() netip.Addr       { return netip.AddrFrom4([4]byte(ip[16:20]
 func (ip IPv4) IsFragment() bool { return ip.FlagsFragment()&ipv4FragMask != 0 }
 
 // IPv4Fields are the fields Encode writes; the rest are fixed (IHL 5, no
-// options, DF set, TOS 0).
+// options, DF set).
 type IPv4Fields struct {
 	TotalLen uint16
 	ID       uint16
+	TOS      uint8
 	TTL      uint8
 	Protocol uint8
 	Src, Dst netip.Addr
@@ -76,7 +77,7 @@ type IPv4Fields struct {
 // Encode writes a 20-byte header with its checksum.
 func (ip IPv4) Encode(f IPv4Fields) {
 	ip[0] = 0x45
-	ip[1] = 0
+	ip[1] = f.TOS
 	binary.BigEndian.PutUint16(ip[2:], f.TotalLen)
 	binary.BigEndian.PutUint16(ip[4:], f.ID)
 	binary.BigEndian.PutUint16(ip[6:], ipv4FlagDF)

@@ -5,7 +5,8 @@ compares what they print.
 
     python3 udpsemantics.py ADDR PORT
 
-ADDR:PORT echoes every datagram to its source.
+ADDR:PORT echoes every datagram to its source, and one that begins with
+"meta " with the TOS and TTL it arrived with.
 """
 import ctypes
 import errno
@@ -132,4 +133,15 @@ def shut_wr():
 
 
 note("send after SHUT_WR", shut_wr)
+m = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+m.settimeout(2)
+m.sendto(b"meta plain", A)
+m.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x10)
+m.sendto(b"meta IP_TOS", A)
+m.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 7)
+m.sendto(b"meta IP_TTL", A)
+m.sendmsg([b"meta cmsg IP_TOS"], [(socket.IPPROTO_IP, socket.IP_TOS, bytes([0x28]))], 0, A)
+m.sendto(b"meta after the cmsg", A)
+for _ in range(5):
+    note("sent", lambda: m.recv(100).decode())
 print("\n".join(out), flush=True)
