@@ -278,6 +278,9 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 	case level == unix.IPPROTO_UDP && name == unix.UDP_SEGMENT && n >= 4:
 		eng.SetSegment(f, int(*(*int32)(val)))
 		return
+	case level == unix.IPPROTO_IP && name == unix.IP_MTU_DISCOVER && n >= 4:
+		eng.SetPMTUDisc(f, int(*(*int32)(val)))
+		return
 	case level == unix.IPPROTO_IP && name == unix.IP_TOS && n >= 1:
 		eng.SetTOS(f, optInt(val, n))
 		return

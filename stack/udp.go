@@ -99,6 +99,7 @@ type UDPConn struct {
 	ttl    atomic.Uint32  // unicast TTL
 	mttl   atomic.Uint32  // multicast TTL
 	tos    atomic.Uint32  // IP_TOS
+	noDF   atomic.Bool    // DF clear (SetPMTUDisc)
 	// segment is UDP_SEGMENT's size on the kernel socket, 0: off (SetSegment).
 	segment atomic.Int32
 	// mcLoop: multicast to a group with a member on this host goes
@@ -640,6 +641,14 @@ func (c *UDPConn) FlushSends() {
 	if q := c.txq; q != nil && q.unkicked.Load() {
 		c.st.flushQueue(q, true, 0)
 	}
+}
+
+// SetPMTUDisc follows IP_MTU_DISCOVER (mode, one of unix.IP_PMTUDISC_*):
+// the socket's datagrams carry DF, as the kernel's do, in modes WANT (the
+// default), DO and PROBE, and not in DONT, INTERFACE and OMIT (which DNS
+// servers choose, to have large answers fragmented rather than lost).
+func (c *UDPConn) SetPMTUDisc(mode int) {
+	c.noDF.Store(mode != unix.IP_PMTUDISC_WANT && mode != unix.IP_PMTUDISC_DO && mode != unix.IP_PMTUDISC_PROBE)
 }
 
 // SetTOS sets the IP TOS byte (DSCP and ECN) of the datagrams the socket
@@ -1281,7 +1290,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 	case src.IsUnspecified() || src.IsMulticast():
 		src = hop.src
 	}
-	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
+	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, NoDF: c.noDF.Load(), TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
 	if to.Addr().IsMulticast() {
 		f.TTL = uint8(c.mttl.Load())
 	}

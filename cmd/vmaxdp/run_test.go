@@ -877,12 +877,13 @@ func TestRunBroadcastSend(t *testing.T) {
 // under vmaxdp, against an echo in side A, and compares what each call
 // gave: empty and largest datagrams, truncation, MSG_PEEK, FIONREAD,
 // MSG_MORE and UDP_CORK (one datagram of two sends), connect and
-// disconnect, a send after shutdown(SHUT_WR) (EPIPE), IP_TOS and IP_TTL
-// as the receiver sees them, in order with a send with ancillary data
+// disconnect, a send after shutdown(SHUT_WR) (EPIPE), IP_TOS, IP_TTL and
+// IP_MTU_DISCOVER (the DF bit) as the receiver sees them, in order with a send with ancillary data
 // (the kernel's). Before, under vmaxdp, MSG_MORE and UDP_CORK sent two
 // datagrams and left bytes in the kernel socket's cork, a shut down
-// socket sent, IP_TOS was not applied, and a send through the kernel
-// socket overtook the stack's coalesced ones.
+// socket sent, IP_TOS was not applied, DF was set whatever
+// IP_MTU_DISCOVER said, and a send through the kernel socket overtook the
+// stack's coalesced ones.
 func TestRunUDPSemantics(t *testing.T) {
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -891,13 +892,36 @@ func TestRunUDPSemantics(t *testing.T) {
 	b := testutil.Bed(t, nil)
 	const port = 11456
 	var echo *net.UDPConn
+	rawFD := -1 // a copy of each UDP packet side A receives, IP header and all: its DF bit
 	if err := b.Do(testbed.A, func() (err error) {
+		if rawFD, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP); err != nil {
+			return err
+		}
 		echo, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
+	defer unix.Close(rawFD)
 	defer echo.Close()
+	// df finds payload among the raw copies queued (the raw socket has
+	// each before the UDP socket does) and says its DF bit.
+	df := func(payload []byte) int {
+		pkt := make([]byte, 2048)
+		for range 1000 {
+			n, err := unix.Read(rawFD, pkt)
+			if err != nil {
+				return -1
+			}
+			if n < 20 || n < int(pkt[0]&0xf)*4+8 {
+				continue
+			}
+			if hl := int(pkt[0]&0xf) * 4; bytes.Equal(pkt[hl+8:n], payload) {
+				return int(pkt[6] >> 6 & 1)
+			}
+		}
+		return -1
+	}
 	raw, err := echo.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -925,7 +949,7 @@ func TestRunUDPSemantics(t *testing.T) {
 						ttl = int(binary.NativeEndian.Uint32(m.Data))
 					}
 				}
-				reply = fmt.Appendf(nil, "%s tos=%d ttl=%d", reply, tos, ttl)
+				reply = fmt.Appendf(nil, "%s tos=%d ttl=%d df=%d", reply, tos, ttl, df(reply))
 			}
 			echo.WriteToUDPAddrPort(reply, from)
 		}
@@ -946,7 +970,8 @@ func TestRunUDPSemantics(t *testing.T) {
 			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
 		}
 	}
-	if len(said[0]) < 22 {
+	t.Logf("the kernel's run said:\n%s", strings.Join(said[0], "\n"))
+	if len(said[0]) < 25 {
 		t.Fatalf("the kernel's run said too little:\n%s", strings.Join(said[0], "\n"))
 	}
 	for i := range max(len(said[0]), len(said[1])) {

@@ -173,6 +173,7 @@ type Socket struct {
 	ttl    int    // IP_TTL asked, -1: none
 	mttl   int    // IP_MULTICAST_TTL asked, -1: none
 	tos    int    // IP_TOS
+	pmtud  int    // IP_MTU_DISCOVER
 	// segment is UDP_SEGMENT's size (UDP GSO), 0: off.
 	segment int
 	// device is the interface SO_BINDTODEVICE or SO_BINDTOIFINDEX bound
@@ -301,7 +302,7 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: fd beyond %d", fd, MaxFD-1)
 		return StateOS
 	}
-	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, mcLoop: e.p.TxMCLoopback, fds: []int{fd}, decided: -1}
+	s := &Socket{fd: fd, state: StateCandidate, ttl: -1, mttl: -1, pmtud: unix.IP_PMTUDISC_WANT, mcLoop: e.p.TxMCLoopback, fds: []int{fd}, decided: -1}
 	if !s.mcLoop {
 		// The kernel socket's default follows the parameter too, so that
 		// getsockopt and the kernel's own sends agree with it.
@@ -810,6 +811,7 @@ func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 	}
 	c.SetSegment(s.segment)
 	c.SetTOS(uint8(s.tos))
+	c.SetPMTUDisc(s.pmtud)
 	for _, g := range s.groups {
 		if err := c.SteerGroup(g); err != nil {
 			e.Log.Printf(params.LevelWarning, "fd %d: group %s stays on the kernel: %v", s.fd, g, err)
@@ -1314,6 +1316,21 @@ func (e *Engine) SetTOS(fd, tos int) {
 	s.tos = tos
 	if c := s.conn.Load(); c != nil {
 		c.SetTOS(uint8(tos))
+	}
+}
+
+// SetPMTUDisc follows IP_MTU_DISCOVER: whether the socket's datagrams
+// carry DF (stack.UDPConn.SetPMTUDisc).
+func (e *Engine) SetPMTUDisc(fd, mode int) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pmtud = mode
+	if c := s.conn.Load(); c != nil {
+		c.SetPMTUDisc(mode)
 	}
 }
 

@@ -14,6 +14,7 @@ type UDPFields struct {
 	DstMAC, SrcMAC MAC
 	Src, Dst       netip.AddrPort
 	ID             uint16
+	NoDF           bool  // DF clear (see IPv4Fields)
 	TOS            uint8 // IP_TOS
 	TTL            uint8
 	// PartialChecksum leaves the UDP checksum for the device to complete:
@@ -50,7 +51,7 @@ func BuildUDP(frame []byte, f *UDPFields, payloadLen int) int {
 	eth.SetType(EtherTypeIPv4)
 	ulen := UDPLen + payloadLen
 	IPv4(frame[EthernetLen:]).Encode(IPv4Fields{
-		TotalLen: uint16(IPv4MinLen + ulen), ID: f.ID, TOS: f.TOS, TTL: f.TTL, Protocol: ProtocolUDP,
+		TotalLen: uint16(IPv4MinLen + ulen), ID: f.ID, NoDF: f.NoDF, TOS: f.TOS, TTL: f.TTL, Protocol: ProtocolUDP,
 		Src: f.Src.Addr(), Dst: f.Dst.Addr(),
 	})
 	seg := frame[EthernetLen+IPv4MinLen : UDPHeadersLen+payloadLen]

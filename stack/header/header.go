@@ -64,10 +64,11 @@ func (ip IPv4) Dst() netip.Addr       { return netip.AddrFrom4([4]byte(ip[16:20]
 func (ip IPv4) IsFragment() bool { return ip.FlagsFragment()&ipv4FragMask != 0 }
 
 // IPv4Fields are the fields Encode writes; the rest are fixed (IHL 5, no
-// options, DF set).
+// options, not a fragment).
 type IPv4Fields struct {
 	TotalLen uint16
 	ID       uint16
+	NoDF     bool // DF clear (IP_MTU_DISCOVER's DONT, INTERFACE, OMIT)
 	TOS      uint8
 	TTL      uint8
 	Protocol uint8
@@ -80,7 +81,11 @@ func (ip IPv4) Encode(f IPv4Fields) {
 	ip[1] = f.TOS
 	binary.BigEndian.PutUint16(ip[2:], f.TotalLen)
 	binary.BigEndian.PutUint16(ip[4:], f.ID)
-	binary.BigEndian.PutUint16(ip[6:], ipv4FlagDF)
+	df := uint16(ipv4FlagDF)
+	if f.NoDF {
+		df = 0
+	}
+	binary.BigEndian.PutUint16(ip[6:], df)
 	ip[8] = f.TTL
 	ip[9] = f.Protocol
 	ip[10], ip[11] = 0, 0

@@ -6,7 +6,7 @@ compares what they print.
     python3 udpsemantics.py ADDR PORT
 
 ADDR:PORT echoes every datagram to its source, and one that begins with
-"meta " with the TOS and TTL it arrived with.
+"meta " with the TOS, TTL and DF bit it arrived with.
 """
 import ctypes
 import errno
@@ -142,6 +142,10 @@ m.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 7)
 m.sendto(b"meta IP_TTL", A)
 m.sendmsg([b"meta cmsg IP_TOS"], [(socket.IPPROTO_IP, socket.IP_TOS, bytes([0x28]))], 0, A)
 m.sendto(b"meta after the cmsg", A)
-for _ in range(5):
+IP_MTU_DISCOVER = 10
+for mode, name in ((0, "DONT"), (5, "OMIT"), (1, "WANT")):
+    m.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, mode)
+    m.sendto(b"meta IP_PMTUDISC_" + name.encode(), A)
+for _ in range(8):
     note("sent", lambda: m.recv(100).decode())
 print("\n".join(out), flush=True)
