@@ -771,7 +771,9 @@ func TestRunUDPSegment(t *testing.T) {
 // bindtodevice.py, side B under vmaxdp, datagrams from side A): bound to
 // the stack's interface it is offloaded; bound to another (lo), before or
 // after its bind, it is the kernel's, which takes nothing from side A's
-// link. Before, the stack served it whatever its interface received.
+// link. Before, the stack served it whatever its interface received. A
+// TCP listener likewise (VMAXDP_TCP=1): bound to lo, side A's connect is
+// refused, as the kernel refuses it; netstack accepted it before.
 func TestRunBindToDevice(t *testing.T) {
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -787,16 +789,34 @@ func TestRunBindToDevice(t *testing.T) {
 		{link, "before", []string{"got one"}, "fd 3: offloaded on " + link},
 		{"lo", "before", []string{"timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
 		{"lo", "after", []string{"got one", "timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
+		{link, "tcp", []string{"accepted"}, "fd 3: offloaded on " + link + " (tcp_server"},
+		{"lo", "tcp", []string{"timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
 	} {
 		t.Run(c.dev+"/"+c.when, func(t *testing.T) {
 			port := 11452 + i
 			in := udpInDatagrams(t, b, testbed.B)
-			p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/bindtodevice.py", c.dev, strconv.Itoa(port), c.when)
+			p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "testdata/bindtodevice.py", c.dev, strconv.Itoa(port), c.when)
 			if err := p.waitFor("ready\n"); err != nil {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
 			p.waitOffloaded(t)
-			sendFromA(t, b, port, "one")
+			if c.when == "tcp" {
+				// The kernel answers a SYN for a listener bound to
+				// another interface with a RST.
+				var conn net.Conn
+				err := b.Do(testbed.A, func() (err error) {
+					conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)).String(), 2*time.Second)
+					return err
+				})
+				if refused := err != nil; refused != (c.dev != link) {
+					t.Errorf("connect from side A: %v", err)
+				}
+				if conn != nil {
+					conn.Close()
+				}
+			} else {
+				sendFromA(t, b, port, "one")
+			}
 			if c.when == "after" {
 				if err := p.waitFor("moved\n"); err != nil {
 					t.Fatalf("%v\n%s", err, p.out.String())
@@ -807,7 +827,7 @@ func TestRunBindToDevice(t *testing.T) {
 				t.Errorf("program: %v", err)
 			}
 			p.wantSaid(t, append(c.got, c.log)...)
-			if moved := udpInDatagrams(t, b, testbed.B) - in; c.dev == link && moved != 0 {
+			if moved := udpInDatagrams(t, b, testbed.B) - in; c.dev == link && c.when != "tcp" && moved != 0 {
 				t.Errorf("side B's kernel delivered %d datagrams to a socket bound to %s: not offloaded", moved, link)
 			}
 		})

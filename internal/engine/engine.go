@@ -1300,6 +1300,17 @@ func (e *Engine) SetBoundDevice(fd int, ifname string) {
 	}
 }
 
+// boundDevice is the interface the kernel socket fd is bound to
+// (SO_BINDTODEVICE), "": none. A TCP socket's is read where it is decided
+// (listen, connect).
+func boundDevice(fd int) string {
+	dev, err := unix.GetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE)
+	if err != nil {
+		return ""
+	}
+	return dev
+}
+
 // deviceCause says why a socket bound to device is not served on ifname.
 func deviceCause(device, ifname string) string {
 	return fmt.Sprintf("bound to interface %s (SO_BINDTODEVICE), where its traffic would come through %s: the kernel serves it, and takes only what %s receives", device, ifname, device)

@@ -496,6 +496,9 @@ func (e *Engine) Listen(fd, backlog int) State {
 	if err != nil {
 		return e.tcpNotOffloaded(fd, what, err.Error())
 	}
+	if dev := boundDevice(fd); dev != "" && dev != ifname {
+		return e.tcpNotOffloaded(fd, what, deviceCause(dev, ifname))
+	}
 	st, err := e.stackNow(ifname)
 	if err != nil {
 		return e.tcpNotOffloaded(fd, what, err.Error())
@@ -704,6 +707,10 @@ func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Si
 	ifname, err := e.pickInterface(local.Addr(), raddr.Addr())
 	if err != nil {
 		e.tcpNotOffloaded(fd, what, err.Error())
+		return ErrPassOS
+	}
+	if dev := boundDevice(fd); dev != "" && dev != ifname {
+		e.tcpNotOffloaded(fd, what, deviceCause(dev, ifname))
 		return ErrPassOS
 	}
 	st, err := e.stackNow(ifname)

@@ -1,18 +1,33 @@
 """bindtodevice: a UDP receiver bound to an interface with
 SO_BINDTODEVICE, for TestRunBindToDevice.
 
-    python3 bindtodevice.py DEV PORT before|after
+    python3 bindtodevice.py DEV PORT before|after|tcp
 
 before: it binds the device, then 0.0.0.0:PORT, prints "ready" and waits
 1.5 s for a datagram: "got DATA" or "timeout".
 after: it binds 0.0.0.0:PORT, prints "ready", waits 5 s for a datagram
 ("got DATA" or "timeout"), then binds the device, prints "moved" and waits
 1.5 s for another.
+tcp: a TCP listener on 0.0.0.0:PORT bound to the device prints "ready"
+and waits 3 s for a connection: "accepted" or "timeout".
 """
 import socket
 import sys
 
 dev, port, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if when == "tcp":
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
+    ls.bind(("0.0.0.0", port))
+    ls.listen()
+    print("ready", flush=True)
+    ls.settimeout(3)
+    try:
+        ls.accept()
+        print("accepted", flush=True)
+    except socket.timeout:
+        print("timeout", flush=True)
+    sys.exit(0)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
 
