@@ -357,6 +357,12 @@ func putAddr(sa *C.struct_sockaddr, alen *C.socklen_t, from netip.AddrPort, v6 b
 	if sa == nil || alen == nil {
 		return
 	}
+	if !from.Addr().IsValid() {
+		// No address (a socket that was never bound or connected, or
+		// whose connect failed): the unspecified one, as the kernel
+		// writes.
+		from = netip.AddrPortFrom(netip.IPv4Unspecified(), from.Port())
+	}
 	if v6 {
 		var raw unix.RawSockaddrInet6
 		raw.Family = unix.AF_INET6
@@ -734,6 +740,9 @@ func vmxgo_tcp_name(fd, peer C.int, sa *C.struct_sockaddr, alen *C.socklen_t) C.
 		return -C.long(unix.EFAULT)
 	}
 	if peer != 0 {
+		if !remote.IsValid() {
+			return -C.long(unix.ENOTCONN) // its connect failed, as the kernel says
+		}
 		putAddr(sa, alen, remote, v6)
 	} else {
 		putAddr(sa, alen, local, v6)

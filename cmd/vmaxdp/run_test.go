@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -1005,6 +1006,103 @@ func TestRunUDPSemantics(t *testing.T) {
 		if k != v {
 			t.Errorf("kernel %q, vmaxdp %q", k, v)
 		}
+	}
+}
+
+// TestRunTCPSemantics runs testdata/tcpsemantics.py, a TCP client, on the
+// kernel and under vmaxdp (VMAXDP_TCP=1) against an echo server in side A,
+// and compares what each call gave (names, MSG_PEEK, MSG_WAITALL,
+// FIONREAD, options, SHUT_WR, a refused connect and getpeername after it,
+// a non-blocking connect, a peer's close, SO_LINGER 0) and how the server
+// saw each connection end. Before, getpeername after a refused connect
+// crashed the program under vmaxdp (a Go panic on the zero address).
+func TestRunTCPSemantics(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, nil)
+	const port, closed = 11457, 11458
+	var ln net.Listener
+	if err := b.Do(testbed.A, func() (err error) {
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), port).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var ends []string // how the server saw each connection end
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 65536)
+				end := "eof"
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						if errors.Is(err, unix.ECONNRESET) {
+							end = "reset"
+						}
+						break
+					}
+					if string(buf[:n]) == "close-now" {
+						end = "closed by the server"
+						break
+					}
+					c.Write(buf[:n])
+				}
+				mu.Lock()
+				ends = append(ends, end)
+				mu.Unlock()
+			}()
+		}
+	}()
+	args := []string{"python3", "testdata/tcpsemantics.py", b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(closed)}
+	var said [2][]string
+	var ended [2][]string
+	for i, argv := range [][]string{args, append([]string{tools(t), "run", "--"}, args...)} {
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, argv...)
+		if err := p.exited(); err != nil {
+			t.Fatalf("%v: %v\n%s", argv, err, p.out.String())
+		}
+		for _, l := range strings.Split(p.out.String(), "\n") {
+			if l != "" && !strings.HasPrefix(l, "vmaxdp ") {
+				said[i] = append(said[i], l)
+			}
+		}
+		if i == 1 {
+			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B)+" (tcp_client")
+		}
+		time.Sleep(300 * time.Millisecond) // the server's reads see the last close
+		mu.Lock()
+		ended[i], ends = ends, nil
+		mu.Unlock()
+		slices.Sort(ended[i])
+	}
+	t.Logf("the kernel's run said:\n%s\nthe server saw the connections end: %v", strings.Join(said[0], "\n"), ended[0])
+	if len(said[0]) < 19 {
+		t.Fatalf("the kernel's run said too little")
+	}
+	for i := range max(len(said[0]), len(said[1])) {
+		k, v := "(nothing)", "(nothing)"
+		if i < len(said[0]) {
+			k = said[0][i]
+		}
+		if i < len(said[1]) {
+			v = said[1][i]
+		}
+		if k != v {
+			t.Errorf("kernel %q, vmaxdp %q", k, v)
+		}
+	}
+	if !slices.Equal(ended[0], ended[1]) {
+		t.Errorf("the server saw the kernel's connections end %v, vmaxdp's %v", ended[0], ended[1])
 	}
 }
 
