@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -1103,6 +1105,103 @@ func TestRunTCPSemantics(t *testing.T) {
 	}
 	if !slices.Equal(ended[0], ended[1]) {
 		t.Errorf("the server saw the kernel's connections end %v, vmaxdp's %v", ended[0], ended[1])
+	}
+}
+
+// TestRunTCPServerSemantics runs testdata/tcpserver.py on the kernel and
+// under vmaxdp (VMAXDP_TCP=1), and compares what a kernel client in side
+// A sees of each connection: an echo to the client's EOF, the server's
+// names, a close, a close with SO_LINGER 0 (a reset), a close with unread
+// data (a reset), a half close (EOF, then the client's bytes still reach
+// the server).
+func TestRunTCPServerSemantics(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, nil)
+	const port = 11459
+	cmds := []string{"echo", "names", "close", "linger0", "unread", "halfclose"}
+	// client runs one connection: its first line cmd, then what cmd
+	// calls for; it says what it saw.
+	client := func(cmd string) (saw string) {
+		err := b.Do(testbed.A, func() error {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 3*time.Second)
+			if err != nil {
+				saw = "connect: " + err.Error()
+				return nil
+			}
+			tc := c.(*net.TCPConn)
+			defer tc.Close()
+			tc.SetDeadline(time.Now().Add(3 * time.Second))
+			tc.Write([]byte(cmd + "\n"))
+			readAll := func() string {
+				got, err := io.ReadAll(tc)
+				switch {
+				case errors.Is(err, unix.ECONNRESET):
+					return fmt.Sprintf("%q then reset", got)
+				case err != nil:
+					return fmt.Sprintf("%q then %v", got, err)
+				}
+				return fmt.Sprintf("%q then EOF", got)
+			}
+			switch cmd {
+			case "echo":
+				tc.Write([]byte("hello"))
+				tc.CloseWrite()
+				saw = readAll()
+			case "names":
+				l, _ := bufio.NewReader(tc).ReadString('\n')
+				// The port is the server's; the peer, side A's address.
+				saw = strings.TrimSpace(l)
+			case "unread":
+				buf := make([]byte, 3)
+				io.ReadFull(tc, buf)
+				tc.Write([]byte("unread bytes"))
+				saw = readAll()
+			case "halfclose":
+				saw = readAll()
+				_, err := tc.Write([]byte("after"))
+				saw += fmt.Sprintf("; write after: %v", err)
+			default:
+				saw = readAll()
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return saw
+	}
+	var saw [2][]string
+	var logs [2]string
+	argv := []string{"python3", "testdata/tcpserver.py", strconv.Itoa(port), strconv.Itoa(len(cmds))}
+	for i, argv := range [][]string{argv, append([]string{tools(t), "run", "--"}, argv...)} {
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, argv...)
+		if err := p.waitFor("ready\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if i == 1 {
+			if err := p.waitFor("offloaded on " + b.Link(testbed.B) + " (tcp_server"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+		}
+		for _, cmd := range cmds {
+			saw[i] = append(saw[i], cmd+": "+client(cmd))
+		}
+		if err := p.exited(); err != nil {
+			t.Errorf("%v: %v", argv, err)
+		}
+		logs[i] = p.out.String()
+	}
+	t.Logf("with the kernel's server the client saw:\n%s", strings.Join(saw[0], "\n"))
+	for i := range saw[0] {
+		if saw[0][i] != saw[1][i] {
+			t.Errorf("kernel %q, vmaxdp %q", saw[0][i], saw[1][i])
+		}
+	}
+	if t.Failed() {
+		t.Logf("the server under vmaxdp:\n%s", tail(logs[1], 30))
 	}
 }
 
