@@ -14,19 +14,22 @@ and waits 3 s for a connection: "accepted" or "timeout".
 import socket
 import sys
 
+from say import say
+
+
 dev, port, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if when == "tcp":
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
     ls.bind(("0.0.0.0", port))
     ls.listen()
-    print("ready", flush=True)
+    say("ready")
     ls.settimeout(3)
     try:
         ls.accept()
-        print("accepted", flush=True)
+        say("accepted")
     except socket.timeout:
-        print("timeout", flush=True)
+        say("timeout")
     sys.exit(0)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
@@ -34,17 +37,17 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 def wait(seconds):
     s.settimeout(seconds)
     try:
-        print("got", s.recv(100).decode(), flush=True)
+        say("got", s.recv(100).decode())
     except socket.timeout:
-        print("timeout", flush=True)
+        say("timeout")
 
 
 if when == "before":
     s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
 s.bind(("0.0.0.0", port))
-print("ready", flush=True)
+say("ready")
 if when == "after":
     wait(5)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
-    print("moved", flush=True)
+    say("moved")
 wait(1.5)

@@ -10,6 +10,9 @@ import errno
 import socket
 import sys
 
+from say import say
+
+
 bcast, unicast, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
@@ -17,9 +20,9 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 def send(dst, what):
     try:
         s.sendto(what.encode(), (dst, port))
-        print(dst, "ok", flush=True)
+        say(dst, "ok")
     except OSError as e:
-        print(dst, "errno", errno.errorcode.get(e.errno, e.errno), flush=True)
+        say(dst, "errno", errno.errorcode.get(e.errno, e.errno))
 
 
 send(unicast, "unicast")

@@ -25,6 +25,9 @@ import sys
 import threading
 import time
 
+from say import say
+
+
 if sys.argv[1] == "client":
     udp = sys.argv[2] == "udp"
     c = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM)
@@ -32,7 +35,7 @@ if sys.argv[1] == "client":
     dst, n, echoed = ("::ffff:" + sys.argv[3], int(sys.argv[4])), int(sys.argv[5]), 0
     if not udp:
         c.connect(dst)
-        print("connected", int(c.family), c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN), c.getsockname()[0], c.getpeername(), flush=True)
+        say("connected", int(c.family), c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN), c.getsockname()[0], c.getpeername())
     for i in range(n):
         msg = b"message %d;" % i
         try:
@@ -48,7 +51,7 @@ if sys.argv[1] == "client":
                 echoed += data == msg
         except socket.timeout:
             continue
-    print("echoed", echoed, "of", n, flush=True)
+    say("echoed", echoed, "of", n)
     sys.exit(0)
 
 if sys.argv[1] == "forking":
@@ -68,7 +71,7 @@ if sys.argv[1] == "forking":
             super().server_bind()
 
     server = Server(("::", int(sys.argv[2])), Handler)
-    print("ready", flush=True)
+    say("ready")
     threading.Timer(float(sys.argv[3]), server.shutdown).start()
     server.serve_forever()
     sys.exit(0)
@@ -81,7 +84,7 @@ s.bind(("::", port))
 if proto == "tcp":
     s.listen(16)
 s.settimeout(0.2)
-print("ready", flush=True)
+say("ready")
 seen = set()
 
 
@@ -89,7 +92,7 @@ def first(src, *more):
     family = "mapped" if src[0].startswith("::ffff:") else "ipv6"
     if family not in seen:
         seen.add(family)
-        print("from", family, src, *more, flush=True)
+        say("from", family, src, *more)
 
 
 def serve(c, src):

@@ -11,6 +11,9 @@ It prints "sent" when done.
 import socket
 import sys
 
+from say import say
+
+
 SOL_UDP, UDP_SEGMENT = 17, 103
 
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -21,4 +24,4 @@ for _ in range(3):
     s.sendto(b"b" * 400, to)
 s.setsockopt(SOL_UDP, UDP_SEGMENT, 0)
 s.sendto(b"c" * 400, to)
-print("sent", flush=True)
+say("sent")

@@ -17,6 +17,9 @@ import sys
 import termios
 import time
 
+from say import say
+
+
 A = (sys.argv[1], int(sys.argv[2]))
 CLOSED = (sys.argv[1], int(sys.argv[3]))
 out = []
@@ -91,4 +94,4 @@ def linger0():
 
 
 note("SO_LINGER 0 close", linger0)
-print("\n".join(out), flush=True)
+say("\n".join(out))

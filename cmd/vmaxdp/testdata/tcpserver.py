@@ -21,12 +21,15 @@ import struct
 import sys
 import time
 
+from say import say
+
+
 port, n = int(sys.argv[1]), int(sys.argv[2])
 ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(("0.0.0.0", port))
 ls.listen(8)
-print("ready", flush=True)
+say("ready")
 
 
 def line(c):
@@ -64,7 +67,7 @@ for _ in range(n):
         c.shutdown(socket.SHUT_WR)
         echo_back = c.recv(100)
         c.close()
-        print("halfclose got", echo_back.decode(), flush=True)
+        say("halfclose got", echo_back.decode())
         continue
     c.close()
-    print("served", cmd, flush=True)
+    say("served", cmd)

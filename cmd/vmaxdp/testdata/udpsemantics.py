@@ -17,6 +17,9 @@ import sys
 import termios
 import time
 
+from say import say
+
+
 A = (sys.argv[1], int(sys.argv[2]))
 SOL_UDP, UDP_CORK = 17, 1
 out = []
@@ -148,4 +151,4 @@ for mode, name in ((0, "DONT"), (5, "OMIT"), (1, "WANT")):
     m.sendto(b"meta IP_PMTUDISC_" + name.encode(), A)
 for _ in range(8):
     note("sent", lambda: m.recv(100).decode())
-print("\n".join(out), flush=True)
+say("\n".join(out))
