@@ -1265,20 +1265,13 @@ func (e *Engine) SetRcvBuf(fd int, n int) {
 
 // SetTTL follows IP_TTL and IP_MULTICAST_TTL.
 func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
-	s := e.get(fd)
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if multicast {
-		s.mttl = ttl
-	} else {
-		s.ttl = ttl
-	}
-	if c := s.conn.Load(); c != nil {
-		c.SetTTL(uint8(ttl), multicast)
-	}
+	e.setOption(fd, func(s *Socket) {
+		if multicast {
+			s.mttl = ttl
+		} else {
+			s.ttl = ttl
+		}
+	}, func(c *stack.UDPConn) { c.SetTTL(uint8(ttl), multicast) })
 }
 
 // SetBoundDevice follows SO_BINDTODEVICE and SO_BINDTOIFINDEX (ifname "":
@@ -1316,33 +1309,31 @@ func deviceCause(device, ifname string) string {
 	return fmt.Sprintf("bound to interface %s (SO_BINDTODEVICE), where its traffic would come through %s: the kernel serves it, and takes only what %s receives", device, ifname, device)
 }
 
-// SetTOS follows IP_TOS: the TOS byte of the socket's datagrams.
-func (e *Engine) SetTOS(fd, tos int) {
+// setOption records an option of fd's socket (set, under its lock) and
+// applies it to its stack socket, when it has one (apply); applyOptions
+// applies it to one adopted later.
+func (e *Engine) setOption(fd int, set func(*Socket), apply func(*stack.UDPConn)) {
 	s := e.get(fd)
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tos = tos
+	set(s)
 	if c := s.conn.Load(); c != nil {
-		c.SetTOS(uint8(tos))
+		apply(c)
 	}
+}
+
+// SetTOS follows IP_TOS: the TOS byte of the socket's datagrams.
+func (e *Engine) SetTOS(fd, tos int) {
+	e.setOption(fd, func(s *Socket) { s.tos = tos }, func(c *stack.UDPConn) { c.SetTOS(uint8(tos)) })
 }
 
 // SetPMTUDisc follows IP_MTU_DISCOVER: whether the socket's datagrams
 // carry DF (stack.UDPConn.SetPMTUDisc).
 func (e *Engine) SetPMTUDisc(fd, mode int) {
-	s := e.get(fd)
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.pmtud = mode
-	if c := s.conn.Load(); c != nil {
-		c.SetPMTUDisc(mode)
-	}
+	e.setOption(fd, func(s *Socket) { s.pmtud = mode }, func(c *stack.UDPConn) { c.SetPMTUDisc(mode) })
 }
 
 // FlushSends sends what fd's earlier sends left on its TX ring, before a
@@ -1374,16 +1365,7 @@ func (e *Engine) ShutdownUDP(fd, how int) {
 // taken: a send longer than size goes to the kernel socket, which cuts it
 // into datagrams of size bytes as the application asked.
 func (e *Engine) SetSegment(fd, size int) {
-	s := e.get(fd)
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.segment = size
-	if c := s.conn.Load(); c != nil {
-		c.SetSegment(size)
-	}
+	e.setOption(fd, func(s *Socket) { s.segment = size }, func(c *stack.UDPConn) { c.SetSegment(size) })
 }
 
 // SetMulticastLoop follows IP_MULTICAST_LOOP: while it is on, the socket's
