@@ -1271,7 +1271,7 @@ func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
 		} else {
 			s.ttl = ttl
 		}
-	}, func(c *stack.UDPConn) { c.SetTTL(uint8(ttl), multicast) })
+	}, func(_ *Socket, c *stack.UDPConn) { c.SetTTL(uint8(ttl), multicast) })
 }
 
 // SetBoundDevice follows SO_BINDTODEVICE and SO_BINDTOIFINDEX (ifname "":
@@ -1312,7 +1312,7 @@ func deviceCause(device, ifname string) string {
 // setOption records an option of fd's socket (set, under its lock) and
 // applies it to its stack socket, when it has one (apply); applyOptions
 // applies it to one adopted later.
-func (e *Engine) setOption(fd int, set func(*Socket), apply func(*stack.UDPConn)) {
+func (e *Engine) setOption(fd int, set func(*Socket), apply func(*Socket, *stack.UDPConn)) {
 	s := e.get(fd)
 	if s == nil {
 		return
@@ -1321,19 +1321,19 @@ func (e *Engine) setOption(fd int, set func(*Socket), apply func(*stack.UDPConn)
 	defer s.mu.Unlock()
 	set(s)
 	if c := s.conn.Load(); c != nil {
-		apply(c)
+		apply(s, c)
 	}
 }
 
 // SetTOS follows IP_TOS: the TOS byte of the socket's datagrams.
 func (e *Engine) SetTOS(fd, tos int) {
-	e.setOption(fd, func(s *Socket) { s.tos = tos }, func(c *stack.UDPConn) { c.SetTOS(uint8(tos)) })
+	e.setOption(fd, func(s *Socket) { s.tos = tos }, func(_ *Socket, c *stack.UDPConn) { c.SetTOS(uint8(tos)) })
 }
 
 // SetPMTUDisc follows IP_MTU_DISCOVER: whether the socket's datagrams
 // carry DF (stack.UDPConn.SetPMTUDisc).
 func (e *Engine) SetPMTUDisc(fd, mode int) {
-	e.setOption(fd, func(s *Socket) { s.pmtud = mode }, func(c *stack.UDPConn) { c.SetPMTUDisc(mode) })
+	e.setOption(fd, func(s *Socket) { s.pmtud = mode }, func(_ *Socket, c *stack.UDPConn) { c.SetPMTUDisc(mode) })
 }
 
 // FlushSends sends what fd's earlier sends left on its TX ring, before a
@@ -1365,7 +1365,7 @@ func (e *Engine) ShutdownUDP(fd, how int) {
 // taken: a send longer than size goes to the kernel socket, which cuts it
 // into datagrams of size bytes as the application asked.
 func (e *Engine) SetSegment(fd, size int) {
-	e.setOption(fd, func(s *Socket) { s.segment = size }, func(c *stack.UDPConn) { c.SetSegment(size) })
+	e.setOption(fd, func(s *Socket) { s.segment = size }, func(_ *Socket, c *stack.UDPConn) { c.SetSegment(size) })
 }
 
 // SetMulticastLoop follows IP_MULTICAST_LOOP: while it is on, the socket's
@@ -1386,18 +1386,7 @@ func (e *Engine) SetMulticastIf(fd int, ifaddr netip.Addr, ifindex int) {
 	e.setMulticast(fd, func(s *Socket) { s.mcIf = name })
 }
 
-func (e *Engine) setMulticast(fd int, set func(*Socket)) {
-	s := e.get(fd)
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	set(s)
-	if c := s.conn.Load(); c != nil {
-		e.applyMulticast(s, c)
-	}
-}
+func (e *Engine) setMulticast(fd int, set func(*Socket)) { e.setOption(fd, set, e.applyMulticast) }
 
 // Membership joins (add) or leaves a multicast group on fd. ifindex or
 // else ifaddr names the interface, as ip_mreqn does (neither: by route).
