@@ -685,7 +685,7 @@ func TestRunRecvmmsg(t *testing.T) {
 func TestRunRawSyscalls(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "rawsyscall")
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11450
 	var c *net.UDPConn
 	if err := b.Do(testbed.A, func() (err error) {
@@ -738,7 +738,7 @@ func TestRunUDPSegment(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed")
 	}
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11451
 	var c *net.UDPConn
 	if err := b.Do(testbed.A, func() (err error) {
@@ -782,7 +782,7 @@ func TestRunBindToDevice(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed")
 	}
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	link := b.Link(testbed.B)
 	for i, c := range []struct {
 		dev, when string
@@ -892,7 +892,7 @@ func TestRunBroadcastSend(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed")
 	}
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11455
 	var c *net.UDPConn
 	if err := b.Do(testbed.A, func() (err error) {
@@ -945,7 +945,7 @@ func TestRunUDPSemantics(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed")
 	}
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11456
 	var echo *net.UDPConn
 	rawFD := -1 // a copy of each UDP packet side A receives, IP header and all: its DF bit
@@ -1031,7 +1031,7 @@ func TestRunTCPSemantics(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed")
 	}
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port, closed = 11457, 11458
 	var ln net.Listener
 	if err := b.Do(testbed.A, func() (err error) {
@@ -1103,7 +1103,7 @@ func TestRunTCPServerSemantics(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 is not installed")
 	}
-	b := testutil.Bed(t, nil)
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11459
 	cmds := []string{"echo", "names", "close", "linger0", "unread", "halfclose"}
 	// client runs one connection: its first line cmd, then what cmd
