@@ -734,11 +734,7 @@ func TestRunRawSyscalls(t *testing.T) {
 // the stack sent it whole before (3 datagrams of 400 bytes for 12 of 100);
 // the others are offloaded.
 func TestRunUDPSegment(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	b := pythonBed(t)
 	const port = 11451
 	var c *net.UDPConn
 	if err := b.Do(testbed.A, func() (err error) {
@@ -778,11 +774,7 @@ func TestRunUDPSegment(t *testing.T) {
 // TCP listener likewise (VMAXDP_TCP=1): bound to lo, side A's connect is
 // refused, as the kernel refuses it; netstack accepted it before.
 func TestRunBindToDevice(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	b := pythonBed(t)
 	link := b.Link(testbed.B)
 	for i, c := range []struct {
 		dev, when string
@@ -837,6 +829,17 @@ func TestRunBindToDevice(t *testing.T) {
 	}
 }
 
+// pythonBed is a plain bed (as ip link add makes it) for a test that runs
+// a Python program; it skips when not root or without python3.
+func pythonBed(t *testing.T) *testbed.Bed {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	return testutil.Bed(t, &testbed.Options{Plain: true})
+}
+
 // sideBySide runs argv in side B on the kernel, then under vmaxdp run
 // (env added to both), each to its end, and returns what each printed,
 // vmaxdp's log left out; after, when not nil, runs after each run with
@@ -888,11 +891,7 @@ func sameLines(t *testing.T, said [2][]string, least int) {
 // for 255.255.255.255 with no route to it, and the directed broadcast
 // delivered once allowed. Before, the stack sent them all.
 func TestRunBroadcastSend(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	b := pythonBed(t)
 	const port = 11455
 	var c *net.UDPConn
 	if err := b.Do(testbed.A, func() (err error) {
@@ -941,11 +940,7 @@ func TestRunBroadcastSend(t *testing.T) {
 // IP_MTU_DISCOVER said, and a send through the kernel socket overtook the
 // stack's coalesced ones.
 func TestRunUDPSemantics(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	b := pythonBed(t)
 	const port = 11456
 	var echo *net.UDPConn
 	rawFD := -1 // a copy of each UDP packet side A receives, IP header and all: its DF bit
@@ -1027,11 +1022,7 @@ func TestRunUDPSemantics(t *testing.T) {
 // saw each connection end. Before, getpeername after a refused connect
 // crashed the program under vmaxdp (a Go panic on the zero address).
 func TestRunTCPSemantics(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	b := pythonBed(t)
 	const port, closed = 11457, 11458
 	var ln net.Listener
 	if err := b.Do(testbed.A, func() (err error) {
@@ -1099,11 +1090,7 @@ func TestRunTCPSemantics(t *testing.T) {
 // data (a reset), a half close (EOF, then the client's bytes still reach
 // the server).
 func TestRunTCPServerSemantics(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	b := pythonBed(t)
 	const port = 11459
 	cmds := []string{"echo", "names", "close", "linger0", "unread", "halfclose"}
 	// client runs one connection: its first line cmd, then what cmd
