@@ -60,10 +60,14 @@ static void *vmx_real(void **slot, const char *name)
  * this file makes (an internal fd's close, a forked child's) must not come
  * back to its wrappers. */
 DECLARE(long, syscall, long, ...);
+DECLARE(void, _exit, int);
 #define sys(...) REAL(syscall)(__VA_ARGS__)
 
 static unsigned char vmx_state[VMX_MAXFD];
 static volatile int vmx_forked;
+/* The process the engine runs in: a vfork(2) child (posix_spawn's) shares
+ * its memory, and is no fork that vmx_child marks. */
+static pid_t vmx_pid;
 /* vmx_ready: the engine is up and what calls sigaction now is the
  * application (Go's runtime installs its own handlers before). */
 static volatile int vmx_ready;
@@ -386,6 +390,8 @@ static int vmx_have_nofile;
 __attribute__((constructor(101))) static void vmx_before_runtime(void)
 {
 	(void)REAL(syscall); /* resolved now: a forked child's sys() must not call dlsym */
+	(void)REAL(_exit);   /* and a vfork child's _exit */
+	vmx_pid = (pid_t)sys(SYS_getpid);
 	sigset_t all;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
@@ -569,16 +575,24 @@ int pthread_cancel(pthread_t th)
 	})
 #define CANCEL_POINT(call) CANCEL_POINT_AGAIN(call, call)
 
+/* vmx_in_handler: the thread runs an application's signal handler, which
+ * may have interrupted it inside the engine (see vmx_exit_flush). A
+ * handler that leaves by longjmp leaves it set: the thread's _exit then
+ * skips the flush, as in a handler. */
+static __thread int vmx_in_handler __attribute__((tls_model("initial-exec")));
+
 static void vmx_on_signal(int sig, siginfo_t *info, void *uc)
 {
 	const struct sigaction *a = &vmx_app_action[sig];
 	__atomic_add_fetch(&vmx_sig.any, 1, __ATOMIC_RELAXED);
 	if (!(a->sa_flags & SA_RESTART))
 		__atomic_add_fetch(&vmx_sig.intr, 1, __ATOMIC_RELAXED);
+	vmx_in_handler++;
 	if (a->sa_flags & SA_SIGINFO)
 		a->sa_sigaction(sig, info, uc);
 	else
 		a->sa_handler(sig);
+	vmx_in_handler--;
 }
 
 int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
@@ -628,6 +642,29 @@ __attribute__((destructor)) static void vmx_fini(void)
 	if (!vmx_forked)
 		vmxgo_fini();
 }
+
+/* A send may leave its datagram on the TX ring for a coalesced kick
+ * (stack.Options.TxKickDelay); exit(3) sends it (vmx_fini), _exit(2) runs
+ * no destructor, and the datagram, which the kernel would have sent, was
+ * lost with the process: a burst of 500 then _exit lost 3 to 15. The
+ * flush enters the engine, so it is not made from a signal handler, which
+ * may have interrupted the engine, nor from a vfork child: that is
+ * another process, which shares the parent's memory while the parent's
+ * other threads run on, and its end is not the engine's. */
+static void vmx_exit_flush(void)
+{
+	if (vmx_ready && !vmx_forked && !vmx_in_handler && (pid_t)sys(SYS_getpid) == vmx_pid)
+		vmxgo_flush();
+}
+
+void _exit(int status)
+{
+	vmx_exit_flush();
+	REAL(_exit)(status);
+	__builtin_unreachable();
+}
+
+void _Exit(int status) { _exit(status); }
 
 int socket(int domain, int type, int protocol)
 {
@@ -1458,6 +1495,9 @@ long syscall(long nr, ...)
 	long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
 	va_end(ap);
 	switch (nr) {
+	case SYS_exit_group:
+		vmx_exit_flush();
+		break;
 	case SYS_socket:
 		return socket((int)a, (int)b, (int)c);
 	case SYS_bind:

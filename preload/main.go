@@ -162,6 +162,13 @@ func vmxgo_tcp_pay() { eng.PayOwed() }
 //export vmxgo_fini
 func vmxgo_fini() { eng.Shutdown() }
 
+// vmxgo_flush: the process is about to end without exit(3)'s destructors
+// (_exit, _Exit, exit_group): what sends left for a coalesced kick leaves
+// now.
+//
+//export vmxgo_flush
+func vmxgo_flush() { eng.FlushStacks() }
+
 //export vmxgo_forked
 func vmxgo_forked() { eng.Forked() }
 

@@ -209,6 +209,11 @@ func (st *Stack) waitPoint() {
 	st.flushTx(false)
 }
 
+// FlushSends kicks what sends left on the stack's TX rings, and waits for
+// the kicks: at a process's exit, frames left for kickTimer would go with
+// it, where a datagram the kernel took outlives its sender.
+func (st *Stack) FlushSends() { st.flushTx(true) }
+
 // txBusyRetry is how long the kick timer waits before it kicks again a
 // queue whose device stayed busy, or failed, through a kick (the
 // backend's Unsent): a link that is down answers every kick at once,

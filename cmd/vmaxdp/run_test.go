@@ -728,6 +728,64 @@ func TestRunRawSyscalls(t *testing.T) {
 	}
 }
 
+// TestRunExitFlush: a program that sends a burst and ends at once, each
+// way a process ends (testdata/exitburst.c), has sent every datagram, as
+// on the kernel: the last sends of a burst wait on the TX ring for a
+// coalesced kick. Before, _exit, _Exit and exit_group, which run no
+// destructor, lost 3 to 15 of 500, and exit's destructor did not kick
+// them either (the rare iperf 2 multicast sender whose receiver never
+// reported had lost its last datagram, which ends the test). A vfork
+// child's _exit in between leaves the parent's sends alone. Side A's
+// socket reads with a large buffer, so that its kernel drops nothing;
+// side B's kernel sends none.
+func TestRunExitFlush(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "exitburst")
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	const port, count = 11460, 500
+	var c *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetReadBuffer(8 << 20); err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork"} {
+		t.Run(how, func(t *testing.T) {
+			out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
+			p := startC(t, b, prog, []string{"VMAXDP_TRACELEVEL=4"}, b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(count), how)
+			if err := p.exited(); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B), fmt.Sprintf("sent %d\n", count))
+			seen := make([]bool, count)
+			got := 0
+			buf := make([]byte, 64)
+			for got < count {
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				n, err := c.Read(buf)
+				if err != nil {
+					break
+				}
+				if i, err := strconv.Atoi(string(buf[:n])); err == nil && i >= 0 && i < count && !seen[i] {
+					seen[i] = true
+					got++
+				}
+			}
+			if got != count {
+				t.Errorf("side A received %d of the %d datagrams sent; the first missing: %d", got, count, slices.Index(seen, false))
+			}
+			if n := testutil.UDPStat(t, b, testbed.B, "OutDatagrams") - out; n != 0 {
+				t.Errorf("side B's kernel sent %d datagrams: not offloaded", n)
+			}
+		})
+	}
+}
+
 // TestRunUDPSegment: a socket with UDP_SEGMENT set (UDP GSO, which QUIC
 // servers use) sends what the kernel would (testdata/gso.py): a send
 // longer than the segment size is cut into datagrams of that size, where

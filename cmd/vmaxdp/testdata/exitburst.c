@@ -1,0 +1,83 @@
+/*
+ * exitburst: sends a burst of UDP datagrams and ends the process at once,
+ * in one of the ways a program ends, without closing the socket. The
+ * kernel sends every datagram whose sendto returned, whatever comes after;
+ * under vmaxdp the last ones may still wait on the TX ring for a coalesced
+ * kick when the process ends.
+ *
+ *   exitburst ADDR PORT COUNT HOW
+ *
+ * HOW: return (from main), exit, _exit, _Exit, exit_group (through
+ * syscall(2)), or vfork (a vfork child that calls _exit, which must not
+ * enter the parent's engine, then the parent's _exit). Each datagram holds
+ * its index. It prints "sent COUNT" just before it ends.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include "watchdog.h"
+
+int main(int argc, char **argv)
+{
+	if (argc != 5) {
+		fprintf(stderr, "usage: exitburst ADDR PORT COUNT HOW\n");
+		return 2;
+	}
+	start_watchdog();
+	const char *how = argv[4], *hows[] = {"return", "exit", "_exit", "_Exit", "exit_group", "vfork"};
+	int known = 0;
+	for (size_t i = 0; i < sizeof hows / sizeof hows[0]; i++)
+		known |= strcmp(how, hows[i]) == 0;
+	if (!known) {
+		fprintf(stderr, "exitburst: %s: no such way to end\n", how);
+		return 2;
+	}
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((unsigned short)atoi(argv[2]))};
+	if (inet_pton(AF_INET, argv[1], &to.sin_addr) != 1) {
+		fprintf(stderr, "exitburst: %s: not an IPv4 address\n", argv[1]);
+		return 2;
+	}
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0) {
+		perror("exitburst: socket");
+		return 2;
+	}
+	int count = atoi(argv[3]);
+	for (int i = 0; i < count; i++) {
+		char buf[16];
+		int n = snprintf(buf, sizeof buf, "%d", i);
+		if (sendto(fd, buf, (size_t)n, 0, (struct sockaddr *)&to, sizeof to) != n) {
+			perror("exitburst: sendto");
+			return 2;
+		}
+	}
+	if (strcmp(how, "vfork") == 0) {
+		pid_t pid = vfork();
+		if (pid == 0)
+			_exit(3);
+		int status;
+		if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 3) {
+			fprintf(stderr, "exitburst: the vfork child did not exit with 3\n");
+			return 2;
+		}
+	}
+	printf("sent %d\n", count);
+	fflush(stdout);
+	if (strcmp(how, "exit") == 0)
+		exit(0);
+	if (strcmp(how, "_exit") == 0 || strcmp(how, "vfork") == 0)
+		_exit(0);
+	if (strcmp(how, "_Exit") == 0)
+		_Exit(0);
+	if (strcmp(how, "exit_group") == 0)
+		syscall(SYS_exit_group, 0);
+	return 0;
+}
