@@ -65,8 +65,8 @@ DECLARE(void, _exit, int);
 
 static unsigned char vmx_state[VMX_MAXFD];
 static volatile int vmx_forked;
-/* The process the engine runs in: a vfork(2) child (posix_spawn's) shares
- * its memory, and is no fork that vmx_child marks. */
+/* The process the engine runs in: a child of clone(CLONE_VM) shares its
+ * memory, and is no fork that vmx_child marks. */
 static pid_t vmx_pid;
 /* vmx_ready: the engine is up and what calls sigaction now is the
  * application (Go's runtime installs its own handlers before). */
@@ -648,9 +648,10 @@ __attribute__((destructor)) static void vmx_fini(void)
  * no destructor, and the datagram, which the kernel would have sent, was
  * lost with the process: a burst of 500 then _exit lost 3 to 15. The
  * flush enters the engine, so it is not made from a signal handler, which
- * may have interrupted the engine, nor from a vfork child: that is
- * another process, which shares the parent's memory while the parent's
- * other threads run on, and its end is not the engine's. */
+ * may have interrupted the engine, nor from a forked child, nor from a
+ * child of clone(CLONE_VM) (a hand-made spawn; vfork is run as a fork):
+ * that is another process, which shares the parent's memory while the
+ * parent's other threads run on, and its end is not the engine's. */
 static void vmx_exit_flush(void)
 {
 	if (vmx_ready && !vmx_forked && !vmx_in_handler && (pid_t)sys(SYS_getpid) == vmx_pid)
@@ -1601,6 +1602,15 @@ static void claim_for_exec(void)
 		}
 }
 
+/* before_exec: the process is about to become another program. The
+ * engine goes with its image, so what sends left on the TX rings leaves
+ * now (vmx_exit_flush); a forked child claims its sockets. */
+static void before_exec(void)
+{
+	vmx_exit_flush();
+	claim_for_exec();
+}
+
 /* The exec family: glibc's own calls between them do not come back here,
  * so each is wrapped. */
 DECLARE(int, execve, const char *, char *const[], char *const[]);
@@ -1615,31 +1625,31 @@ DECLARE(int, posix_spawnp, pid_t *, const char *, const posix_spawn_file_actions
 
 int execve(const char *path, char *const argv[], char *const envp[])
 {
-	claim_for_exec();
+	before_exec();
 	return REAL(execve)(path, argv, envp);
 }
 
 int execv(const char *path, char *const argv[])
 {
-	claim_for_exec();
+	before_exec();
 	return REAL(execv)(path, argv);
 }
 
 int execvp(const char *file, char *const argv[])
 {
-	claim_for_exec();
+	before_exec();
 	return REAL(execvp)(file, argv);
 }
 
 int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	claim_for_exec();
+	before_exec();
 	return REAL(execvpe)(file, argv, envp);
 }
 
 int fexecve(int fd, char *const argv[], char *const envp[])
 {
-	claim_for_exec();
+	before_exec();
 	return REAL(fexecve)(fd, argv, envp);
 }
 

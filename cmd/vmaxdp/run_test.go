@@ -731,7 +731,7 @@ func TestRunRawSyscalls(t *testing.T) {
 // TestRunExitFlush: a program that sends a burst and ends at once, each
 // way a process ends (testdata/exitburst.c), has sent every datagram, as
 // on the kernel: the last sends of a burst wait on the TX ring for a
-// coalesced kick. Before, _exit, _Exit and exit_group, which run no
+// coalesced kick. Before, _exit, _Exit, exit_group and exec, which run no
 // destructor, lost 3 to 15 of 500, and exit's destructor did not kick
 // them either (the rare iperf 2 multicast sender whose receiver never
 // reported had lost its last datagram, which ends the test). A vfork
@@ -754,7 +754,7 @@ func TestRunExitFlush(t *testing.T) {
 	if err := c.SetReadBuffer(8 << 20); err != nil {
 		t.Fatal(err)
 	}
-	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork"} {
+	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec"} {
 		t.Run(how, func(t *testing.T) {
 			out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
 			p := startC(t, b, prog, []string{"VMAXDP_TRACELEVEL=4"}, b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(count), how)

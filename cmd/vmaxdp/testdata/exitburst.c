@@ -8,9 +8,9 @@
  *   exitburst ADDR PORT COUNT HOW
  *
  * HOW: return (from main), exit, _exit, _Exit, exit_group (through
- * syscall(2)), or vfork (a vfork child that calls _exit, which must not
- * enter the parent's engine, then the parent's _exit). Each datagram holds
- * its index. It prints "sent COUNT" just before it ends.
+ * syscall(2)), vfork (a vfork child that calls _exit, then the parent's
+ * _exit), or exec (execl of true(1), which replaces the program). Each
+ * datagram holds its index. It prints "sent COUNT" just before it ends.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -32,7 +32,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	start_watchdog();
-	const char *how = argv[4], *hows[] = {"return", "exit", "_exit", "_Exit", "exit_group", "vfork"};
+	const char *how = argv[4], *hows[] = {"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec"};
 	int known = 0;
 	for (size_t i = 0; i < sizeof hows / sizeof hows[0]; i++)
 		known |= strcmp(how, hows[i]) == 0;
@@ -79,5 +79,10 @@ int main(int argc, char **argv)
 		_Exit(0);
 	if (strcmp(how, "exit_group") == 0)
 		syscall(SYS_exit_group, 0);
+	if (strcmp(how, "exec") == 0) {
+		execl("/bin/true", "true", (char *)NULL);
+		perror("exitburst: execl /bin/true");
+		return 2;
+	}
 	return 0;
 }
