@@ -1023,6 +1023,7 @@ func (c *UDPConn) recvZC(b []byte, zc *Datagram, flags RecvFlags, deadline int64
 		switch {
 		case adaptive && clock.Start == 0:
 			now := time.Now().UnixNano()
+			sw.Resched(now)
 			clock.Begin(now, c.spin.Budget())
 			sleepNext = clock.Tick()
 		case adaptive:

@@ -98,6 +98,7 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 		case adaptive && spinning:
 			if clock.Start == 0 {
 				now := time.Now().UnixNano()
+				sw.Resched(now)
 				clock.Begin(now, sp.Budget())
 			}
 			if !clock.Tick() {

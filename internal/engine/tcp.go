@@ -996,6 +996,7 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 	}
 	var clock stack.SpinClock
 	if limit == params.PollAuto {
+		sw.Resched(waited)
 		clock.Begin(waited, t.spin.Budget())
 	}
 	t.c.Polling()
