@@ -990,7 +990,12 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 		long r = vmxgo_tcp_setsockopt(fd, level, name, (void *)val, len);
 		if (r != -VMX_PASS)
 			return (int)ret(r);
-		return REAL(setsockopt)(fd, level, name, val, len);
+		int kr = REAL(setsockopt)(fd, level, name, val, len);
+		/* A listener bound to another interface than its stack's goes
+		 * back to the kernel, once the kernel took the device. */
+		if (kr == 0 && level == SOL_SOCKET && (name == SO_BINDTODEVICE || name == SO_BINDTOIFINDEX))
+			vmxgo_setsockopt(fd, level, name, (void *)val, len);
+		return kr;
 	}
 	if (level == IPPROTO_IP && (name == IP_ADD_MEMBERSHIP || name == IP_DROP_MEMBERSHIP) &&
 	    val && len >= sizeof(struct ip_mreq)) {

@@ -830,7 +830,9 @@ func TestRunUDPSegment(t *testing.T) {
 // after its bind, it is the kernel's, which takes nothing from side A's
 // link. Before, the stack served it whatever its interface received. A
 // TCP listener likewise (VMAXDP_TCP=1): bound to lo, side A's connect is
-// refused, as the kernel refuses it; netstack accepted it before.
+// refused, as the kernel refuses it; netstack accepted it before. Bound
+// after it accepted a connection, it is handed over to the kernel, which
+// refuses the next; netstack accepted that one too before.
 func TestRunBindToDevice(t *testing.T) {
 	b := pythonBed(t)
 	link := b.Link(testbed.B)
@@ -844,6 +846,7 @@ func TestRunBindToDevice(t *testing.T) {
 		{"lo", "after", []string{"got one", "timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
 		{link, "tcp", []string{"accepted"}, "fd 3: offloaded on " + link + " (tcp_server"},
 		{"lo", "tcp", []string{"timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
+		{"lo", "tcp-after", []string{"accepted", "timeout"}, "bound to interface lo (SO_BINDTODEVICE)"},
 	} {
 		t.Run(c.dev+"/"+c.when, func(t *testing.T) {
 			port := 11452 + i
@@ -853,34 +856,44 @@ func TestRunBindToDevice(t *testing.T) {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
 			p.waitOffloaded(t)
-			if c.when == "tcp" {
-				// The kernel answers a SYN for a listener bound to
-				// another interface with a RST.
+			// The kernel answers a SYN for a listener bound to another
+			// interface with a RST.
+			connect := func(refused bool) {
 				var conn net.Conn
 				err := b.Do(testbed.A, func() (err error) {
 					conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)).String(), 2*time.Second)
 					return err
 				})
-				if refused := err != nil; refused != (c.dev != link) {
-					t.Errorf("connect from side A: %v", err)
+				if (err != nil) != refused {
+					t.Errorf("connect from side A: %v, want refused %v", err, refused)
 				}
 				if conn != nil {
 					conn.Close()
 				}
-			} else {
+			}
+			switch c.when {
+			case "tcp":
+				connect(c.dev != link)
+			case "tcp-after":
+				connect(false)
+			default:
 				sendFromA(t, b, port, "one")
 			}
-			if c.when == "after" {
+			if c.when == "after" || c.when == "tcp-after" {
 				if err := p.waitFor("moved\n"); err != nil {
 					t.Fatalf("%v\n%s", err, p.out.String())
 				}
-				sendFromA(t, b, port, "two")
+				if c.when == "tcp-after" {
+					connect(true)
+				} else {
+					sendFromA(t, b, port, "two")
+				}
 			}
 			if err := p.exited(); err != nil {
 				t.Errorf("program: %v", err)
 			}
 			p.wantSaid(t, append(c.got, c.log)...)
-			if moved := udpInDatagrams(t, b, testbed.B) - in; c.dev == link && c.when != "tcp" && moved != 0 {
+			if moved := udpInDatagrams(t, b, testbed.B) - in; c.dev == link && !strings.HasPrefix(c.when, "tcp") && moved != 0 {
 				t.Errorf("side B's kernel delivered %d datagrams to a socket bound to %s: not offloaded", moved, link)
 			}
 		})

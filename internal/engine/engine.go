@@ -1278,8 +1278,14 @@ func (e *Engine) SetTTL(fd int, ttl int, multicast bool) {
 // unbound). The kernel delivers to such a socket only what arrives on
 // that interface, and the stack would serve it whatever its own interface
 // received: a socket bound to another interface than its stack's stays
-// on, or goes back to, the kernel.
+// on, or goes back to, the kernel. An offloaded TCP listener is handed
+// over (handover): the connections netstack made are still accepted, as
+// the kernel's queued ones are, and new ones go to the kernel's listener.
 func (e *Engine) SetBoundDevice(fd int, ifname string) {
+	if l := e.listener(fd); l != nil && ifname != "" && ifname != l.ifname {
+		e.handover(fd, l, deviceCause(ifname, l.ifname))
+		return
+	}
 	s := e.get(fd)
 	if s == nil {
 		return
