@@ -1710,12 +1710,14 @@ int execle(const char *path, const char *arg, ...)
 	return execve(path, argv, envp);
 }
 
-/* A process that gives up root for good (a daemon that drops to its own
- * user before it opens its sockets, as mosquitto does) could not open a
- * stack afterwards: the engine opens them before (Engine.BeforeSetuid).
- * seteuid is not wrapped: it leaves root in the saved user ID. -1 is
- * (uid_t)-1, "unchanged". */
+/* A process that gives up root (a daemon that drops to its own user
+ * before it opens its sockets, as mosquitto does for good and FreeRADIUS
+ * does for the time between its privileged calls) could not open a stack
+ * afterwards: the engine opens them before (Engine.BeforeSetuid). glibc's
+ * seteuid reaches the kernel without its setresuid, so it is wrapped too.
+ * -1 is (uid_t)-1, "unchanged". */
 DECLARE(int, setuid, uid_t);
+DECLARE(int, seteuid, uid_t);
 DECLARE(int, setreuid, uid_t, uid_t);
 DECLARE(int, setresuid, uid_t, uid_t, uid_t);
 
@@ -1730,6 +1732,12 @@ int setuid(uid_t uid)
 {
 	before_setuid("setuid", uid, uid, uid);
 	return REAL(setuid)(uid);
+}
+
+int seteuid(uid_t e)
+{
+	before_setuid("seteuid", (uid_t)-1, e, (uid_t)-1);
+	return REAL(seteuid)(e);
 }
 
 int setreuid(uid_t r, uid_t e)

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"slices"
 	"strings"
@@ -28,19 +30,27 @@ import (
 
 // BeforeSetuid runs in the thread about to set the process's real,
 // effective and saved user IDs to r, eu and s (-1: unchanged) with call
-// (setuid, setreuid, setresuid). It does its work once, when the process
-// is root and the call leaves no ID at root (a temporary drop keeps
-// root's powers within reach, and the stacks are opened when needed).
+// (setuid, seteuid, setreuid, setresuid). It does its work once, when the
+// process is root and the call leaves the effective ID elsewhere: for
+// good, or for now, with root kept in the real or saved ID. The process
+// may take root back around its own privileged calls (FreeRADIUS binds
+// so), but a stack opens later, on the engine's threads, which have the
+// effective ID of the moment: FreeRADIUS's sockets all stayed on the
+// kernel (mount bpffs: operation not permitted).
 func (e *Engine) BeforeSetuid(call string, r, eu, s int) {
 	cr, ce, cs := unix.Getresuid()
 	if ce != 0 {
 		return
 	}
 	nr, ne, ns := resultingUIDs(call, r, eu, s, cr, ce, cs)
-	if nr == 0 || ne == 0 || ns == 0 || !e.setuid.CompareAndSwap(nil, &setuidNote{call: call, uid: ne}) {
+	if ne == 0 || !e.setuid.CompareAndSwap(nil, &setuidNote{call: call, uid: ne}) {
 		return
 	}
-	e.confine(fmt.Sprintf("%s(%d) gives up root", call, ne), ne)
+	what := fmt.Sprintf("%s(%d) gives up root", call, ne)
+	if nr == 0 || ns == 0 {
+		what = fmt.Sprintf("%s(%d) drops root for now", call, ne)
+	}
+	e.confine(what, ne)
 }
 
 // BeforeChroot runs in the thread about to chroot to dir. A chroot hides
@@ -127,8 +137,12 @@ type setuidNote struct {
 
 // afterConfine explains an error opening a stack in a process that is no
 // longer root (BeforeSetuid; or seteuid, which is not wrapped) or that
-// chrooted.
+// chrooted. Only a refusal (EPERM, EACCES) or a path not found is such:
+// an interface no stack serves (lo) says its own reason alone.
 func (e *Engine) afterConfine(err error) error {
+	if !errors.Is(err, fs.ErrPermission) && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	var how string
 	switch uid := unix.Geteuid(); {
 	case e.setuid.Load() != nil && uid != 0:

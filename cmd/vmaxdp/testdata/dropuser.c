@@ -1,11 +1,13 @@
 /* dropuser: a daemon that gives up root, or chroots, before it opens a
  * socket, as mosquitto and many servers of ports above 1024 do.
  *
- *   dropuser setuid|setresuid|setreuid|seteuid UID LOCAL PEER PORT
+ *   dropuser setuid|setresuid|setreuid|seteuid|suid-down UID LOCAL PEER PORT
  *   dropuser chroot DIR LOCAL PEER PORT
  *
- * It calls the named function to become UID (or to chroot to DIR and
- * make it its working directory), prints "ok dropped", then:
+ * It calls the named function to become UID (suid-down: setresuid(-1, UID,
+ * 0), which keeps root in the saved ID, as FreeRADIUS does; or it
+ * chroots to DIR and makes it its working directory), prints "ok dropped",
+ * then:
  *   - udp: answers one datagram on LOCAL:PORT (prints "ok udp");
  *   - tcp-server: accepts one connection on LOCAL:PORT+1, echoes one
  *     read (prints "ok tcp-server");
@@ -39,7 +41,7 @@ static int fail(const char *what)
 int main(int argc, char **argv)
 {
 	if (argc != 6) {
-		fprintf(stderr, "usage: dropuser setuid|setresuid|setreuid|seteuid UID LOCAL PEER PORT | chroot DIR LOCAL PEER PORT\n");
+		fprintf(stderr, "usage: dropuser setuid|setresuid|setreuid|seteuid|suid-down UID LOCAL PEER PORT | chroot DIR LOCAL PEER PORT\n");
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -53,6 +55,8 @@ int main(int argc, char **argv)
 		r = 0;
 	} else if (!strcmp(argv[1], "seteuid"))
 		r = seteuid(uid);
+	else if (!strcmp(argv[1], "suid-down"))
+		r = setresuid((uid_t)-1, uid, 0); /* FreeRADIUS's rad_suid_down */
 	else if (!strcmp(argv[1], "setresuid"))
 		r = setresuid(uid, uid, uid);
 	else if (!strcmp(argv[1], "setreuid"))
