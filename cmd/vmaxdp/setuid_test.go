@@ -229,3 +229,81 @@ func TestRunMosquittoDropsRoot(t *testing.T) {
 		wantCleanExit(t, b, p.pid)
 	})
 }
+
+// TestRunFreeRADIUS: FreeRADIUS 3.2 (Debian's, its own configuration, a
+// client and a user added), started as root, drops to its user for now
+// (setresuid(-1, freerad, 0)) and takes root back only around its binds.
+// Under vmaxdp its RADIUS authentication socket is offloaded all the
+// same: radclient on side A gets every Access-Accept, and side B's kernel
+// takes no UDP datagram. Before, the stacks opened with the effective ID
+// of the moment, and every socket stayed on the kernel.
+func TestRunFreeRADIUS(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, prog := range []string{"freeradius", "radclient"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed (make deps installs freeradius and freeradius-utils)", prog)
+		}
+	}
+	const system, requests = "/etc/freeradius/3.0", 200
+	if _, err := os.Stat(system); err != nil {
+		t.Skipf("FreeRADIUS's configuration: %v", err)
+	}
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	// A copy of the configuration that the server, once it is user
+	// freerad, may still read.
+	conf := filepath.Join(t.TempDir(), "raddb")
+	if out, err := exec.Command("cp", "-a", system, conf).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	for dir := filepath.Dir(conf); dir != os.TempDir() && dir != "/"; dir = filepath.Dir(dir) {
+		os.Chmod(dir, 0o755) // t.TempDir's are root's alone
+	}
+	client := fmt.Sprintf("\nclient bed {\n\tipaddr = %s\n\tsecret = testing123\n}\n", testbed.Prefix)
+	users := filepath.Join(conf, "mods-config", "files", "authorize")
+	old, err := os.ReadFile(users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(users, append([]byte("bob Cleartext-Password := \"hello\"\n"), old...), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(conf, "clients.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(client)
+		f.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+	// Once running, freeradius points its stderr, where vmaxdp logs, at
+	// /dev/null.
+	logFile := filepath.Join(t.TempDir(), "vmaxdp.log")
+	p := startArgv(t, b, []string{"VMAXDP_TRACELEVEL=4", "VMAXDP_LOG_FILE=" + logFile}, tools(t), "run", "--", "freeradius", "-f", "-l", "stdout", "-d", conf)
+	if err := p.waitFor("Ready to process requests"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	reqs := filepath.Join(t.TempDir(), "requests")
+	if err := os.WriteFile(reqs, []byte(strings.Repeat("User-Name = \"bob\"\nUser-Password = \"hello\"\n\n", requests)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("timeout", "30", "ip", "netns", "exec", b.NSName(testbed.A), "radclient", "-f", reqs, "-p", "20", "-r", "1", "-t", "3",
+		netip.AddrPortFrom(b.Addr(testbed.B), 1812).String(), "auth", "testing123").CombinedOutput()
+	if n := strings.Count(string(out), "Received Access-Accept"); err != nil || n != requests {
+		t.Errorf("radclient: %v: %d of %d accepted\n%s", err, n, requests, tail(string(out), 10))
+	}
+	log, _ := os.ReadFile(logFile)
+	for _, want := range []string{"drops root for now, which opening a stack needs: opened beforehand the stacks of " + b.Link(testbed.B),
+		"offloaded on " + b.Link(testbed.B) + " (udp_receiver 0.0.0.0:1812"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("vmaxdp's log lacks %q:\n%s", want, tail(string(log), 30))
+		}
+	}
+	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != 0 {
+		t.Errorf("side B's kernel took %d UDP datagrams: the RADIUS socket was not offloaded", n)
+	}
+	syscall.Kill(p.pid, syscall.SIGTERM)
+	if err := p.exited(); err != nil {
+		t.Errorf("freeradius: %v\n%s", err, tail(p.out.String(), 20))
+	}
+}
