@@ -634,19 +634,10 @@ sighandler_t signal(int sig, sighandler_t h) { return set_handler(sig, h, SA_RES
 sighandler_t bsd_signal(int sig, sighandler_t h) { return set_handler(sig, h, SA_RESTART); }
 sighandler_t sysv_signal(int sig, sighandler_t h) { return set_handler(sig, h, SA_RESETHAND | SA_NODEFER); }
 
-/* At exit (not _exit, not a fatal signal): the engine writes
- * VMAXDP_STATS_FILE for the sockets still open and removes its stats
- * file. A forked child never ran the engine and has nothing to do. */
-__attribute__((destructor)) static void vmx_fini(void)
-{
-	if (!vmx_forked)
-		vmxgo_fini();
-}
-
 /* A send may leave its datagram on the TX ring for a coalesced kick
- * (stack.Options.TxKickDelay); exit(3) sends it (vmx_fini), _exit(2) runs
- * no destructor, and the datagram, which the kernel would have sent, was
- * lost with the process: a burst of 500 then _exit lost 3 to 15. The
+ * (stack.Options.TxKickDelay); a process that ended before the kick lost
+ * it, where the kernel would have sent it: a burst of 500 then _exit lost
+ * 3 to 15, and exit(3)'s destructor (vmx_fini) did not kick either. The
  * flush enters the engine, so it is not made from a signal handler, which
  * may have interrupted the engine, nor from a forked child, nor from a
  * child of clone(CLONE_VM) (a hand-made spawn; vfork is run as a fork):
@@ -666,6 +657,17 @@ void _exit(int status)
 }
 
 void _Exit(int status) { _exit(status); }
+
+/* At exit (not _exit, not a fatal signal): what sends left on the TX
+ * rings leaves (vmx_exit_flush), and the engine writes VMAXDP_STATS_FILE
+ * for the sockets still open and removes its stats file. A forked child
+ * never ran the engine and has nothing to do. */
+__attribute__((destructor)) static void vmx_fini(void)
+{
+	vmx_exit_flush();
+	if (!vmx_forked)
+		vmxgo_fini();
+}
 
 int socket(int domain, int type, int protocol)
 {

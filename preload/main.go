@@ -162,9 +162,8 @@ func vmxgo_tcp_pay() { eng.PayOwed() }
 //export vmxgo_fini
 func vmxgo_fini() { eng.Shutdown() }
 
-// vmxgo_flush: the process is about to end without exit(3)'s destructors
-// (_exit, _Exit, exit_group): what sends left for a coalesced kick leaves
-// now.
+// vmxgo_flush: the process is about to end (exit, _exit, _Exit,
+// exit_group) or exec: what sends left for a coalesced kick leaves now.
 //
 //export vmxgo_flush
 func vmxgo_flush() { eng.FlushStacks() }

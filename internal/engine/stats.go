@@ -119,11 +119,10 @@ func cmdline() string {
 	return strings.Join(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), " ")
 }
 
-// Shutdown sends what sends left on the TX rings, publishes a last time,
-// writes VMAXDP_STATS_FILE for the sockets still open and removes the
-// stats file. The process is exiting; later calls do nothing.
+// Shutdown publishes a last time, writes VMAXDP_STATS_FILE for the
+// sockets still open and removes the stats file. The process is exiting;
+// later calls do nothing.
 func (e *Engine) Shutdown() {
-	e.FlushStacks()
 	if e.pub != nil {
 		e.pub.shutdown.Do(e.shutdown)
 	}
@@ -132,8 +131,9 @@ func (e *Engine) Shutdown() {
 }
 
 // FlushStacks sends what the sockets' sends left on the stacks' TX rings
-// for a coalesced kick (stack.Stack.FlushSends): the process is exiting,
-// and a datagram it sent must leave before it goes, as the kernel's would.
+// for a coalesced kick (stack.Stack.FlushSends): the process is exiting
+// or becoming another program, and a datagram it sent must leave before
+// it goes, as the kernel's would.
 func (e *Engine) FlushStacks() {
 	for _, st := range e.openStacks() {
 		st.FlushSends()
