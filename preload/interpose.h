@@ -31,7 +31,7 @@ struct vmx_signals {
 	unsigned long long any;    /* every handler */
 	unsigned long long intr;   /* handlers without SA_RESTART */
 	unsigned long long cancel; /* a pthread_cancel waits for the call to end */
-	long long resched;         /* the engine's: its waits' last Gosched */
+	long long resched, waited; /* the engine's: its waits' last Gosched, last start */
 };
 
 void vmx_set_state(int fd, int state);
