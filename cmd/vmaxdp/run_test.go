@@ -743,14 +743,7 @@ func TestRunExitFlush(t *testing.T) {
 	prog := buildC(t, "exitburst")
 	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port, count = 11460, 500
-	var c *net.UDPConn
-	if err := b.Do(testbed.A, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := listenA(t, b, port)
 	if err := c.SetReadBuffer(8 << 20); err != nil {
 		t.Fatal(err)
 	}
@@ -794,14 +787,7 @@ func TestRunExitFlush(t *testing.T) {
 func TestRunUDPSegment(t *testing.T) {
 	b := pythonBed(t)
 	const port = 11451
-	var c *net.UDPConn
-	if err := b.Do(testbed.A, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := listenA(t, b, port)
 	p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/gso.py", b.Addr(testbed.A).String(), strconv.Itoa(port))
 	want := []int{64, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 400}
 	var got []int
@@ -898,6 +884,21 @@ func TestRunBindToDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// listenA is a kernel UDP socket on side A's address and port, closed
+// when the test ends.
+func listenA(t *testing.T, b *testbed.Bed, port int) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), uint16(port))))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // pythonBed is a plain bed (as ip link add makes it) for a test that runs

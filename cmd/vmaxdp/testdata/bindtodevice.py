@@ -21,6 +21,17 @@ from say import say
 
 
 dev, port, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+
+def wait(sock, seconds, call):
+    """Says what call returns, or "timeout" after seconds on sock."""
+    sock.settimeout(seconds)
+    try:
+        say(*call())
+    except socket.timeout:
+        say("timeout")
+
+
 if when in ("tcp", "tcp-after"):
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if when == "tcp":
@@ -29,31 +40,23 @@ if when in ("tcp", "tcp-after"):
     ls.listen()
     say("ready")
 
-    def accept(seconds):
-        ls.settimeout(seconds)
-        try:
-            ls.accept()
-            say("accepted")
-        except socket.timeout:
-            say("timeout")
+    def accept():
+        ls.accept()
+        return ["accepted"]
 
     if when == "tcp-after":
-        accept(5)
+        wait(ls, 5, accept)
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
         say("moved")
-        accept(1.5)
+        wait(ls, 1.5, accept)
     else:
-        accept(3)
+        wait(ls, 3, accept)
     sys.exit(0)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
 
-def wait(seconds):
-    s.settimeout(seconds)
-    try:
-        say("got", s.recv(100).decode())
-    except socket.timeout:
-        say("timeout")
+def recv():
+    return ["got", s.recv(100).decode()]
 
 
 if when == "before":
@@ -61,7 +64,7 @@ if when == "before":
 s.bind(("0.0.0.0", port))
 say("ready")
 if when == "after":
-    wait(5)
+    wait(s, 5, recv)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
     say("moved")
-wait(1.5)
+wait(s, 1.5, recv)
