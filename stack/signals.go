@@ -69,14 +69,14 @@ const (
 )
 
 // Resched lets Go's scheduler run the calling goroutine anew
-// (runtime.Gosched) once reschedEvery has passed since the thread's last
-// (now in unix ns). An application thread that calls into Go never goes
+// (runtime.Gosched) when the thread is busy and reschedEvery has passed
+// since its last (now in unix ns, the wait's start). An application thread that calls into Go never goes
 // through the scheduler otherwise, so its P's schedule count stands
 // still; every 10 ms Go's sysmon then takes the P back from it or
 // preempts it, and after taking one wakes every 20 us again. Under
 // memcaslap (one thread, 16 UDP sockets) sysmon woke 1,800 times a second
 // on the two CPUs that memcaslap and its kernel memcached need, each time
-// preempting one of them; with this, 400 to 500. The Gosched costs a
+// preempting one of them; with this, about 400. The Gosched costs a
 // hand-off between two of Go's threads, which wakes one: a thread whose
 // waits are far apart (a server asked every 10 ms) is left alone, since
 // its P sits idle in between, and its every wait would pay it (the drain

@@ -136,8 +136,8 @@ type setuidNote struct {
 }
 
 // afterConfine explains an error opening a stack in a process that is no
-// longer root (BeforeSetuid; or seteuid, which is not wrapped) or that
-// chrooted. Only a refusal (EPERM, EACCES) or a path not found is such:
+// longer root (a stack on an interface that came after BeforeSetuid, or
+// a process started as another user) or that chrooted. Only a refusal (EPERM, EACCES) or a path not found is such:
 // an interface no stack serves (lo) says its own reason alone.
 func (e *Engine) afterConfine(err error) error {
 	if !errors.Is(err, fs.ErrPermission) && !errors.Is(err, fs.ErrNotExist) {
