@@ -390,7 +390,7 @@ static int vmx_have_nofile;
 __attribute__((constructor(101))) static void vmx_before_runtime(void)
 {
 	(void)REAL(syscall); /* resolved now: a forked child's sys() must not call dlsym */
-	(void)REAL(_exit);   /* and a vfork child's _exit */
+	(void)REAL(_exit);   /* and _exit's, which a forked child calls too */
 	vmx_pid = (pid_t)sys(SYS_getpid);
 	sigset_t all;
 	sigfillset(&all);
