@@ -401,6 +401,8 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 }
 
 
+static void vmx_install_fatal(void);
+
 __attribute__((constructor)) static void vmx_init(void)
 {
 	pthread_atfork(vmx_prepare, vmx_parent, vmx_child);
@@ -410,6 +412,7 @@ __attribute__((constructor)) static void vmx_init(void)
 	release_low_fds();
 	mark_runtime_fds();
 	vmx_ready = 1;
+	vmx_install_fatal();
 }
 
 /* The application's signal handlers run through vmx_on_signal, which counts
@@ -595,6 +598,100 @@ static void vmx_on_signal(int sig, siginfo_t *info, void *uc)
 	vmx_in_handler--;
 }
 
+/* vmx_kick_tx kicks the TX ring of each of the engine's AF_XDP sockets
+ * with raw system calls, for a process that ends where the engine cannot
+ * be entered (vmx_on_fatal, and an _exit from a signal handler, which may
+ * have interrupted the engine holding a queue's lock): a send that
+ * returned has its frame on the ring already (xsk's enqueue publishes it),
+ * and only the kick is owed. In copy mode a kick sends up to 32 frames and
+ * says EAGAIN while more wait, or EBUSY for a busy device: it is repeated
+ * a bounded number of times. An fd is kicked only if the kernel says it is
+ * an AF_XDP socket, so a number the engine let go of meanwhile is never
+ * sent on. */
+#define VMX_FINAL_KICKS 256
+static void vmx_kick_tx(void)
+{
+	if (!vmx_ready || vmx_forked || (pid_t)sys(SYS_getpid) != vmx_pid)
+		return;
+	int saved = errno;
+	for (int i = 0; i < VMX_MAXFD / 8; i++) {
+		unsigned bits = __atomic_load_n(&vmx_internal[i], __ATOMIC_ACQUIRE);
+		for (int b = 0; bits; b++, bits >>= 1) {
+			int fd = i * 8 + b, domain = 0;
+			socklen_t len = sizeof domain;
+			if (!(bits & 1) || sys(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
+			    domain != AF_XDP)
+				continue;
+			for (int k = 0; k < VMX_FINAL_KICKS; k++)
+				if (sys(SYS_sendto, fd, NULL, 0, MSG_DONTWAIT, NULL, 0) == 0 ||
+				    (errno != EAGAIN && errno != EBUSY))
+					break;
+		}
+	}
+	errno = saved;
+}
+
+/* A signal whose default action ends the process ends it without running
+ * any of the process's code, and with it went what sends had left on the
+ * TX rings for a coalesced kick, where the kernel would have sent it:
+ * the last datagrams of a sender stopped by timeout(1), systemd or ^C.
+ * So while the application leaves such a signal at SIG_DFL,
+ * vmx_on_fatal is installed in its place: it kicks the rings
+ * (vmx_kick_tx), puts SIG_DFL back and raises the signal again, which
+ * ends the process as the default action would have, core dump and exit
+ * status included. The application sees SIG_DFL (sigaction). Only the
+ * asynchronous signals: a fault's signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGTRAP, SIGSYS, SIGABRT) may come from inside the engine, and Go's
+ * runtime owns SIGPIPE and SIGPROF. A blocked signal taken by sigwait or
+ * signalfd never runs a handler, as before. */
+static int vmx_fatal(int sig)
+{
+	switch (sig) {
+	case SIGHUP: case SIGINT: case SIGQUIT: case SIGTERM: case SIGALRM: case SIGUSR1: case SIGUSR2:
+	case SIGVTALRM: case SIGXCPU: case SIGXFSZ: case SIGIO: case SIGPWR: case SIGSTKFLT:
+		return 1;
+	}
+	return sig >= SIGRTMIN && sig <= SIGRTMAX;
+}
+
+static void vmx_on_fatal(int sig, siginfo_t *info, void *uc)
+{
+	(void)info;
+	(void)uc;
+	vmx_kick_tx();
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	REAL(sigaction)(sig, &dfl, NULL);
+	/* Blocked while this handler runs: delivered, to this thread, as it
+	 * returns. */
+	sys(SYS_tgkill, sys(SYS_getpid), sys(SYS_gettid), sig);
+}
+
+/* install_fatal puts vmx_on_fatal in SIG_DFL's place for sig; app is what
+ * the application is to see. */
+static int install_fatal(int sig, const struct sigaction *app, struct sigaction *old)
+{
+	struct sigaction w = {.sa_sigaction = vmx_on_fatal, .sa_flags = SA_SIGINFO | SA_ONSTACK};
+	sigfillset(&w.sa_mask);
+	struct sigaction prev = vmx_app_action[sig];
+	vmx_app_action[sig] = *app;
+	int r = REAL(sigaction)(sig, &w, old);
+	if (r != 0)
+		vmx_app_action[sig] = prev;
+	return r;
+}
+
+/* At start-up, every signal vmx_fatal names that the process was given at
+ * SIG_DFL. */
+static void vmx_install_fatal(void)
+{
+	for (int sig = 1; sig < _NSIG; sig++) {
+		struct sigaction cur;
+		if (vmx_fatal(sig) && REAL(sigaction)(sig, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+		    cur.sa_handler == SIG_DFL)
+			install_fatal(sig, &cur, NULL);
+	}
+}
+
 int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
 	if (!vmx_ready || sig <= 0 || sig >= _NSIG || sig == SIGURG)
@@ -609,11 +706,15 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 		r = REAL(sigaction)(sig, &w, old);
 		if (r != 0)
 			vmx_app_action[sig] = prev;
+	} else if (act && act->sa_handler == SIG_DFL && vmx_fatal(sig)) {
+		r = install_fatal(sig, act, old);
 	} else {
 		r = REAL(sigaction)(sig, act, old);
 	}
-	/* The application sees its own handler, never the wrapper. */
-	if (r == 0 && old && (old->sa_flags & SA_SIGINFO) && old->sa_sigaction == vmx_on_signal)
+	/* The application sees its own handler, or SIG_DFL, never the
+	 * wrappers. */
+	if (r == 0 && old && (old->sa_flags & SA_SIGINFO) &&
+	    (old->sa_sigaction == vmx_on_signal || old->sa_sigaction == vmx_on_fatal))
 		*old = prev;
 	return r;
 }
@@ -638,14 +739,20 @@ sighandler_t sysv_signal(int sig, sighandler_t h) { return set_handler(sig, h, S
  * (stack.Options.TxKickDelay); a process that ended before the kick lost
  * it, where the kernel would have sent it: a burst of 500 then _exit lost
  * 3 to 15, and exit(3)'s destructor (vmx_fini) did not kick either. The
- * flush enters the engine, so it is not made from a signal handler, which
- * may have interrupted the engine, nor from a forked child, nor from a
- * child of clone(CLONE_VM) (a hand-made spawn; vfork is run as a fork):
- * that is another process, which shares the parent's memory while the
- * parent's other threads run on, and its end is not the engine's. */
+ * flush enters the engine, so from a signal handler, which may have
+ * interrupted the engine, the rings are kicked without it (vmx_kick_tx: a
+ * daemon's SIGTERM handler that calls _exit). Neither is made from a
+ * forked child, nor from a child of clone(CLONE_VM) (a hand-made spawn;
+ * vfork is run as a fork): that is another process, which shares the
+ * parent's memory while the parent's other threads run on, and its end is
+ * not the engine's. */
 static void vmx_exit_flush(void)
 {
-	if (vmx_ready && !vmx_forked && !vmx_in_handler && (pid_t)sys(SYS_getpid) == vmx_pid)
+	if (!vmx_ready || vmx_forked || (pid_t)sys(SYS_getpid) != vmx_pid)
+		return;
+	if (vmx_in_handler)
+		vmx_kick_tx();
+	else
 		vmxgo_flush();
 }
 

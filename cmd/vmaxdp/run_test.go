@@ -735,9 +735,12 @@ func TestRunRawSyscalls(t *testing.T) {
 // destructor, lost 3 to 15 of 500, and exit's destructor did not kick
 // them either (the rare iperf 2 multicast sender whose receiver never
 // reported had lost its last datagram, which ends the test). A vfork
-// child's _exit in between leaves the parent's sends alone. Side A's
-// socket reads with a large buffer, so that its kernel drops nothing;
-// side B's kernel sends none.
+// child's _exit in between leaves the parent's sends alone. So does a
+// SIGTERM at its default action (raised, or sent to the process after the
+// program set SIG_DFL itself), which still ends the process by the
+// signal, and a handler that calls _exit: those lost 1 to 20 before. Side
+// A's socket reads with a large buffer, so that its kernel drops
+// nothing; side B's kernel sends none.
 func TestRunExitFlush(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "exitburst")
@@ -747,11 +750,26 @@ func TestRunExitFlush(t *testing.T) {
 	if err := c.SetReadBuffer(8 << 20); err != nil {
 		t.Fatal(err)
 	}
-	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec"} {
+	args := []string{b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(count)}
+	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec", "sigterm", "sigterm-dfl", "handler", "python-sigterm"} {
 		t.Run(how, func(t *testing.T) {
 			out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
-			p := startC(t, b, prog, []string{"VMAXDP_TRACELEVEL=4"}, b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(count), how)
-			if err := p.exited(); err != nil {
+			var p *cProgram
+			if how == "python-sigterm" {
+				if _, err := exec.LookPath("python3"); err != nil {
+					t.Skip("python3 is not installed")
+				}
+				p = startArgv(t, b, nil, append([]string{tools(t), "run", "--", "python3", "-c", pythonSigterm}, args...)...)
+			} else {
+				p = startC(t, b, prog, nil, append(args, how)...)
+			}
+			err := p.exited()
+			if strings.Contains(how, "sigterm") {
+				// Ended by the signal, as its default action ends it.
+				if err == nil || err.Error() != "signal: terminated" {
+					t.Fatalf("ended with %v, want signal: terminated\n%s", err, p.out.String())
+				}
+			} else if err != nil {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
 			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B), fmt.Sprintf("sent %d\n", count))
@@ -778,6 +796,19 @@ func TestRunExitFlush(t *testing.T) {
 		})
 	}
 }
+
+// pythonSigterm is exitburst's sigterm in Python, which reads the
+// dispositions it was given as it starts: a burst, then SIGTERM sent to
+// itself at its default action.
+const pythonSigterm = `import os, signal, socket, sys
+assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, signal.getsignal(signal.SIGTERM)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+addr, n = (sys.argv[1], int(sys.argv[2])), int(sys.argv[3])
+for i in range(n):
+    s.sendto(str(i).encode(), addr)
+print("sent", n, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+`
 
 // TestRunUDPSegment: a socket with UDP_SEGMENT set (UDP GSO, which QUIC
 // servers use) sends what the kernel would (testdata/gso.py): a send

@@ -9,11 +9,17 @@
  *
  * HOW: return (from main), exit, _exit, _Exit, exit_group (through
  * syscall(2)), vfork (a vfork child that calls _exit, then the parent's
- * _exit), or exec (execl of true(1), which replaces the program). Each
- * datagram holds its index. It prints "sent COUNT" just before it ends.
+ * _exit), exec (execl of true(1), which replaces the program), sigterm
+ * (raise(SIGTERM) at its default action), sigterm-dfl (SIGTERM set to
+ * SIG_DFL by the program, then sent to the process with kill(2)), or
+ * handler (a SIGTERM handler that calls _exit(0), then raise(SIGTERM)).
+ * Each datagram holds its index. It prints "sent COUNT" just before it
+ * ends. First it checks that SIGTERM and SIGINT are at SIG_DFL, as its
+ * parent gave them, whatever vmaxdp puts there.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +31,19 @@
 
 #include "watchdog.h"
 
+static void on_term(int sig)
+{
+	(void)sig;
+	_exit(0);
+}
+
+/* at_default says whether sig is at SIG_DFL, as sigaction reports it. */
+static int at_default(int sig)
+{
+	struct sigaction a;
+	return sigaction(sig, NULL, &a) == 0 && !(a.sa_flags & SA_SIGINFO) && a.sa_handler == SIG_DFL;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
@@ -32,12 +51,25 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	start_watchdog();
-	const char *how = argv[4], *hows[] = {"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec"};
+	const char *how = argv[4], *hows[] = {"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec",
+				       "sigterm", "sigterm-dfl", "handler"};
 	int known = 0;
 	for (size_t i = 0; i < sizeof hows / sizeof hows[0]; i++)
 		known |= strcmp(how, hows[i]) == 0;
 	if (!known) {
 		fprintf(stderr, "exitburst: %s: no such way to end\n", how);
+		return 2;
+	}
+	if (!at_default(SIGTERM) || !at_default(SIGINT)) {
+		fprintf(stderr, "exitburst: SIGTERM or SIGINT is not at SIG_DFL\n");
+		return 2;
+	}
+	if (strcmp(how, "sigterm-dfl") == 0 && signal(SIGTERM, SIG_DFL) != SIG_DFL) {
+		fprintf(stderr, "exitburst: signal(SIGTERM, SIG_DFL) did not return SIG_DFL\n");
+		return 2;
+	}
+	if (strcmp(how, "handler") == 0 && signal(SIGTERM, on_term) != SIG_DFL) {
+		fprintf(stderr, "exitburst: signal(SIGTERM, handler) did not return SIG_DFL\n");
 		return 2;
 	}
 	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((unsigned short)atoi(argv[2]))};
@@ -79,6 +111,10 @@ int main(int argc, char **argv)
 		_Exit(0);
 	if (strcmp(how, "exit_group") == 0)
 		syscall(SYS_exit_group, 0);
+	if (strcmp(how, "sigterm") == 0 || strcmp(how, "handler") == 0)
+		raise(SIGTERM);
+	if (strcmp(how, "sigterm-dfl") == 0)
+		kill(getpid(), SIGTERM);
 	if (strcmp(how, "exec") == 0) {
 		execl("/bin/true", "true", (char *)NULL);
 		perror("exitburst: execl /bin/true");
