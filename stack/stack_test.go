@@ -526,6 +526,66 @@ func TestMalformedFramesCounted(t *testing.T) {
 	}
 }
 
+// TestNonblockOSRatio: a nonblocking receive that finds nothing reads the
+// kernel socket once every RxPollOSRatio calls (100), as VMA's
+// RX_UDP_POLL_OS_RATIO does. Before, auto polling (RxPoll 0) read it at
+// every EAGAIN: a recvfrom system call for each empty look of an event
+// loop (BIND's named made 5,400 a second, every one EAGAIN). A datagram
+// the kernel socket holds (sent over lo) is still found within that many
+// calls.
+func TestNonblockOSRatio(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	addr := netip.AddrPortFrom(bed.Addr(testbed.B), 9190)
+	c, err := st.ListenUDP(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	recvfroms := testutil.ThreadSyscalls(t, "recvfrom")
+	b := make([]byte, 64)
+	recv := func() error {
+		_, _, _, err := c.RecvFrom(b, stack.RecvNonblock, time.Time{}, nil, nil)
+		return err
+	}
+	recv() // the first reads the kernel socket until it is empty
+	const calls, ratio = 1000, 100
+	before := recvfroms()
+	for range calls {
+		if err := recv(); !errors.Is(err, unix.EAGAIN) {
+			t.Fatalf("nonblocking receive with nothing sent: %v, want EAGAIN", err)
+		}
+	}
+	// A turn of the ratio for the calls, and one for the receives.
+	if n := recvfroms() - before; n > 2*calls/ratio+2 {
+		t.Errorf("%d nonblocking receives that found nothing read the kernel socket %d times, want at most %d", calls, n, 2*calls/ratio+2)
+	}
+	err = bed.Do(testbed.B, func() error {
+		k, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(addr))
+		if err != nil {
+			return err
+		}
+		defer k.Close()
+		_, err = k.Write([]byte("over lo"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // delivered to the kernel socket
+	for i := 1; ; i++ {
+		err := recv()
+		if err == nil {
+			if got := string(b[:len("over lo")]); got != "over lo" {
+				t.Errorf("received %q, want the datagram sent over lo", got)
+			}
+			break
+		}
+		if !errors.Is(err, unix.EAGAIN) || i > ratio {
+			t.Fatalf("the datagram the kernel socket holds: not found in %d nonblocking receives (%v)", i, err)
+		}
+	}
+}
+
 // Close returns only once every reader and sender has left the socket, so
 // that the descriptors it closes are never used after their number may be
 // reused; each of them returns net.ErrClosed.
