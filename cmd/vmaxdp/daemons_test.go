@@ -1,0 +1,151 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// requirePrograms skips the test unless every program is installed.
+func requirePrograms(t *testing.T, pkgs string, progs ...string) {
+	t.Helper()
+	for _, prog := range progs {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed (make deps installs %s)", prog, pkgs)
+		}
+	}
+}
+
+// TestRunCoturn: coturn's TURN server (WebRTC's media relay) under
+// vmaxdp, its clients on the kernel. It opens a relay socket for each
+// allocation while it runs, and relays between the client and a peer:
+// turnutils_uclient's four sessions get back every message they sent
+// through it, every socket is offloaded (the listeners and each relay's),
+// and side B's kernel takes no UDP datagram.
+func TestRunCoturn(t *testing.T) {
+	testutil.RequireRoot(t)
+	requirePrograms(t, "coturn", "turnserver", "turnutils_uclient", "turnutils_peer")
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	a, srv := b.Addr(testbed.A).String(), b.Addr(testbed.B).String()
+	dir := t.TempDir()
+	peer := startOn(t, b, testbed.A, nil, "turnutils_peer", "-L", a, "-p", "3480")
+	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+	p := startArgv(t, b, []string{"VMAXDP_TRACELEVEL=4"}, tools(t), "run", "--", "turnserver", "-n", "--no-tls", "--no-dtls",
+		"-L", srv, "-E", srv, "--relay-ip", srv, "--listening-port", "3478", "--min-port", "49152", "--max-port", "49999",
+		"--lt-cred-mech", "--user", "test:pass", "--realm", "vmaxdp.test", "--no-cli", "--log-file", "stdout", "--simple-log",
+		"--relay-threads", "2", "--pidfile", filepath.Join(dir, "turnserver.pid"), "--userdb", filepath.Join(dir, "turndb"))
+	if err := p.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver " + srv + ":3478"); err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	}
+	const sessions, messages = 4, 100
+	out, err := exec.Command("timeout", "60", "ip", "netns", "exec", b.NSName(testbed.A), "turnutils_uclient", "-u", "test", "-w", "pass",
+		"-p", "3478", "-m", strconv.Itoa(sessions), "-n", strconv.Itoa(messages), "-l", "170", "-e", a, "-r", "3480", "-X", "-g", srv).CombinedOutput()
+	want := fmt.Sprintf("tot_send_msgs=%d, tot_recv_msgs=%d\n", sessions*messages, sessions*messages)
+	if err != nil || !strings.Contains(string(out), want) || !strings.Contains(string(out), "Total lost packets 0 ") {
+		t.Errorf("turnutils_uclient: %v: want %q and no loss\n%s", err, want, tail(string(out), 10))
+	}
+	relays := regexp.MustCompile(`offloaded on `+regexp.QuoteMeta(b.Link(testbed.B))+` \(udp_receiver `+regexp.QuoteMeta(srv)+`:(49\d\d\d)`).
+		FindAllString(p.out.String(), -1)
+	if len(relays) < sessions {
+		t.Errorf("%d relay sockets offloaded, want one for each of %d sessions at least\n%s", len(relays), sessions, tail(p.out.String(), 30))
+	}
+	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != 0 {
+		t.Errorf("side B's kernel took %d UDP datagrams: not every socket was offloaded", n)
+	}
+	syscall.Kill(p.pid, syscall.SIGTERM)
+	p.exited()
+	syscall.Kill(peer.pid, syscall.SIGTERM)
+}
+
+// TestRunKamailio: the Kamailio SIP proxy, as telephony runs it: a main
+// process binds the UDP socket and forks the processes that serve it.
+// Under vmaxdp it keeps working (SIPp's calls through it all complete,
+// with no retransmission) and its log says why the kernel serves the
+// socket. One receiving process, so that the proxy itself never swaps
+// a call's 180 and 200, which SIPp counts as a failed call.
+func TestRunKamailio(t *testing.T) {
+	testutil.RequireRoot(t)
+	requirePrograms(t, "kamailio sip-tester", "kamailio", "sipp")
+	const modules = "/usr/lib/x86_64-linux-gnu/kamailio/modules"
+	if _, err := os.Stat(modules); err != nil {
+		t.Skipf("kamailio's modules: %v", err)
+	}
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	a, srv := b.Addr(testbed.A).String(), b.Addr(testbed.B).String()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "kamailio.cfg")
+	err := os.WriteFile(cfg, []byte(fmt.Sprintf(`#!KAMAILIO
+debug=1
+log_stderror=yes
+children=1
+listen=udp:%s:5060
+mpath="%s"
+loadmodule "pv.so"
+loadmodule "sl.so"
+loadmodule "maxfwd.so"
+request_route {
+	if (!mf_process_maxfwd_header("10")) { sl_send_reply("483", "Too Many Hops"); exit; }
+	$du = "sip:%s:5070";
+	forward();
+}
+`, srv, modules, a)), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startArgv(t, b, []string{"VMAXDP_TRACELEVEL=3"}, tools(t), "run", "--", "kamailio", "-DD", "-E", "-m", "64", "-f", cfg,
+		"-P", filepath.Join(dir, "kamailio.pid"), "-Y", dir)
+	const reason = "shared with a child process after fork"
+	if err := p.waitFor(reason); err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	}
+	uas := startOn(t, b, testbed.A, nil, "sipp", "-sn", "uas", "-i", a, "-p", "5070", "-nostdin")
+	const calls = 300
+	stat := filepath.Join(dir, "uac.csv")
+	out, err := exec.Command("timeout", "60", "ip", "netns", "exec", b.NSName(testbed.A), "sipp", "-sn", "uac", "-i", a, "-p", "5080",
+		srv+":5060", "-s", "test", "-r", "100", "-m", strconv.Itoa(calls), "-timeout", "50", "-nostdin", "-trace_stat", "-stf", stat).CombinedOutput()
+	if err != nil {
+		t.Errorf("sipp uac: %v\n%s", err, tail(string(out), 10))
+	}
+	got := sippStat(t, stat)
+	if got["SuccessfulCall(C)"] != calls || got["FailedCall(C)"] != 0 || got["Retransmissions(C)"] != 0 {
+		t.Errorf("SIPp: %d of %d calls successful, %d failed, %d retransmissions", got["SuccessfulCall(C)"], calls, got["FailedCall(C)"], got["Retransmissions(C)"])
+	}
+	syscall.Kill(uas.pid, syscall.SIGTERM)
+	syscall.Kill(p.pid, syscall.SIGTERM)
+	if err := p.exited(); err != nil {
+		t.Errorf("kamailio: %v\n%s", err, tail(p.out.String(), 20))
+	}
+}
+
+// sippStat reads the last line of a SIPp statistics file (-trace_stat) by
+// its header's names.
+func sippStat(t *testing.T, path string) map[string]int {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("SIPp's statistics: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("SIPp's statistics %s: no line after the header", path)
+	}
+	names, values := strings.Split(lines[0], ";"), strings.Split(lines[len(lines)-1], ";")
+	got := map[string]int{}
+	for i, name := range names {
+		if i < len(values) {
+			if v, err := strconv.Atoi(values[i]); err == nil {
+				got[name] = v
+			}
+		}
+	}
+	return got
+}
