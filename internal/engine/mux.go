@@ -135,10 +135,11 @@ func (e *Engine) spin(kind Mux, timeout time.Duration, sw *stack.SignalWait, sp 
 	}
 }
 
-// sleepOn sleeps in ppoll on pfds and what w watches; after a sleep,
+// sleepOn sleeps in ppoll on pfds and what sc.w watches; after a sleep,
 // pfds hold the revents it gave them (not when ready found work first, or
 // on error).
-func sleepOn(pfds []unix.PollFd, w *sleepWatch, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) (slept bool, errno unix.Errno) {
+func sleepOn(pfds []unix.PollFd, sc *sleepScratch, deadline time.Time, infinite bool, sw *stack.SignalWait, ready func() bool) (slept bool, errno unix.Errno) {
+	w := &sc.w
 	for _, c := range w.mirrors {
 		c.SleepOnMirror()
 	}
@@ -147,15 +148,16 @@ func sleepOn(pfds []unix.PollFd, w *sleepWatch, deadline time.Time, infinite boo
 			c.WokeFromMirror()
 		}
 	}()
-	all := slices.Clone(pfds)
+	all := append(sc.all[:0], pfds...)
 	for _, fd := range w.wakes {
 		all = append(all, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 	}
-	var began []*stack.Stack
+	began := sc.began[:0]
 	defer func() {
 		for _, st := range began {
 			st.EndWait(all)
 		}
+		sc.all, sc.began = all, began
 	}()
 	for _, st := range w.stacks {
 		var err error
@@ -179,6 +181,35 @@ func sleepOn(pfds []unix.PollFd, w *sleepWatch, deadline time.Time, infinite boo
 	}
 	copy(pfds, all)
 	return true, 0
+}
+
+// sleepScratch holds the lists of one multiplexer's sleep, reused through
+// sleepPool: a wait that sleeps (a server between sparse requests) made
+// five allocations a sleep (BenchmarkEpollWaitSleep).
+type sleepScratch struct {
+	w                  sleepWatch
+	all                []unix.PollFd
+	began              []*stack.Stack
+	sleepers, mirrored []*stack.TCPPoller
+}
+
+var sleepPool = sync.Pool{New: func() any { return new(sleepScratch) }}
+
+// getSleep returns an empty sleepScratch; putSleep gives it back.
+func getSleep() *sleepScratch { return sleepPool.Get().(*sleepScratch) }
+
+// putSleep gives sc back, keeping its lists' room but nothing they named:
+// a pooled scratch must not keep a closed stack or connection alive.
+func putSleep(sc *sleepScratch) {
+	clear(sc.w.stacks)
+	clear(sc.w.mirrors)
+	clear(sc.began)
+	clear(sc.sleepers)
+	clear(sc.mirrored)
+	sc.w = sleepWatch{stacks: sc.w.stacks[:0], wakes: sc.w.wakes[:0], mirrors: sc.w.mirrors[:0]}
+	sc.all, sc.began = sc.all[:0], sc.began[:0]
+	sc.sleepers, sc.mirrored = sc.sleepers[:0], sc.mirrored[:0]
+	sleepPool.Put(sc)
 }
 
 // sleepWatch is what a multiplexer's sleep watches besides its fds: the
@@ -347,12 +378,13 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 		return n, os, 0
 	}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
-		var w sleepWatch
+		sc := getSleep()
+		defer putSleep(sc)
 		for _, p := range pfds {
-			e.watch(int(p.Fd), &w)
+			e.watch(int(p.Fd), &sc.w)
 		}
-		deadline, infinite = w.deadline(deadline, infinite)
-		slept, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
+		deadline, infinite = sc.w.deadline(deadline, infinite)
+		slept, errno := sleepOn(pfds, sc, deadline, infinite, sw, func() bool { n, _, _ := scan(false); return n > 0 })
 		known = slept
 		return errno
 	}
@@ -536,14 +568,17 @@ func (set *epollSet) pollTCP() bool {
 }
 
 // put adds or replaces fd's member. Caller holds set.mu.
-func (set *epollSet) put(fd int, m *epollMember) {
-	m.fd = fd
-	if old := set.members[fd]; old != nil {
-		set.list[slices.Index(set.list, old)] = m
-	} else {
+func (set *epollSet) put(fd int, events uint32, data [2]int32) {
+	m := set.members[fd]
+	if m == nil {
+		m = &epollMember{}
 		set.list = append(set.list, m)
+		set.members[fd] = m
 	}
-	set.members[fd] = m
+	// A MOD starts the member anew, as an ADD does (EPOLLET and
+	// EPOLLONESHOT state included), in place: an event loop that
+	// switches EPOLLOUT on and off made an allocation a call.
+	*m = epollMember{fd: fd, events: events, data: data}
 }
 
 // del removes fd's member. Caller holds set.mu.
@@ -658,7 +693,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 		if s := e.get(fd); s != nil {
 			setOnce(&s.multiplexed)
 		}
-		set.put(fd, &epollMember{events: ev.Events, data: [2]int32{ev.Fd, ev.Pad}})
+		set.put(fd, ev.Events, [2]int32{ev.Fd, ev.Pad})
 	case unix.EPOLL_CTL_DEL:
 		set.del(fd)
 	}
@@ -751,32 +786,32 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	}
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
 	sleep := func(deadline time.Time, infinite bool) unix.Errno {
-		var w sleepWatch
-		var sleepers, mirrored []*stack.TCPPoller
+		sc := getSleep()
+		defer putSleep(sc)
 		set.mu.Lock()
 		for _, m := range set.list {
-			e.watch(m.fd, &w)
+			e.watch(m.fd, &sc.w)
 		}
 		for _, p := range set.pollers {
 			if p.Alone() && p.Sleep() {
-				sleepers = append(sleepers, p)
-				w.stacks = appendStack(w.stacks, p.Stack())
+				sc.sleepers = append(sc.sleepers, p)
+				sc.w.stacks = appendStack(sc.w.stacks, p.Stack())
 				continue
 			}
 			p.SleepOnMirrors() // the drains mark the mirrors the sleep watches
-			mirrored = append(mirrored, p)
+			sc.mirrored = append(sc.mirrored, p)
 		}
 		set.mu.Unlock()
 		defer func() {
-			for _, p := range sleepers {
+			for _, p := range sc.sleepers {
 				p.Woke()
 			}
-			for _, p := range mirrored {
+			for _, p := range sc.mirrored {
 				p.WokeFromMirrors()
 			}
 		}()
-		deadline, infinite = w.deadline(deadline, infinite)
-		_, errno := sleepOn(pfds, &w, deadline, infinite, sw, func() bool {
+		deadline, infinite = sc.w.deadline(deadline, infinite)
+		_, errno := sleepOn(pfds, sc, deadline, infinite, sw, func() bool {
 			if set.owed.any() {
 				return true
 			}
