@@ -678,6 +678,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 	}
 	e.mu.Unlock()
 	set.mu.Lock()
+	defer set.mu.Unlock()
 	if t != nil {
 		switch op {
 		case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
@@ -685,8 +686,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 		case unix.EPOLL_CTL_DEL:
 			set.delTCP(fd)
 		}
-		set.mu.Unlock()
-		return e.epollState(epfd)
+		return set.stateLocked()
 	}
 	switch op {
 	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
@@ -697,14 +697,25 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 	case unix.EPOLL_CTL_DEL:
 		set.del(fd)
 	}
-	set.mu.Unlock()
-	return e.epollState(epfd)
+	return set.stateLocked()
 }
 
 func (e *Engine) epollState(epfd int) State {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if set := e.epolls[epfd]; set != nil && len(set.members)+len(set.tcp) > 0 {
+	set := e.epolls[epfd]
+	e.mu.Unlock()
+	if set == nil {
+		return StateOS
+	}
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	return set.stateLocked()
+}
+
+// stateLocked is what the interposer is to call the set's epoll fd: the
+// engine's while it has members. Caller holds set.mu.
+func (set *epollSet) stateLocked() State {
+	if len(set.members)+len(set.tcp) > 0 {
 		return StateEpoll
 	}
 	return StateOS
