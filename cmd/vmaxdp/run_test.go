@@ -64,14 +64,15 @@ func tools(t testing.TB) (vmaxdp string) {
 	return filepath.Join(toolsDir, "vmaxdp")
 }
 
-// buildC builds testdata/NAME.c with _FORTIFY_SOURCE, as Debian builds
-// its packages (dpkg-buildflags): such a program calls the checking
-// variants of some calls (__read_chk, __poll_chk, ...), which must reach
-// the engine too.
-func buildC(t testing.TB, name string) string {
+// buildC builds testdata/NAME.c, linked with libs (-lfoo), with
+// _FORTIFY_SOURCE, as Debian builds its packages (dpkg-buildflags): such
+// a program calls the checking variants of some calls (__read_chk,
+// __poll_chk, ...), which must reach the engine too.
+func buildC(t testing.TB, name string, libs ...string) string {
 	t.Helper()
 	prog := filepath.Join(t.TempDir(), name)
-	if out, err := exec.Command("cc", "-O2", "-D_FORTIFY_SOURCE=2", "-Wall", "-pthread", "-o", prog, "testdata/"+name+".c").CombinedOutput(); err != nil {
+	args := append([]string{"-O2", "-D_FORTIFY_SOURCE=2", "-Wall", "-pthread", "-o", prog, "testdata/" + name + ".c"}, libs...)
+	if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
 		t.Skipf("no C compiler to build the test program: %v\n%s", err, out)
 	}
 	return prog

@@ -132,6 +132,8 @@ type Engine struct {
 	setuid    atomic.Pointer[setuidNote]
 	chroot    atomic.Bool
 	preparing atomic.Bool
+	// rings watches for an io_uring instance in the process (iouring.go).
+	rings ringWatch
 }
 
 // Socket is one application UDP socket.
@@ -533,6 +535,9 @@ func socketWhat(role rules.Role, local, remote netip.AddrPort) string {
 // socket in role: what allows its offload ("default" or the rule), or
 // why it stays on the kernel (cause, "" when it may be offloaded).
 func (e *Engine) ruleDecision(role rules.Role, local, remote netip.AddrPort) (by, cause string) {
+	if e.rings.seen.Load() {
+		return "", ioUringCause
+	}
 	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, role, local, remote)
 	switch {
 	case matched && r.Transport == rules.OS:
@@ -553,10 +558,14 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	if s.device != "" && s.device != st.Interface() { // set while its stack opened
 		return e.notOffloaded(s, what, deviceCause(s.device, st.Interface()))
 	}
+	if e.rings.seen.Load() { // seen while its stack opened
+		return e.notOffloaded(s, what, ioUringCause)
+	}
 	c, err := st.Adopt(s.fd)
 	if err != nil {
 		return e.notOffloaded(s, what, err.Error())
 	}
+	e.watchRings()
 	c.Counters.RxOSPackets.Add(s.osRxPackets.Swap(0))
 	c.Counters.RxOSBytes.Add(s.osRxBytes.Swap(0))
 	e.applyOptions(s, c)
