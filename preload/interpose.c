@@ -1283,11 +1283,13 @@ ssize_t write(int fd, const void *buf, size_t len)
 	return REAL(write)(fd, buf, len);
 }
 
-/* claim_passed: a forked child that passes fds to another process
- * (SCM_RIGHTS) claims them, as that process may use them. */
+/* claim_passed: fds passed to another process (SCM_RIGHTS), which reaches
+ * them in the kernel: the engine's process hands those it serves to the
+ * kernel (vmxgo_passed), and a forked child claims them, as that process
+ * may use them. */
 static void claim_passed(const struct msghdr *msg)
 {
-	if (!vmx_forked || !vmx_fork_page || !msg || !msg->msg_control)
+	if (!vmx_ready || !msg || !msg->msg_control || (vmx_forked && !vmx_fork_page))
 		return;
 	/* Bounded by the buffer, whatever cmsg_len says: the kernel checks
 	 * it after us. */
@@ -1298,7 +1300,10 @@ static void claim_passed(const struct msghdr *msg)
 			     d + sizeof(int) <= (const unsigned char *)c + c->cmsg_len && d + sizeof(int) <= end; d += sizeof(int)) {
 				int passed;
 				memcpy(&passed, d, sizeof passed);
-				claim(passed);
+				if (vmx_forked)
+					claim(passed);
+				else if (state(passed) != VMX_OS)
+					vmxgo_passed(passed);
 			}
 }
 

@@ -171,6 +171,12 @@ func vmxgo_flush() { eng.FlushStacks() }
 //export vmxgo_forked
 func vmxgo_forked() { eng.Forked() }
 
+// vmxgo_passed: the process is about to pass fd, a socket the engine
+// serves or may serve, to another process (SCM_RIGHTS).
+//
+//export vmxgo_passed
+func vmxgo_passed(fd C.int) { eng.Passed(int(fd)) }
+
 // vmxgo_before_setuid: the calling thread is about to set the process's
 // user IDs (-1: unchanged) with call.
 //

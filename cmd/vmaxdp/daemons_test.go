@@ -232,3 +232,35 @@ func TestRunIOUring(t *testing.T) {
 		t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent: the socket was not handed to it", n, count)
 	}
 }
+
+// TestRunPassFD: a process binds a UDP socket and passes it (SCM_RIGHTS)
+// to a worker, which receives on it through the kernel, while the
+// process keeps its own copy open (testdata/passfd.c). The socket is
+// offloaded at bind and handed to the kernel as it is passed, and the log
+// says why: the worker gets all 50 datagrams, through side B's kernel.
+// Before, the socket stayed steered to the process's stack and the worker
+// got none (a process that closed its copy at once gave it back to the
+// kernel then).
+func TestRunPassFD(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "passfd")
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	const port, count = 11471, 50
+	p := startC(t, b, prog, nil, b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(count))
+	for _, line := range []string{"offloaded on " + b.Link(testbed.B), "ready"} {
+		if err := p.waitFor(line); err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+	}
+	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+	if err := testutil.SendUDP(b, port, count, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.exited(); err != nil {
+		t.Errorf("passfd: %v\n%s", err, tail(p.out.String(), 20))
+	}
+	p.wantSaid(t, fmt.Sprintf("got %d\n", count), "passed to another process (SCM_RIGHTS)")
+	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != count {
+		t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent: the socket was not handed to it", n, count)
+	}
+}

@@ -50,7 +50,7 @@ func (e *Engine) Forking() {
 	moved := map[uint16]bool{} // local ports of the connections moved
 	for t, named := range fds {
 		local, _ := t.c.Addrs()
-		if e.connToKernel(t, named) {
+		if e.connToKernel(t, named, atFork) {
 			moved[local.Port()] = true
 		}
 	}
@@ -83,21 +83,22 @@ func (e *Engine) handoverAtFork() {
 }
 
 // connToKernel moves t, named by fds, to a kernel socket under the same
-// fds, for a child of fork to share, and says whether it did. One in an epoll set stays: the
-// set's registration of the mirror would go with it. (A thread waiting
-// to read it has used it: its wait is on the mirror.)
-func (e *Engine) connToKernel(t *tcpConn, fds []int) bool {
+// fds, for another process to share (at fork, or passed with SCM_RIGHTS:
+// move says which), and says whether it did. One in an epoll set stays:
+// the set's registration of the mirror would go with it. (A thread
+// waiting to read it has used it: its wait is on the mirror.)
+func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 	local, remote := t.c.Addrs()
 	t.mu.Lock()
 	sets := t.sets
 	t.mu.Unlock()
 	if sets > 0 {
-		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's at fork: it is in an epoll set; a child cannot use it", fds[0], local, remote)
+		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's %s: it is in an epoll set; %s cannot use it", fds[0], local, remote, move.when, move.other)
 		return false
 	}
 	kfd, err := t.c.ToKernel()
 	if err != nil {
-		e.Log.Printf(params.LevelInfo, "fd %d: %v: it stays this process's at fork, and a child cannot use it", fds[0], err)
+		e.Log.Printf(params.LevelInfo, "fd %d: %v: it stays this process's %s, and %s cannot use it", fds[0], err, move.when, move.other)
 		return false
 	}
 	defer unix.Close(kfd)
@@ -121,15 +122,20 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int) bool {
 		}
 		e.conns[fd].Store(nil)
 		e.onState(fd, StateKernel)
-		e.noteStream(fd, func(n *kernelStream) { n.reason = toKernelCause })
+		e.noteStream(fd, func(n *kernelStream) { n.reason = move.cause })
 	}
 	t.end()
-	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, toKernelCause)
+	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, move.cause)
 	return true
 }
 
-// toKernelCause is why a connection Forking moved is the kernel's.
-const toKernelCause = "handed to a kernel socket before fork (TCP_REPAIR), unused until then: the child may serve it"
+// connMove is the occasion of a connToKernel: when, for the log of a
+// connection that stays; who else would use it; and the cause of one
+// moved.
+type connMove struct{ when, other, cause string }
+
+// atFork is Forking's connMove.
+var atFork = connMove{"at fork", "a child", "handed to a kernel socket before fork (TCP_REPAIR), unused until then: the child may serve it"}
 
 // forkedCause is why a socket shared with a forked child stays on the
 // kernel.
@@ -377,5 +383,38 @@ func (e *Engine) stopClaims() {
 func setOnce(b *atomic.Bool) {
 	if !b.Load() {
 		b.Store(true)
+	}
+}
+
+// passedCause is why a socket the process passed to another is the
+// kernel's.
+const passedCause = "passed to another process (SCM_RIGHTS), which reaches it through the kernel: the kernel serves it"
+
+// Passed runs before the process passes fd to another process with
+// SCM_RIGHTS: that process reaches the socket in the kernel, which got
+// nothing once the socket was steered (a broker that binds a port and
+// hands it to a worker; a server that hands a connection or its listener
+// on). The kernel serves it from now on: a UDP socket goes back (what it
+// queued is served to this process's receives first), a TCP listener
+// hands over, and a TCP connection moves to a kernel socket under the
+// same fds when it can (as at fork). A forked child claims what it
+// passes instead (the preload library).
+func (e *Engine) Passed(fd int) {
+	if l := e.listener(fd); l != nil {
+		e.handover(fd, l, passedCause)
+		return
+	}
+	if t := e.tcpConn(fd); t != nil {
+		var fds []int
+		for f := range e.conns {
+			if e.conns[f].Load() == t {
+				fds = append(fds, f)
+			}
+		}
+		e.connToKernel(t, fds, connMove{"as it is passed to another process", "that process", passedCause})
+		return
+	}
+	if s := e.get(fd); s != nil {
+		e.toKernel(s, passedCause)
 	}
 }
