@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,13 +201,17 @@ func sippStat(t *testing.T, path string) map[string]int {
 	return got
 }
 
-// TestRunIOUring: a UDP server that receives through io_uring
-// (testdata/uringrecv.c, liburing), whose calls vmaxdp cannot see. Its
-// socket is offloaded at bind; once the process has made its ring, the
-// engine sees the ring's mapping and hands the socket to the kernel, and
-// says why: the 50 datagrams sent after that all arrive, through side B's
-// kernel. Before, the socket stayed steered to the stack and the server
-// got none of them.
+// TestRunIOUring: a program that receives through io_uring
+// (testdata/uringrecv.c, liburing), whose calls vmaxdp cannot see.
+//   - udp: a server's socket is offloaded at bind; once the process has
+//     made its ring, the engine sees the ring's mapping and hands the
+//     socket to the kernel, and says why: the 50 datagrams sent after that
+//     all arrive, through side B's kernel. Before, the socket stayed
+//     steered to the stack and the server got none of them.
+//   - tcp (VMAXDP_TCP=1): a client that makes its ring, then connects:
+//     the connection stays on the kernel from its connect on, and the
+//     ring reads what side A sends. (Offloaded, its fd would name the
+//     mirror, whose bytes are the engine's wake-ups.)
 func TestRunIOUring(t *testing.T) {
 	testutil.RequireRoot(t)
 	if _, err := os.Stat("/usr/include/liburing.h"); err != nil {
@@ -213,24 +219,57 @@ func TestRunIOUring(t *testing.T) {
 	}
 	prog := buildC(t, "uringrecv", "-luring")
 	b := testutil.Bed(t, &testbed.Options{Plain: true})
-	const port, count = 11470, 50
-	p := startC(t, b, prog, nil, b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(count))
-	for _, line := range []string{"ready", "offloaded on " + b.Link(testbed.B), "the process has an io_uring ring"} {
-		if err := p.waitFor(line); err != nil {
+	const ring = "the process has an io_uring ring"
+	t.Run("udp", func(t *testing.T) {
+		const port, count = 11470, 50
+		p := startC(t, b, prog, nil, b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(count))
+		for _, line := range []string{"ready", "offloaded on " + b.Link(testbed.B), ring} {
+			if err := p.waitFor(line); err != nil {
+				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+			}
+		}
+		udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+		if err := testutil.SendUDP(b, port, count, 64); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.exited(); err != nil {
+			t.Errorf("uringrecv: %v\n%s", err, tail(p.out.String(), 20))
+		}
+		p.wantSaid(t, fmt.Sprintf("got %d\n", count))
+		if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != count {
+			t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent: the socket was not handed to it", n, count)
+		}
+	})
+	t.Run("tcp", func(t *testing.T) {
+		const port, size = 11472, 64 * 50
+		var ln net.Listener
+		if err := b.Do(testbed.A, func() (err error) {
+			ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), port).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		p := startC(t, b, prog, []string{"VMAXDP_TCP=1"}, b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(size), "tcp")
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := p.waitFor("ready"); err != nil {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
-	}
-	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
-	if err := testutil.SendUDP(b, port, count, 64); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.exited(); err != nil {
-		t.Errorf("uringrecv: %v\n%s", err, tail(p.out.String(), 20))
-	}
-	p.wantSaid(t, fmt.Sprintf("got %d\n", count))
-	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != count {
-		t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent: the socket was not handed to it", n, count)
-	}
+		if _, err := c.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.exited(); err != nil {
+			t.Errorf("uringrecv: %v\n%s", err, tail(p.out.String(), 20))
+		}
+		p.wantSaid(t, fmt.Sprintf("got %d\n", size), fmt.Sprintf(">%s: %s", netip.AddrPortFrom(b.Addr(testbed.A), port), ring))
+		if strings.Contains(p.out.String(), "offloaded on ") {
+			t.Errorf("the connection was offloaded:\n%s", tail(p.out.String(), 20))
+		}
+	})
 }
 
 // TestRunPassFD: a process binds a UDP socket and passes it (SCM_RIGHTS)

@@ -535,7 +535,7 @@ func socketWhat(role rules.Role, local, remote netip.AddrPort) string {
 // socket in role: what allows its offload ("default" or the rule), or
 // why it stays on the kernel (cause, "" when it may be offloaded).
 func (e *Engine) ruleDecision(role rules.Role, local, remote netip.AddrPort) (by, cause string) {
-	if e.rings.seen.Load() {
+	if e.ringsSeen() {
 		return "", ioUringCause
 	}
 	r, matched := e.rules.Decide(e.program, e.p.ApplicationID, role, local, remote)

@@ -18,27 +18,64 @@ import (
 // makes its system calls itself, so neither io_uring_setup nor the ring's
 // work passes through a function the library can wrap, and the ring's
 // requests do not say which fds they name. So once the process has a ring
-// (its mapping in /proc/self/maps, looked at every ringPoll from the
-// first offload on), the kernel serves every socket: those offloaded go
-// back, and new ones stay. A ring for files only costs the offload, never
-// a datagram. Not seen: a ring made with IORING_SETUP_NO_MMAP, whose
-// memory is the program's own.
+// (its mapping in /proc/self/maps), the kernel serves every socket: new
+// ones stay there, and those offloaded go back. The mappings are looked
+// at as a socket is decided (at most once every ringPoll), so a ring made
+// first keeps every socket on the kernel from the start, and every
+// ringPoll once a socket is offloaded, for a ring made after. A ring for
+// files only costs the offload, never a datagram. Not seen: a ring made
+// with IORING_SETUP_NO_MMAP, whose memory is the program's own.
 
 // ringPoll is how often the watch looks at the process's mappings.
 const ringPoll = 250 * time.Millisecond
 
 const ioUringCause = "the process has an io_uring ring, whose socket calls vmaxdp cannot see: the kernel serves its sockets"
 
-// ringWatch looks for a ring once a socket is offloaded.
+// ringWatch looks for a ring: at each decision to offload a socket (at
+// most once every ringPoll), and every ringPoll once a socket is
+// offloaded.
 type ringWatch struct {
 	start sync.Once
 	seen  atomic.Bool
+	last  atomic.Int64 // when the mappings were last looked at (unix ns), 0: never
+	fail  sync.Once    // the mappings could not be read: said once
 }
 
 // hasRing says whether maps (/proc/self/maps) holds a ring's mapping.
 func hasRing(maps []byte) bool { return bytes.Contains(maps, []byte("[io_uring]")) }
 
-// watchRings starts the watch, once.
+// ringsSeen says whether the process has a ring, looking at its mappings
+// when the last look is older than ringPoll: a ring made before a socket
+// keeps the socket on the kernel from its decision on. Its callers may
+// hold a socket's lock: the sockets a ring found here sends back are
+// handed over on a goroutine.
+func (e *Engine) ringsSeen() bool {
+	if e.rings.seen.Load() {
+		return true
+	}
+	last, now := e.rings.last.Load(), time.Now().UnixNano()
+	if last != 0 && now-last < int64(ringPoll) || !e.rings.last.CompareAndSwap(last, now) {
+		return false
+	}
+	if e.lookForRing() {
+		go e.ringSeen()
+	}
+	return e.rings.seen.Load()
+}
+
+// lookForRing reads the mappings and says whether it saw the ring first.
+func (e *Engine) lookForRing() bool {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		e.rings.fail.Do(func() {
+			e.Log.Printf(params.LevelWarning, "io_uring: %v: a ring the process makes will not be seen, and a socket it serves through one gets nothing", err)
+		})
+		return false
+	}
+	return hasRing(maps) && e.rings.seen.CompareAndSwap(false, true)
+}
+
+// watchRings starts the watch of an offloading process, once.
 func (e *Engine) watchRings() {
 	e.rings.start.Do(func() { go e.ringLoop() })
 }
@@ -46,13 +83,9 @@ func (e *Engine) watchRings() {
 func (e *Engine) ringLoop() {
 	t := time.NewTicker(ringPoll)
 	defer t.Stop()
-	for {
-		maps, err := os.ReadFile("/proc/self/maps")
-		if err != nil {
-			e.Log.Printf(params.LevelWarning, "io_uring: %v: a ring the process makes will not be seen, and a socket it serves through one gets nothing", err)
-			return
-		}
-		if hasRing(maps) {
+	for !e.rings.seen.Load() {
+		e.rings.last.Store(time.Now().UnixNano())
+		if e.lookForRing() {
 			e.ringSeen()
 			return
 		}
@@ -61,10 +94,13 @@ func (e *Engine) ringLoop() {
 }
 
 // ringSeen hands every socket to the kernel (ioUringCause): UDP sockets at
-// once, with what their queues held dropped and counted in the log, and
-// TCP listeners through a handover; netstack's connections go on.
+// once, with what their queues held dropped and counted in the log, TCP
+// listeners through a handover, and netstack's connections to kernel
+// sockets under the same fds where they can go (connToKernel): the
+// application's fd of one names its mirror, from which a ring's read
+// would take the engine's wake-up bytes. (A ring's read already pending
+// on the mirror ends at the move, with 0: end of stream.)
 func (e *Engine) ringSeen() {
-	e.rings.seen.Store(true)
 	e.Log.Printf(params.LevelWarning, "%s (every socket, from now on; a ring for files only costs their offload)", ioUringCause)
 	for fd := range e.fds {
 		s := e.fds[fd].Load()
@@ -91,5 +127,14 @@ func (e *Engine) ringSeen() {
 		if l := e.listeners[fd].Load(); l != nil {
 			e.handover(fd, l, ioUringCause)
 		}
+	}
+	conns := map[*tcpConn][]int{}
+	for fd := range e.conns {
+		if t := e.conns[fd].Load(); t != nil {
+			conns[t] = append(conns[t], fd)
+		}
+	}
+	for t, fds := range conns {
+		e.connToKernel(t, fds, connMove{"though the process has an io_uring ring", "the ring", ioUringCause})
 	}
 }

@@ -521,6 +521,7 @@ func (e *Engine) Listen(fd, backlog int) State {
 	l.mark() // what came before Notify
 	l.settle()
 	e.listeners[fd].Store(l)
+	e.watchRings()
 	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
 	return StateOffloaded
 }
@@ -776,6 +777,7 @@ func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Si
 	}
 	t.block() // unwritable until established, as the kernel's socket is
 	e.conns[fd].Store(t)
+	e.watchRings()
 	e.onState(fd, StateTCP)
 	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
 	if nonblock {

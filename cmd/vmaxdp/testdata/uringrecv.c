@@ -4,9 +4,11 @@
  * "ready", and receives COUNT datagrams with IORING_OP_RECV, each within
  * 5 s. It prints "got COUNT" at the end, or what it got when one does not
  * come. vmaxdp cannot see the ring's calls: the socket must be the
- * kernel's by the time the datagrams come.
+ * kernel's by the time the datagrams come. With tcp, it makes its ring
+ * first, then connects to ADDR:PORT, and receives COUNT bytes through the
+ * ring.
  *
- *   uringrecv ADDR PORT COUNT
+ *   uringrecv ADDR PORT COUNT [tcp]
  */
 #include <arpa/inet.h>
 #include <liburing.h>
@@ -20,8 +22,9 @@
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: uringrecv ADDR PORT COUNT\n");
+	int tcp = argc == 5 && strcmp(argv[4], "tcp") == 0;
+	if (argc != 4 && !tcp) {
+		fprintf(stderr, "usage: uringrecv ADDR PORT COUNT [tcp]\n");
 		return 2;
 	}
 	start_watchdog();
@@ -30,14 +33,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "uringrecv: %s: not an IPv4 address\n", argv[1]);
 		return 2;
 	}
-	int fd = socket(AF_INET, SOCK_DGRAM, 0);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-		perror("uringrecv: socket or bind");
+	struct io_uring ring;
+	int r = 0, fd = socket(AF_INET, tcp ? SOCK_STREAM : SOCK_DGRAM, 0);
+	if (tcp)
+		r = io_uring_queue_init(8, &ring, 0);
+	if (fd < 0 || r < 0 || (tcp ? connect(fd, (struct sockaddr *)&a, sizeof a) : bind(fd, (struct sockaddr *)&a, sizeof a)) != 0) {
+		perror("uringrecv: socket, ring, connect or bind");
 		return 2;
 	}
-	struct io_uring ring;
-	int r = io_uring_queue_init(8, &ring, 0);
-	if (r < 0) {
+	if (!tcp && (r = io_uring_queue_init(8, &ring, 0)) < 0) {
 		fprintf(stderr, "uringrecv: io_uring_queue_init: %s\n", strerror(-r));
 		return 2;
 	}
@@ -45,7 +49,7 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	int count = atoi(argv[3]), got = 0;
 	char buf[2048];
-	for (; got < count; got++) {
+	while (got < count) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
 		io_uring_prep_recv(sqe, fd, buf, sizeof buf, 0);
 		io_uring_submit(&ring);
@@ -55,10 +59,11 @@ int main(int argc, char **argv)
 			printf("got %d, then none for 5 s: %s\n", got, strerror(-r));
 			return 1;
 		}
-		if (cqe->res < 0) {
-			printf("recv: %s\n", strerror(-cqe->res));
+		if (cqe->res <= 0) {
+			printf("got %d, then recv: %s\n", got, cqe->res < 0 ? strerror(-cqe->res) : "end of stream");
 			return 1;
 		}
+		got += tcp ? cqe->res : 1; /* bytes, or datagrams */
 		io_uring_cqe_seen(&ring, cqe);
 	}
 	printf("got %d\n", got);
