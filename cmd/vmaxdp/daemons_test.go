@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -228,28 +227,11 @@ func TestRunIOUring(t *testing.T) {
 				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 			}
 		}
-		udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
-		if err := testutil.SendUDP(b, port, count, 64); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.exited(); err != nil {
-			t.Errorf("uringrecv: %v\n%s", err, tail(p.out.String(), 20))
-		}
-		p.wantSaid(t, fmt.Sprintf("got %d\n", count))
-		if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != count {
-			t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent: the socket was not handed to it", n, count)
-		}
+		wantKernelServed(t, b, p, port, count)
 	})
 	t.Run("tcp", func(t *testing.T) {
 		const port, size = 11472, 64 * 50
-		var ln net.Listener
-		if err := b.Do(testbed.A, func() (err error) {
-			ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), port).String())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
+		ln := listenTCPA(t, b, port)
 		p := startC(t, b, prog, []string{"VMAXDP_TCP=1"}, b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(size), "tcp")
 		c, err := ln.Accept()
 		if err != nil {
@@ -291,14 +273,23 @@ func TestRunPassFD(t *testing.T) {
 			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 		}
 	}
+	wantKernelServed(t, b, p, port, count)
+	p.wantSaid(t, "passed to another process (SCM_RIGHTS)")
+}
+
+// wantKernelServed sends count datagrams from side A to port on side B,
+// where p receives them through the kernel, and wants p to end well,
+// saying it got them all, and side B's kernel to have taken each.
+func wantKernelServed(t *testing.T, b *testbed.Bed, p *cProgram, port, count int) {
+	t.Helper()
 	udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
 	if err := testutil.SendUDP(b, port, count, 64); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.exited(); err != nil {
-		t.Errorf("passfd: %v\n%s", err, tail(p.out.String(), 20))
+		t.Errorf("%v\n%s", err, tail(p.out.String(), 20))
 	}
-	p.wantSaid(t, fmt.Sprintf("got %d\n", count), "passed to another process (SCM_RIGHTS)")
+	p.wantSaid(t, fmt.Sprintf("got %d\n", count))
 	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != count {
 		t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent: the socket was not handed to it", n, count)
 	}

@@ -933,6 +933,21 @@ func listenA(t *testing.T, b *testbed.Bed, port int) *net.UDPConn {
 	return c
 }
 
+// listenTCPA listens for TCP on side A's address and port, until the
+// test ends.
+func listenTCPA(t *testing.T, b *testbed.Bed, port int) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := b.Do(testbed.A, func() (err error) {
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), uint16(port)).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
 // pythonBed is a plain bed (as ip link add makes it) for a test that runs
 // a Python program; it skips when not root or without python3.
 func pythonBed(t *testing.T) *testbed.Bed {
@@ -1128,14 +1143,7 @@ func TestRunUDPSemantics(t *testing.T) {
 func TestRunTCPSemantics(t *testing.T) {
 	b := pythonBed(t)
 	const port, closed = 11457, 11458
-	var ln net.Listener
-	if err := b.Do(testbed.A, func() (err error) {
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), port).String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := listenTCPA(t, b, port)
 	var mu sync.Mutex
 	var ends []string // how the server saw each connection end
 	go func() {

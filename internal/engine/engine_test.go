@@ -158,6 +158,25 @@ func TestRecvAndDupClose(t *testing.T) {
 	}
 }
 
+// epollOf makes an epoll fd with fd in it for input, in the kernel and in
+// the engine, as the preload library does, and the event it added.
+func epollOf(tb testing.TB, e *Engine, fd int) (int, unix.EpollEvent) {
+	tb.Helper()
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { unix.Close(epfd) })
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		tb.Fatal(err)
+	}
+	if e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll {
+		tb.Fatal("epoll set not the engine's")
+	}
+	return epfd, ev
+}
+
 // The benchmarks measure the engine's side of each call the preload
 // library hands it (the C-to-Go crossing is not included); allocs/op must
 // stay 0. They run on a real bed as root.
@@ -186,18 +205,7 @@ func BenchmarkPollEmpty(b *testing.B) {
 
 func BenchmarkEpollWaitEmpty(b *testing.B) {
 	_, e, fd := offloaded(b, 9403, true)
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(epfd)
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		b.Fatal(err)
-	}
-	if e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll {
-		b.Fatal("epoll set not the engine's")
-	}
+	epfd, _ := epollOf(b, e, fd)
 	out := make([]unix.EpollEvent, 8)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -211,16 +219,7 @@ func BenchmarkEpollWaitEmpty(b *testing.B) {
 // loop does when it starts or stops watching for output (libuv, libevent).
 func BenchmarkEpollCtlMod(b *testing.B) {
 	_, e, fd := offloaded(b, 9407, true)
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(epfd)
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		b.Fatal(err)
-	}
-	e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	epfd, ev := epollOf(b, e, fd)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		ev.Events = unix.EPOLLIN | uint32(i&1)*unix.EPOLLOUT
@@ -234,16 +233,7 @@ func BenchmarkEpollCtlMod(b *testing.B) {
 // its timeout (100 us), as a server's wait between sparse requests does.
 func BenchmarkEpollWaitSleep(b *testing.B) {
 	_, e, fd := offloaded(b, 9408, true)
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(epfd)
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		b.Fatal(err)
-	}
-	e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	epfd, _ := epollOf(b, e, fd)
 	out := make([]unix.EpollEvent, 8)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -262,16 +252,7 @@ func TestMuxAllocs(t *testing.T) {
 		t.Skip("the race detector's instrumentation allocates: allocation counts are not the build's")
 	}
 	_, e, fd := offloaded(t, 9409, true)
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(epfd)
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		t.Fatal(err)
-	}
-	e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	epfd, ev := epollOf(t, e, fd)
 	i := 0
 	if n := testing.AllocsPerRun(1000, func() {
 		i++
