@@ -1174,7 +1174,12 @@ func (e *Engine) Close(fd int) {
 // decided for the kernel; an offloaded socket is no longer steered, its
 // queued datagrams are still served to its reads, and once they are the
 // kernel serves it.
-func (e *Engine) toKernel(s *Socket, cause string) {
+func (e *Engine) toKernel(s *Socket, cause string) { e.handBack(s, cause, true) }
+
+// handBack is toKernel; without serve, what an offloaded socket queued is
+// dropped, and the log counts it: no read of the engine's will ask for
+// it (an io_uring ring reads the kernel socket).
+func (e *Engine) handBack(s *Socket, cause string, serve bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch s.state {
@@ -1185,10 +1190,15 @@ func (e *Engine) toKernel(s *Socket, cause string) {
 		s.kernel.Store(true)
 		c.Unsteer() // the rings' datagrams for it go to its queue
 		s.drainCause = cause
-		if n, _ := c.QueueLen(); n > 0 {
+		n, _ := c.QueueLen()
+		switch {
+		case n > 0 && serve:
 			s.draining.Store(true)
 			e.Log.Printf(params.LevelInfo, "fd %d: %s; the %d datagrams queued are served first", s.fd, cause, n)
-		} else {
+		case n > 0:
+			e.Log.Printf(params.LevelWarning, "fd %d: %s; the %d datagrams it had queued are dropped", s.fd, cause, n)
+			e.fallBack(s, c)
+		default:
 			e.fallBack(s, c)
 		}
 	}

@@ -41,14 +41,11 @@ import (
 // Then it chooses the listeners and UDP sockets kept offloaded across
 // the fork (keepAtFork), before the child can claim one.
 func (e *Engine) Forking() {
-	fds := map[*tcpConn][]int{}
-	for fd := range e.conns {
-		if t := e.conns[fd].Load(); t != nil && !t.used.Load() {
-			fds[t] = append(fds[t], fd)
-		}
-	}
 	moved := map[uint16]bool{} // local ports of the connections moved
-	for t, named := range fds {
+	for t, named := range e.namedConns() {
+		if t.used.Load() {
+			continue
+		}
 		local, _ := t.c.Addrs()
 		if e.connToKernel(t, named, atFork) {
 			moved[local.Port()] = true
@@ -56,6 +53,17 @@ func (e *Engine) Forking() {
 	}
 	e.keepAtFork(moved)
 	e.handoverAtFork()
+}
+
+// namedConns are netstack's connections, each with the fds that name it.
+func (e *Engine) namedConns() map[*tcpConn][]int {
+	named := map[*tcpConn][]int{}
+	for fd := range e.conns {
+		if t := e.conns[fd].Load(); t != nil {
+			named[t] = append(named[t], fd)
+		}
+	}
+	return named
 }
 
 // handoverAtFork puts in handover the listeners that go to the kernel at
@@ -405,13 +413,7 @@ func (e *Engine) Passed(fd int) {
 		return
 	}
 	if t := e.tcpConn(fd); t != nil {
-		var fds []int
-		for f := range e.conns {
-			if e.conns[f].Load() == t {
-				fds = append(fds, f)
-			}
-		}
-		e.connToKernel(t, fds, connMove{"as it is passed to another process", "that process", passedCause})
+		e.connToKernel(t, e.namedConns()[t], connMove{"as it is passed to another process", "that process", passedCause})
 		return
 	}
 	if s := e.get(fd); s != nil {

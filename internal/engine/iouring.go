@@ -2,7 +2,6 @@ package engine
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -103,38 +102,16 @@ func (e *Engine) ringLoop() {
 func (e *Engine) ringSeen() {
 	e.Log.Printf(params.LevelWarning, "%s (every socket, from now on; a ring for files only costs their offload)", ioUringCause)
 	for fd := range e.fds {
-		s := e.fds[fd].Load()
-		if s == nil || s.fd != fd {
-			continue
+		if s := e.fds[fd].Load(); s != nil && s.fd == fd {
+			e.handBack(s, ioUringCause, false)
 		}
-		s.mu.Lock()
-		switch s.state {
-		case StateCandidate:
-			e.notOffloaded(s, fmt.Sprintf("fd %d", fd), ioUringCause)
-		case StateOffloaded:
-			c := s.conn.Load()
-			s.kernel.Store(true)
-			c.Unsteer()
-			if n, _ := c.QueueLen(); n > 0 {
-				e.Log.Printf(params.LevelWarning, "fd %d: the %d datagrams it had queued before the ring was seen are dropped: the ring reads the kernel socket", fd, n)
-			}
-			s.drainCause = ioUringCause
-			e.fallBack(s, c)
-		}
-		s.mu.Unlock()
 	}
 	for fd := range e.listeners {
 		if l := e.listeners[fd].Load(); l != nil {
 			e.handover(fd, l, ioUringCause)
 		}
 	}
-	conns := map[*tcpConn][]int{}
-	for fd := range e.conns {
-		if t := e.conns[fd].Load(); t != nil {
-			conns[t] = append(conns[t], fd)
-		}
-	}
-	for t, fds := range conns {
+	for t, fds := range e.namedConns() {
 		e.connToKernel(t, fds, connMove{"though the process has an io_uring ring", "the ring", ioUringCause})
 	}
 }
