@@ -2,11 +2,13 @@ package engine
 
 import (
 	"bytes"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/params"
 )
 
@@ -37,7 +39,14 @@ type ringWatch struct {
 	start sync.Once
 	seen  atomic.Bool
 	last  atomic.Int64 // when the mappings were last looked at (unix ns), 0: never
-	fail  sync.Once    // the mappings could not be read: said once
+	// mu guards the reads of the mappings: fd, /proc/self/maps opened
+	// once and placed high (highfd), and buf, reused. An open at each
+	// look took the application's lowest free fd for a moment, and a
+	// thread of the application opening one then got the next number
+	// (TestRunTCPCalls: accept gave fd 4 where the kernel gives 5).
+	mu  sync.Mutex
+	fd  int // 0: not opened yet; -1: could not be
+	buf []byte
 }
 
 // hasRing says whether maps (/proc/self/maps) holds a ring's mapping.
@@ -64,14 +73,37 @@ func (e *Engine) ringsSeen() bool {
 
 // lookForRing reads the mappings and says whether it saw the ring first.
 func (e *Engine) lookForRing() bool {
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		e.rings.fail.Do(func() {
-			e.Log.Printf(params.LevelWarning, "io_uring: %v: a ring the process makes will not be seen, and a socket it serves through one gets nothing", err)
-		})
+	w := &e.rings
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fd == 0 {
+		w.fd = -1
+		fd, err := unix.Open("/proc/self/maps", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			e.Log.Printf(params.LevelWarning, "io_uring: open /proc/self/maps: %v: a ring the process makes will not be seen, and a socket it serves through one gets nothing", err)
+			return false
+		}
+		w.fd = highfd.Move(fd)
+	}
+	if w.fd < 0 {
 		return false
 	}
-	return hasRing(maps) && e.rings.seen.CompareAndSwap(false, true)
+	// A read from offset 0 makes the file anew.
+	n := 0
+	for {
+		if n == len(w.buf) {
+			w.buf = append(w.buf, make([]byte, max(len(w.buf), 16<<10))...)
+		}
+		k, err := unix.Pread(w.fd, w.buf[n:], int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || k == 0 {
+			break
+		}
+		n += k
+	}
+	return hasRing(w.buf[:n]) && w.seen.CompareAndSwap(false, true)
 }
 
 // watchRings starts the watch of an offloading process, once.
