@@ -25,11 +25,13 @@ package main
 #define _GNU_SOURCE // struct mmsghdr
 #include <poll.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include "interpose.h"
+#include "helper.h"
 */
 import "C"
 
@@ -40,6 +42,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -141,11 +144,43 @@ func vmxgo_init(nofile *C.struct_rlimit) C.int {
 	var err error
 	onState := func(fd int, s engine.State) { C.vmx_set_state(C.int(fd), C.int(s)) }
 	owed := (*atomic.Int32)(unsafe.Pointer(&C.vmx_tcp_owed))
-	if eng, err = engine.New(&engine.Options{OnState: onState, Owed: owed}); err != nil {
+	if eng, err = engine.New(&engine.Options{OnState: onState, Owed: owed, Helper: helperPath(), Spawn: spawnDetached}); err != nil {
 		fmt.Fprintf(os.Stderr, "vmaxdp: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// helperPath is the vmaxdp executable beside this library, as `vmaxdp
+// run` finds the library beside itself ("" if the library's path is
+// unknown).
+func helperPath() string {
+	p := C.vmx_library_path()
+	if p == nil {
+		return ""
+	}
+	lib, err := filepath.Abs(C.GoString(p))
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(lib), "vmaxdp")
+}
+
+// spawnDetached is peernotify.SpawnFunc over vmx_spawn_detached.
+func spawnDetached(path string, argv []string, fd int) (int, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	cargv := make([]*C.char, len(argv)+1)
+	for i, a := range argv {
+		cargv[i] = C.CString(a)
+		defer C.free(unsafe.Pointer(cargv[i]))
+	}
+	// cargv is Go memory holding C pointers only, which cgo lets C read.
+	pid := C.vmx_spawn_detached(cpath, &cargv[0], C.int(fd))
+	if pid < 0 {
+		return 0, unix.Errno(-pid)
+	}
+	return int(pid), nil
 }
 
 // vmxgo_refused logs a call the interposer refused because it would have

@@ -30,6 +30,24 @@ func tcpFrame(t *testing.T, sport, dport uint16, syn, ack bool) []byte {
 	return buf.Bytes()
 }
 
+// onProgram runs fn in side B of a tuned bed with the steering program
+// attached to its link, and fails t on fn's error.
+func onProgram(t *testing.T, fn func(p *steer.Program, ifname string) error) {
+	t.Helper()
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		return fn(p, bed.Link(testbed.B))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // XDP verdicts.
 const (
 	xdpDrop     = 1
@@ -79,14 +97,8 @@ func listenerAndConn(p *steer.Program, port, sport uint16) (listener, conn steer
 // nothing of the handover is left to send a later offload's segments to
 // the kernel.
 func TestHandover(t *testing.T) {
-	bed := testutil.Bed(t, nil)
-	err := bed.Do(testbed.B, func() error {
-		p, err := steer.Attach(bed.Link(testbed.B), nil)
-		if err != nil {
-			return err
-		}
-		defer p.Close()
-		serveQueue(t, p, bed.Link(testbed.B), 0)
+	onProgram(t, func(p *steer.Program, ifname string) error {
+		serveQueue(t, p, ifname, 0)
 		const port = 8080
 		rule := steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)}
 		id, err := p.AddRule(rule)
@@ -161,9 +173,6 @@ func TestHandover(t *testing.T) {
 		}
 		return p.RemoveRule(udp)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestToKernel: a TCP 5-tuple rule given to the kernel (a connection a
@@ -171,14 +180,8 @@ func TestHandover(t *testing.T) {
 // port's rule, while the port's other connections still go to the stack;
 // FromKernel takes it back.
 func TestToKernel(t *testing.T) {
-	bed := testutil.Bed(t, nil)
-	err := bed.Do(testbed.B, func() error {
-		p, err := steer.Attach(bed.Link(testbed.B), nil)
-		if err != nil {
-			return err
-		}
-		defer p.Close()
-		serveQueue(t, p, bed.Link(testbed.B), 0)
+	onProgram(t, func(p *steer.Program, ifname string) error {
+		serveQueue(t, p, ifname, 0)
 		const port, moved, other = 8081, 40010, 40011
 		listener, conn, err := listenerAndConn(p, port, moved)
 		if err != nil {
@@ -219,9 +222,6 @@ func TestToKernel(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestUnservedQueue: on a queue with no AF_XDP socket (the channel count
@@ -232,13 +232,7 @@ func TestToKernel(t *testing.T) {
 // it there once the queue is served; a later SYN of the same 5-tuple
 // goes to the stack again.
 func TestUnservedQueue(t *testing.T) {
-	bed := testutil.Bed(t, nil)
-	err := bed.Do(testbed.B, func() error {
-		p, err := steer.Attach(bed.Link(testbed.B), nil)
-		if err != nil {
-			return err
-		}
-		defer p.Close()
+	onProgram(t, func(p *steer.Program, ifname string) error {
 		const port, held, fresh = 8082, 40020, 40021
 		listener, conn, err := listenerAndConn(p, port, held)
 		if err != nil {
@@ -254,7 +248,7 @@ func TestUnservedQueue(t *testing.T) {
 		if v := run(fresh, true, false); v != xdpPass {
 			t.Errorf("unserved queue: a new connection's SYN got verdict %d, want XDP_PASS (the kernel's listener)", v)
 		}
-		serveQueue(t, p, bed.Link(testbed.B), 0)
+		serveQueue(t, p, ifname, 0)
 		if v := run(fresh, false, true); v != xdpPass {
 			t.Errorf("served again: the rest of a connection the kernel took got verdict %d, want XDP_PASS", v)
 		}
@@ -272,7 +266,55 @@ func TestUnservedQueue(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+}
+
+// TestReleaseTCPConns: once the process whose stack served a program's
+// queues is gone (no AF_XDP socket on them), a segment of one of its TCP
+// connections is dropped; ReleaseTCPConns, as the peer-notification
+// helper calls it, marks that connection's rule for the kernel, which
+// then gets the segment (and resets the connection), and leaves the
+// other rules as they were: a connection already the kernel's, a UDP
+// 5-tuple, the listener's port.
+func TestReleaseTCPConns(t *testing.T) {
+	onProgram(t, func(p *steer.Program, ifname string) error {
+		const port, live, moved = 8082, 40020, 40021
+		_, conn, err := listenerAndConn(p, port, live)
+		if err != nil {
+			return err
+		}
+		kernel, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
+			Local: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), moved)})
+		if err != nil {
+			return err
+		}
+		if err := p.ToKernel(kernel); err != nil {
+			return err
+		}
+		if _, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_UDP,
+			Local: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port), Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), live)}); err != nil {
+			return err
+		}
+		if ret := verdict(t, p, live, port, false, true); ret != xdpDrop {
+			t.Errorf("before: verdict %d for the connection's segment, want XDP_DROP (no socket on the queue)", ret)
+		}
+		got, err := steer.ReleaseTCPConns(p.ConnMap())
+		if err != nil {
+			return err
+		}
+		want := p.Rules()[conn]
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("released %v, want [%v]", got, want)
+		}
+		c0, _ := p.RuleCounters(conn)
+		if ret := verdict(t, p, live, port, false, true); ret != xdpPass {
+			t.Errorf("after: verdict %d for the connection's segment, want XDP_PASS", ret)
+		}
+		if c1, _ := p.RuleCounters(conn); c1.MatchedPackets != c0.MatchedPackets {
+			t.Errorf("after: the released rule still counts the segment as steered")
+		}
+		if again, err := steer.ReleaseTCPConns(p.ConnMap()); err != nil || len(again) != 0 {
+			t.Errorf("a second release: %v, %v; want none", again, err)
+		}
+		return nil
+	})
 }

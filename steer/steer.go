@@ -794,6 +794,52 @@ func (p *Program) forgetHandoverFlows(k vbpf.SteerFlowKey, kind RuleKind) error 
 	return nil
 }
 
+// ConnMap is the program's map of 5-tuple rules, which a process that
+// outlives this one holds to release its TCP connections (ReleaseTCPConns).
+func (p *Program) ConnMap() *ebpf.Map { return p.objs.Rules5tuple }
+
+// ReleaseTCPConns gives the kernel the TCP connections of m, the ConnMap
+// of a program whose process is gone: each TCP 5-tuple rule not marked
+// for the kernel yet is marked so, as ToKernel marks one, and its rule is
+// returned. The kernel has no socket for such a connection, and answers
+// its peer's next segment with a reset, where the program would have
+// dropped it for want of an AF_XDP socket.
+func ReleaseTCPConns(m *ebpf.Map) ([]Rule, error) {
+	var (
+		k     vbpf.SteerFlowKey
+		v     vbpf.SteerRuleValue
+		keys  []vbpf.SteerFlowKey
+		vals  []vbpf.SteerRuleValue
+		conns []Rule
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if k.Proto == unix.IPPROTO_TCP && v.Flags&ruleKernel == 0 {
+			keys, vals = append(keys, k), append(vals, v)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("rules_5tuple: %w", err)
+	}
+	var errs []error
+	for i, k := range keys {
+		v := vals[i]
+		v.Flags |= ruleKernel
+		r := Rule{Kind: Rule5Tuple, Proto: unix.IPPROTO_TCP,
+			Local:  netip.AddrPortFrom(addrOf32(k.LocalAddr), ntohs(k.LocalPort)),
+			Remote: netip.AddrPortFrom(addrOf32(k.RemoteAddr), ntohs(k.RemotePort))}
+		if err := m.Update(k, v, ebpf.UpdateExist); err != nil {
+			// Gone meanwhile: a connection closing as its process died.
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("rule %s: %w", r, err))
+			}
+			continue
+		}
+		conns = append(conns, r)
+	}
+	return conns, errors.Join(errs...)
+}
+
 // Rules returns the installed rules by id.
 func (p *Program) Rules() map[RuleID]Rule {
 	p.mu.Lock()

@@ -93,6 +93,15 @@ func htons(v uint16) uint16 {
 	return binary.NativeEndian.Uint16(b[:])
 }
 
+func ntohs(v uint16) uint16 { return htons(v) }
+
+// addrOf32 is addr32's inverse.
+func addrOf32(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
 func addr32(a netip.Addr) uint32 {
 	b := a.As4()
 	return binary.NativeEndian.Uint32(b[:])

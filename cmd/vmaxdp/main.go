@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/vmaxdp/vmaxdp/internal/bench"
+	"github.com/vmaxdp/vmaxdp/internal/peernotify"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -54,6 +55,8 @@ commands:
                           kinds: rxdrop txonly echo xdpcost all (default all)
   bench floor             the same workload at every layer, from raw AF_XDP up
   bench apps              Debian programs under vmaxdp against the kernel
+  notify-peers -pid N     (started by the preload library) tell the peers of
+                          process N's offloaded TCP connections of its end
 `
 
 var errUsage = errors.New("bad usage (vmaxdp -h)")
@@ -77,11 +80,27 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return runTestbed(args[1:], out)
 	case "bench":
 		return runBench(ctx, args[1:], out)
+	case peernotify.Command:
+		return runNotifyPeers(args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(out, usage)
 		return nil
 	}
 	return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
+}
+
+// runNotifyPeers is the peer-notification helper, with the process's
+// socket as fd 3 (package peernotify).
+func runNotifyPeers(args []string) error {
+	fs := flag.NewFlagSet("vmaxdp "+peernotify.Command, flag.ContinueOnError)
+	pid := fs.Int("pid", 0, "the process whose TCP peers to tell")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *pid <= 0 {
+		return fmt.Errorf("%s: -pid: want the process id: %w", peernotify.Command, errUsage)
+	}
+	return peernotify.Serve(3, *pid, os.Stderr)
 }
 
 func runTestbed(args []string, out io.Writer) error {

@@ -39,6 +39,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/peernotify"
 	"github.com/vmaxdp/vmaxdp/internal/rules"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/steer"
@@ -89,6 +90,12 @@ type Options struct {
 	// (owed.go), for a caller that asks the kernel about them to call
 	// PayOwed first while it is not 0. Default: the engine's own.
 	Owed *atomic.Int32
+	// Helper is the vmaxdp executable, which Spawn starts as the
+	// peer-notification helper once TCP is offloaded (package
+	// peernotify); without both the peers of offloaded TCP connections
+	// are not told when the process ends without closing them.
+	Helper string
+	Spawn  peernotify.SpawnFunc
 }
 
 // Engine serves one process's offloaded sockets.
@@ -97,8 +104,11 @@ type Engine struct {
 	rules   *rules.Config
 	program string
 	onState func(fd int, s State)
-	owed    *atomic.Int32 // Options.Owed
-	Log     *Log
+	owed    *atomic.Int32        // Options.Owed
+	peers   *peernotify.Notifier // nil: VMAXDP_TCP or VMAXDP_PEER_NOTIFY off
+	// peersSaid: the helper's failure was logged.
+	peersSaid atomic.Bool
+	Log       *Log
 
 	mu       sync.Mutex // stacks, stackErr, epolls, Socket.fds
 	stacks   map[string]*stack.Stack
@@ -252,6 +262,9 @@ func New(opts *Options) (*Engine, error) {
 		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD),
 		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
+	if o.Params.TCP && o.Params.PeerNotify {
+		e.peers = peernotify.New(o.Helper, o.Spawn)
+	}
 	var err error
 	e.Log, err = newLog(o.Params, o.Stderr)
 	if err = errors.Join(perr, err); err != nil {
@@ -679,6 +692,9 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 	var st *stack.Stack
 	err := netnsutil.Do(ns, func() (err error) {
 		st, err = e.newStack(ifname, func() bool { return e.stillWanted(ifname) })
+		if err == nil {
+			e.watchPeers(ifname, st) // in the interface's namespace
+		}
 		return err
 	})
 	if err != nil && !errors.Is(err, stack.ErrNotWanted) {

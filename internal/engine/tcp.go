@@ -1564,6 +1564,19 @@ func (e *Engine) beginOpen(ifname string) (netns.NsHandle, error) {
 	return netns.NsHandle(highfd.Move(int(ns))), nil
 }
 
+// watchPeers hands the peer-notification helper st's connections, so
+// that their peers learn of this process's end however it comes. A
+// helper that cannot run is said once, at WARNING: the process is served
+// as before.
+func (e *Engine) watchPeers(ifname string, st *stack.Stack) {
+	if e.peers == nil {
+		return
+	}
+	if err := e.peers.Watch(ifname, st.Program().ConnMap()); err != nil && !e.peersSaid.Swap(true) {
+		e.Log.Printf(params.LevelWarning, "TCP peers of %s are not told if this process ends without closing its connections (%s=0 to hide this): %v", ifname, params.Prefix+"PEER_NOTIFY", err)
+	}
+}
+
 // exitWait bounds how long a process's exit waits for its TCP
 // connections' closing handshakes.
 const exitWait = 500 * time.Millisecond
@@ -1600,6 +1613,10 @@ func (e *Engine) exitTCP() {
 		if st.HasTCP() {
 			st.Close()
 		}
+	}
+	// What the closes left is for the helper to tell of now.
+	if e.peers != nil {
+		e.peers.Close()
 	}
 }
 

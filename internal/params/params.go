@@ -48,6 +48,7 @@ type Params struct {
 	CPUUsageStats     bool
 	TxMCLoopback      bool
 	TCP               bool
+	PeerNotify        bool
 }
 
 // Param describes one parameter.
@@ -152,6 +153,7 @@ var All = []Param{
 	intParam("STATS_FD_NUM", "Stats FD Num (max)", "0", "Most sockets whose counters are published (0: all).", 0, 1<<20, func(p *Params) *int { return &p.StatsFDNum }),
 	stringParam("STATS_DIR", "Stats Dir", "/dev/shm", "Directory of the shared-memory counters that vmaxdp stats reads.", nil, func(p *Params) *string { return &p.StatsDir }),
 	boolParam("TCP", "TCP Offload", "0", "1: TCP listeners are offloaded as UDP sockets are (the rules' tcp_server role), their connections served by gVisor's netstack; 0: TCP stays on the kernel. Off by default: netstack's request-response round trip is slower than the kernel's here (README).", func(p *Params) *bool { return &p.TCP }),
+	boolParam("PEER_NOTIFY", "TCP Peer Notification", "1", "1: a helper process (vmaxdp notify-peers) tells the peers of offloaded TCP connections that the process ended, if it ends without closing them (SIGKILL, a crash, _exit, exec), as the kernel's close of a dying process's sockets does: each peer gets a reset; 0: no helper, and such a peer waits for data that never comes. VMA's vmad.", func(p *Params) *bool { return &p.PeerNotify }),
 	boolParam("TX_MC_LOOPBACK", "Tx MC Loopback", "1", "Initial IP_MULTICAST_LOOP of every UDP socket (the application's setsockopt overrides it). While it is on, multicast to a group that has a member on this host (on the sending interface) goes through the kernel, which gives the member its copy, and the rest is offloaded; 0 offloads it all.", func(p *Params) *bool { return &p.TxMCLoopback }),
 	boolParam("CPU_USAGE_STATS", "Polling CPU idle usage", "0", "1: measure the CPU share spent polling in select, poll and epoll_wait.", func(p *Params) *bool { return &p.CPUUsageStats }),
 }

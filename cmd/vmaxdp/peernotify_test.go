@@ -1,0 +1,150 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// peerGone bounds how long a peer may wait to learn that a process
+// under vmaxdp is gone; the kernel tells it at once.
+const peerGone = 3 * time.Second
+
+// waitEnd reads c until it ends and says how, or fails after peerGone.
+func waitEnd(c net.Conn) error {
+	c.SetReadDeadline(time.Now().Add(peerGone))
+	_, err := io.Copy(io.Discard, c)
+	switch {
+	case err == nil:
+		return nil // EOF: a FIN
+	case errors.Is(err, syscall.ECONNRESET):
+		return nil
+	}
+	return fmt.Errorf("the connection did not end within %v: %w", peerGone, err)
+}
+
+// TestRunTCPPeerNotify: a process under vmaxdp (VMAXDP_TCP=1) that ends
+// without closing its offloaded connections (SIGKILL, _exit, an exec that
+// drops them) leaves no kernel socket to close them, and a kernel peer
+// blocked in a read waited for ever. The helper (vmaxdp notify-peers)
+// now gets each peer a reset: every read below ends within 3 s, and the
+// log names the connections. A clean exit (redis' SIGTERM) closes them
+// itself, and the helper says nothing. redis-server as server, Python as
+// client, kernel peers, on the plain bed (as `ip link add` makes it).
+func TestRunTCPPeerNotify(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run("redis-"+sig.String(), func(t *testing.T) {
+			const port = 11230
+			p := startRedis(t, b, port, nil)
+			raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+			var conns []net.Conn
+			err := b.Do(testbed.A, func() error {
+				for i := 0; i < 2; i++ {
+					c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+					if err != nil {
+						return err
+					}
+					t.Cleanup(func() { c.Close() })
+					if err := redisPing(c, 5*time.Second); err != nil {
+						return err
+					}
+					conns = append(conns, c)
+				}
+				// One blocked in the server too: BLPOP waits for a list.
+				_, err := conns[1].Write([]byte("BLPOP vmaxdp-none 0\r\n"))
+				return err
+			})
+			if err != nil {
+				t.Fatalf("%v\n%s", err, tail(p.out.String(), 30))
+			}
+			p.wantSaid(t, "offloaded on "+b.Link(testbed.B)+" (tcp_server")
+			time.Sleep(100 * time.Millisecond) // BLPOP reached the server
+			if err := syscall.Kill(p.pid, sig); err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range conns {
+				if err := waitEnd(c); err != nil {
+					t.Errorf("client %d after %v: %v\n%s", i, sig, err, tail(p.out.String(), 20))
+				}
+			}
+			p.exited()
+			said := strings.Contains(p.out.String(), "offloaded TCP connection(s) open")
+			if sig == syscall.SIGKILL && !said {
+				t.Errorf("the helper did not say which peers it told:\n%s", tail(p.out.String(), 20))
+			}
+			if sig == syscall.SIGTERM && said {
+				t.Errorf("redis closed its connections, but the helper told their peers:\n%s", tail(p.out.String(), 20))
+			}
+		})
+	}
+	// A client ends without closing its connection: _exit, or an exec
+	// that closes it (Python's sockets are close-on-exec) while the
+	// process lives on as another program.
+	for _, how := range []string{"_exit", "exec"} {
+		t.Run("python-"+strings.TrimPrefix(how, "_"), func(t *testing.T) {
+			const port = 11231
+			var ln net.Listener
+			if err := b.Do(testbed.A, func() (err error) {
+				ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), port).String())
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			script := `import os, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"hi")
+s.recv(2)
+print("connected", flush=True)
+if sys.argv[3] == "exec":
+    os.execv("/bin/sleep", ["sleep", "6"])
+os._exit(0)
+`
+			p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "-c", script,
+				b.Addr(testbed.A).String(), strconv.Itoa(port), how)
+			ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			defer c.Close()
+			var hi [2]byte
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(c, hi[:]); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			if _, err := c.Write([]byte("ok")); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.waitFor("connected\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			if err := waitEnd(c); err != nil {
+				t.Errorf("after %s: %v\n%s", how, err, p.out.String())
+			}
+			if how == "exec" && p.gone() != "" {
+				t.Errorf("sleep ended before the peer learnt: the test proves nothing")
+			}
+			if err := p.waitFor("ended with 1 offloaded TCP connection(s) open"); err != nil {
+				t.Errorf("the helper did not say which peer it told: %v\n%s", err, p.out.String())
+			}
+			p.wantSaid(t, "offloaded on "+b.Link(testbed.B)+" (tcp_client")
+		})
+	}
+}

@@ -1,0 +1,272 @@
+// Package peernotify tells the peers of a process's offloaded TCP
+// connections that the process is gone, when it ends without closing them:
+// SIGKILL, a crash, _exit, or an exec that drops them. The kernel closes a
+// dying process's own sockets with a FIN or a reset, but it has no socket
+// for a connection netstack served, and the peer of one would wait for
+// ever for the next byte. VMA's peer-notification daemon (vmad) does this
+// for VMA.
+//
+// A helper process (`vmaxdp notify-peers`), started once by a process that
+// offloads TCP, holds the other end of a Unix socket the process keeps
+// open. For each interface's stack the process sends it the steering
+// program's 5-tuple rule map and a raw socket of the interface's network
+// namespace. When the socket ends (the process died or exec'd) the helper
+// marks every TCP connection rule left for the kernel
+// (steer.ReleaseTCPConns) and sends each connection's peer a SYN. A peer
+// with the connection open answers it with an ACK (RFC 5961's challenge
+// ACK); the kernel, which has no socket for it, answers that with a reset
+// whose sequence number is the one the peer's ACK named, and the peer's
+// connection ends. The helper sends no reset itself: it does not know the
+// sequence numbers netstack had reached.
+//
+// A clean exit closes the connections first (engine.Shutdown), which
+// takes their rules away, and the helper has nothing to do.
+//
+// What this package must not do: run anything per packet or per
+// connection in the served process, which sends one message per stack.
+package peernotify
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/steer"
+)
+
+// Command is the vmaxdp subcommand that runs the helper (Serve).
+const Command = "notify-peers"
+
+// ErrNoHelper is returned by Watch when the helper cannot run.
+var ErrNoHelper = errors.New("no peer-notification helper")
+
+// SpawnFunc starts path with argv and fd as the new process's fd 3, as a
+// process that is not a child of the caller's application, which would
+// wait for it (a prefork master's wait(-1) loop) or reap it. It returns
+// the new process's id.
+type SpawnFunc func(path string, argv []string, fd int) (pid int, err error)
+
+// Notifier is the served process's side: it starts the helper once and
+// hands it each stack's connections.
+type Notifier struct {
+	path  string
+	spawn SpawnFunc
+
+	mu  sync.Mutex
+	fd  int   // the process's end of the socket; -1 until the helper runs
+	err error // why the helper did not start; it is not tried again
+}
+
+// New returns a Notifier that starts path (the vmaxdp executable) with
+// spawn when Watch is first called.
+func New(path string, spawn SpawnFunc) *Notifier {
+	return &Notifier{path: path, spawn: spawn, fd: -1}
+}
+
+// Watch hands the helper m, the ConnMap of ifname's steering program,
+// with a raw socket of the calling thread's network namespace (the
+// interface's), starting the helper first.
+func (n *Notifier) Watch(ifname string, m *ebpf.Map) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.err != nil {
+		return n.err
+	}
+	if n.fd < 0 {
+		if n.err = n.start(); n.err != nil {
+			return n.err
+		}
+	}
+	// IPPROTO_RAW: the helper writes whole IPv4 packets, and the socket
+	// receives nothing, so that no queue fills while it waits.
+	raw, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return fmt.Errorf("peer notification for %s: raw socket: %w", ifname, err)
+	}
+	defer unix.Close(raw)
+	if err := unix.Sendmsg(n.fd, []byte(ifname), unix.UnixRights(m.FD(), raw), nil, 0); err != nil {
+		return fmt.Errorf("peer notification for %s: hand the helper its maps: %w", ifname, err)
+	}
+	return nil
+}
+
+// Close ends the helper's wait as the process's end would: the stacks
+// are closed, and what rules are left are connections to tell of.
+func (n *Notifier) Close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fd >= 0 {
+		highfd.Close(n.fd)
+		n.fd = -1
+	}
+	if n.err == nil {
+		n.err = fmt.Errorf("%w: closed", ErrNoHelper)
+	}
+}
+
+// start starts the helper. Caller holds n.mu.
+func (n *Notifier) start() error {
+	if n.path == "" || n.spawn == nil {
+		return fmt.Errorf("%w: vmaxdp's executable not found beside the preload library", ErrNoHelper)
+	}
+	if _, err := os.Stat(n.path); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoHelper, err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%w: socketpair: %v", ErrNoHelper, err)
+	}
+	argv := []string{n.path, Command, "-pid", fmt.Sprint(os.Getpid())}
+	_, err = n.spawn(n.path, argv, fds[1])
+	unix.Close(fds[1])
+	if err != nil {
+		unix.Close(fds[0])
+		return fmt.Errorf("%w: start %s: %v", ErrNoHelper, n.path, err)
+	}
+	// Kept high, and closed in a forked child (highfd), so that only this
+	// process's end, or its exec, ends the helper's wait.
+	n.fd = highfd.Move(fds[0])
+	return nil
+}
+
+// stackConns is what the helper was handed for one stack.
+type stackConns struct {
+	ifname string
+	m      *ebpf.Map
+	raw    int
+	conns  []steer.Rule // released
+}
+
+// probeAgain is when a second SYN follows the first, for one lost or
+// rate-limited: Linux answers at most one challenge ACK per connection
+// every 500 ms (net.ipv4.tcp_invalid_ratelimit).
+const probeAgain = 700 * time.Millisecond
+
+// Serve is the helper (`vmaxdp notify-peers`). It takes the stacks the
+// process pid hands it on conn until conn ends, then releases the TCP
+// connections left in them and sends their peers a SYN, twice, logging to
+// log what it did.
+func Serve(conn, pid int, log io.Writer) error {
+	var stacks []stackConns
+	buf, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(2*4))
+	for {
+		nb, noob, _, _, err := unix.Recvmsg(conn, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("notify-peers: read from process %d: %w", pid, err)
+		}
+		if nb == 0 && noob == 0 {
+			break // the process's end closed
+		}
+		s, err := parseStack(buf[:nb], oob[:noob])
+		if err != nil {
+			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %v\n", pid, err)
+			continue
+		}
+		stacks = append(stacks, s)
+	}
+	var conns []steer.Rule
+	for i := range stacks {
+		s := &stacks[i]
+		rs, err := steer.ReleaseTCPConns(s.m)
+		if err != nil {
+			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %s: %v\n", pid, s.ifname, err)
+		}
+		for _, r := range rs {
+			if err := probe(s.raw, r); err != nil {
+				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %s: SYN to %s: %v\n", pid, s.ifname, r.Remote, err)
+			}
+		}
+		s.conns = rs
+		conns = append(conns, rs...)
+	}
+	if len(conns) > 0 {
+		fmt.Fprintf(log, "vmaxdp: process %d ended with %d offloaded TCP connection(s) open, which no kernel socket closes: told their peers with a SYN each, which the kernel answers with a reset: %s\n",
+			pid, len(conns), summary(conns))
+		time.Sleep(probeAgain)
+		for _, s := range stacks {
+			for _, r := range s.conns {
+				probe(s.raw, r) // the first one's errors were said
+			}
+		}
+	}
+	return nil
+}
+
+// parseStack reads one message of Watch.
+func parseStack(b, oob []byte) (stackConns, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil || len(msgs) != 1 {
+		return stackConns{}, fmt.Errorf("message without its fds (%d control messages: %v)", len(msgs), err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 2 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return stackConns{}, fmt.Errorf("message with %d fds, want 2 (%v)", len(fds), err)
+	}
+	m, err := ebpf.NewMapFromFD(fds[0])
+	if err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return stackConns{}, fmt.Errorf("%s: rule map: %w", b, err)
+	}
+	return stackConns{ifname: string(b), m: m, raw: fds[1]}, nil
+}
+
+// probe sends the peer of r (a TCP 5-tuple rule: Local is this host's
+// end) a SYN from the connection's address and port, with a sequence
+// number of no meaning.
+func probe(raw int, r steer.Rule) error {
+	var pkt [header.IPv4MinLen + 20]byte
+	ip := header.IPv4(pkt[:])
+	ip.Encode(header.IPv4Fields{TotalLen: uint16(len(pkt)), TTL: 64, Protocol: unix.IPPROTO_TCP,
+		Src: r.Local.Addr(), Dst: r.Remote.Addr()})
+	putSYN(pkt[header.IPv4MinLen:], r.Local, r.Remote, rand.Uint32())
+	return unix.Sendto(raw, pkt[:], 0, &unix.SockaddrInet4{Addr: r.Remote.Addr().As4()})
+}
+
+// putSYN writes a 20-byte TCP SYN from src to dst into seg, with its
+// checksum.
+func putSYN(seg []byte, src, dst netip.AddrPort, seq uint32) {
+	clear(seg[:20])
+	seg[0], seg[1] = byte(src.Port()>>8), byte(src.Port())
+	seg[2], seg[3] = byte(dst.Port()>>8), byte(dst.Port())
+	seg[4], seg[5], seg[6], seg[7] = byte(seq>>24), byte(seq>>16), byte(seq>>8), byte(seq)
+	seg[12] = 5 << 4 // data offset: no options
+	seg[13] = header.TCPFlagSyn
+	seg[14], seg[15] = 0x10, 0 // window 4096
+	c := ^header.Fold(header.Sum(seg[:20], header.PseudoSum(src.Addr(), dst.Addr(), unix.IPPROTO_TCP, 20)))
+	seg[16], seg[17] = byte(c>>8), byte(c)
+}
+
+// summary names the first connections of conns.
+func summary(conns []steer.Rule) string {
+	const most = 8
+	var b strings.Builder
+	for i, r := range conns {
+		if i == most {
+			fmt.Fprintf(&b, " and %d more", len(conns)-most)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s<-%s", r.Local, r.Remote)
+	}
+	return b.String()
+}

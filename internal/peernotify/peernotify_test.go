@@ -1,0 +1,119 @@
+package peernotify_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/peernotify"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
+
+// TestServe runs the helper's whole path in one process, with no stack:
+// a kernel connection from side A to side B whose B end vanishes without
+// a word (closed in TCP_REPAIR mode, as a netstack connection vanishes
+// with its process), and a steering rule for it on B that an AF_XDP
+// socket no longer serves. Once the Notifier's socket ends, Serve
+// releases the rule and sends A a SYN; A's challenge ACK reaches B's
+// kernel, which resets the connection, and A's blocked read ends.
+func TestServe(t *testing.T) {
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	const port = 11240
+	var (
+		ln     net.Listener
+		client net.Conn
+	)
+	if err := b.Do(testbed.B, func() (err error) {
+		ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := b.Do(testbed.A, func() (err error) {
+		client, err = net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	rc, err := server.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
+	if err != nil {
+		t.Fatalf("TCP_REPAIR: %v", err)
+	}
+	server.Close() // silently: repair mode sends nothing
+
+	var log bytes.Buffer
+	served := make(chan error, 1)
+	spawn := func(path string, argv []string, fd int) (int, error) {
+		helper, err := unix.Dup(fd)
+		if err != nil {
+			return 0, err
+		}
+		go func() { served <- peernotify.Serve(helper, os.Getpid(), &log) }()
+		return os.Getpid(), nil
+	}
+	n := peernotify.New("/proc/self/exe", spawn)
+	err = b.Do(testbed.B, func() error {
+		p, err := steer.Attach(b.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { p.Close() })
+		local := client.RemoteAddr().(*net.TCPAddr).AddrPort()
+		remote := client.LocalAddr().(*net.TCPAddr).AddrPort()
+		if _, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: remote}); err != nil {
+			return err
+		}
+		return n.Watch(b.Link(testbed.B), p.ConnMap())
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after the process's end of its socket closed")
+	}
+	client.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.Copy(io.Discard, client); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("A's read: %v, want ECONNRESET", err)
+	}
+	if !strings.Contains(log.String(), "ended with 1 offloaded TCP connection(s) open") {
+		t.Errorf("the helper's log: %q", log.String())
+	}
+}
+
+// TestWatchWithoutHelper: no executable, no helper, said once.
+func TestWatchWithoutHelper(t *testing.T) {
+	n := peernotify.New("", nil)
+	if err := n.Watch("eth0", nil); !errors.Is(err, peernotify.ErrNoHelper) {
+		t.Errorf("Watch: %v, want ErrNoHelper", err)
+	}
+}
