@@ -35,6 +35,11 @@ type TCPConn struct {
 	rule steer.RuleID
 	kfd  int // the kernel socket that holds the local port, or -1
 	once sync.Once
+	// twSince is when reapTCP first saw the closed connection in
+	// TIME-WAIT, and ruleGone says its rule is released (releaseRule);
+	// both under the tcpState's mu while it is listed in closing.
+	twSince  time.Time
+	ruleGone bool
 	// mapped: the application's socket is AF_INET6 (SetMapped), so the
 	// kernel socket ToKernel makes is one too, with IPv4-mapped names.
 	mapped atomic.Bool
@@ -139,10 +144,21 @@ func (c *TCPConn) Close() error {
 	return err
 }
 
-// release removes the connection's rule and kernel socket.
-func (c *TCPConn) release() {
+// releaseRule removes the connection's steering rule: netstack gets its
+// late segments through its listener's rule, if one still steers them,
+// and the kernel answers them with a reset otherwise.
+func (c *TCPConn) releaseRule() {
+	if c.ruleGone {
+		return
+	}
+	c.ruleGone = true
 	c.st.tcpConns.CompareAndDelete(c.key, c)
 	c.st.removeRule(c.rule)
+}
+
+// release removes the connection's rule and kernel socket.
+func (c *TCPConn) release() {
+	c.releaseRule()
 	if c.kfd >= 0 {
 		highfd.Close(c.kfd)
 		c.kfd = -1
