@@ -32,6 +32,10 @@
 #include <bpf/bpf_helpers.h>
 
 #define MAX_RULES 4096
+// MAX_CONNS bounds the 5-tuple rules, one for each TCP connection a stack
+// serves. Rule ids past MAX_RULES index no rule_stats entry, and their
+// rules go uncounted.
+#define MAX_CONNS 65536
 #define MAX_QUEUES 64
 
 // flow_key is the key of every rule map; fields a rule kind does not use
@@ -95,7 +99,14 @@ struct {
 		__type(value, struct rule_value);                               \
 	} name SEC(".maps")
 
-RULE_MAP(rules_5tuple);
+// Not preallocated: most stacks hold a few connections, not MAX_CONNS.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_CONNS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct flow_key);
+	__type(value, struct rule_value);
+} rules_5tuple SEC(".maps");
 RULE_MAP(rules_mcast);
 RULE_MAP(rules_3tuple);
 RULE_MAP(rules_port);

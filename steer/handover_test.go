@@ -1,6 +1,7 @@
 package steer_test
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -314,6 +315,57 @@ func TestReleaseTCPConns(t *testing.T) {
 		}
 		if again, err := steer.ReleaseTCPConns(p.ConnMap()); err != nil || len(again) != 0 {
 			t.Errorf("a second release: %v, %v; want none", again, err)
+		}
+		return nil
+	})
+}
+
+// TestConnRules: a stack serves more TCP connections than it has rule
+// ids with counters. 5-tuple rules past MaxRules-countedReserve get ids
+// without counters (which read zero) and still steer their segments;
+// rules of the other kinds still find the ids kept for them; every id
+// comes back on removal.
+func TestConnRules(t *testing.T) {
+	onProgram(t, func(p *steer.Program, ifname string) error {
+		serveQueue(t, p, ifname, 0)
+		const port, conns, probe = 8083, steer.MaxRules + 1000, 50000
+		local := netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port)
+		conn := func(remote netip.AddrPort) steer.Rule {
+			return steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: remote}
+		}
+		var ids []steer.RuleID
+		for i := range conns {
+			id, err := p.AddRule(conn(netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, byte(100 + i>>8), byte(i)}), 40000)))
+			if err != nil {
+				return fmt.Errorf("connection %d: %w", i, err)
+			}
+			ids = append(ids, id)
+		}
+		last, err := p.AddRule(conn(netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), probe)))
+		if err != nil {
+			return err
+		}
+		ids = append(ids, last)
+		if last < steer.MaxRules {
+			t.Errorf("the last connection's rule has id %d: all %d have counters, none are kept for the other kinds", last, conns+1)
+		}
+		if c, err := p.RuleCounters(last); err != nil || c != (steer.RuleCounters{}) {
+			t.Errorf("counters of a rule without any: %+v, %v; want zero, nil", c, err)
+		}
+		if v := verdict(t, p, probe, port, false, true); v != xdpRedirect {
+			t.Errorf("a segment of a connection whose rule has no counters: verdict %d, want XDP_REDIRECT", v)
+		}
+		udp, err := p.AddRule(steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_UDP, Local: local})
+		if err != nil {
+			return fmt.Errorf("a 3-tuple rule after %d connections: %w", conns+1, err)
+		}
+		for _, id := range append(ids, udp) {
+			if err := p.RemoveRule(id); err != nil {
+				return err
+			}
+		}
+		if n := p.RuleCount(); n != 0 {
+			t.Errorf("%d rules left after removing all", n)
 		}
 		return nil
 	})

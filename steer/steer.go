@@ -82,8 +82,21 @@ func RemoveNetnsPins(pinDir string, netns uint32) error {
 	return errors.Join(errs...)
 }
 
-// MaxRules is the capacity of each rule map (MAX_RULES in steer.c).
+// MaxRules is the capacity of each rule map but the 5-tuple one, and the
+// number of rules with counters (MAX_RULES in steer.c).
 const MaxRules = 4096
+
+// MaxConns is the capacity of the 5-tuple rule map (MAX_CONNS in
+// steer.c), which takes a rule for each TCP connection. A 5-tuple rule
+// gets an id with counters while more than countedReserve of those are
+// free, and one without past that (MaxRules and above: its counters read
+// zero), so that connections never take the last ids from listeners and
+// UDP sockets, nor stop at 4,096.
+const MaxConns = 65536
+
+// countedReserve is how many ids with counters 5-tuple rules leave to
+// the other kinds.
+const countedReserve = 1024
 
 var (
 	// ErrForeignProgram: another XDP program is attached to the interface.
@@ -210,11 +223,15 @@ type Program struct {
 	// reach them by path; -1 until then.
 	dirfd, parentfd int
 
-	mu       sync.Mutex
-	rules    map[RuleID]Rule
-	free     []RuleID
-	ports    map[uint16]uint32 // local port -> rules naming it
-	handover map[RuleID]bool   // rules in handover (Handover)
+	mu    sync.Mutex
+	rules map[RuleID]Rule
+	free  []RuleID // ids with counters
+	// freeConns and nextConn give out the ids without counters: those
+	// given back, then the next never used.
+	freeConns []RuleID
+	nextConn  RuleID
+	ports     map[uint16]uint32 // local port -> rules naming it
+	handover  map[RuleID]bool   // rules in handover (Handover)
 }
 
 // Attach loads the steering program and attaches it to ifname in the
@@ -289,6 +306,7 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	for i := MaxRules - 1; i >= 0; i-- {
 		p.free = append(p.free, RuleID(i))
 	}
+	p.nextConn = MaxRules
 	if err := p.moveHigh(); err != nil {
 		return p, err
 	}
@@ -637,18 +655,20 @@ func (p *Program) AddRule(r Rule) (RuleID, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.free) == 0 {
-		return 0, fmt.Errorf("steer %s: rule %s: %w (%d rules)", p.ifname, r, ErrNoRuleSpace, MaxRules)
+	id, err := p.nextIDLocked(r)
+	if err != nil {
+		return 0, err
 	}
 	if p.link == nil {
 		if err := p.reattachLocked(); err != nil {
 			return 0, err
 		}
 	}
-	id := p.free[len(p.free)-1]
-	zero := make([]vbpf.SteerRuleCounters, ebpf.MustPossibleCPU())
-	if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
-		return 0, fmt.Errorf("steer %s: rule %s: reset counters: %w", p.ifname, r, err)
+	if counted(id) {
+		zero := make([]vbpf.SteerRuleCounters, ebpf.MustPossibleCPU())
+		if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
+			return 0, fmt.Errorf("steer %s: rule %s: reset counters: %w", p.ifname, r, err)
+		}
 	}
 	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id)}, ebpf.UpdateNoExist); err != nil {
 		return 0, fmt.Errorf("steer %s: rule %s: %w", p.ifname, r, err)
@@ -661,9 +681,37 @@ func (p *Program) AddRule(r Rule) (RuleID, error) {
 		}
 	}
 	p.ports[port]++
-	p.free = p.free[:len(p.free)-1]
+	switch {
+	case counted(id):
+		p.free = p.free[:len(p.free)-1]
+	case id == p.nextConn:
+		p.nextConn++
+	default:
+		p.freeConns = p.freeConns[:len(p.freeConns)-1]
+	}
 	p.rules[id] = r
 	return id, nil
+}
+
+// counted says whether rule id has counters.
+func counted(id RuleID) bool { return id < MaxRules }
+
+// nextIDLocked is the id AddRule gives r, still free until it does.
+// Caller holds p.mu.
+func (p *Program) nextIDLocked(r Rule) (RuleID, error) {
+	switch {
+	case r.Kind == Rule5Tuple && len(p.free) <= countedReserve:
+		if n := len(p.freeConns); n > 0 {
+			return p.freeConns[n-1], nil
+		}
+		if p.nextConn < MaxRules+MaxConns {
+			return p.nextConn, nil
+		}
+		return 0, fmt.Errorf("steer %s: rule %s: %w (%d 5-tuple rules)", p.ifname, r, ErrNoRuleSpace, MaxConns)
+	case len(p.free) == 0:
+		return 0, fmt.Errorf("steer %s: rule %s: %w (%d rules)", p.ifname, r, ErrNoRuleSpace, MaxRules)
+	}
+	return p.free[len(p.free)-1], nil
 }
 
 // installedLocked is the installed rule id and its key. Caller holds p.mu.
@@ -763,7 +811,11 @@ func (p *Program) RemoveRule(id RuleID) error {
 		}
 	}
 	delete(p.rules, id)
-	p.free = append(p.free, id)
+	if counted(id) {
+		p.free = append(p.free, id)
+	} else {
+		p.freeConns = append(p.freeConns, id)
+	}
 	return errors.Join(forgetErr, portErr)
 }
 
@@ -851,8 +903,12 @@ func (p *Program) Rules() map[RuleID]Rule {
 	return out
 }
 
-// RuleCounters reads a rule's counters.
+// RuleCounters reads a rule's counters, zero for a rule without any
+// (see MaxConns).
 func (p *Program) RuleCounters(id RuleID) (RuleCounters, error) {
+	if !counted(id) {
+		return RuleCounters{}, nil
+	}
 	var per []vbpf.SteerRuleCounters
 	if err := p.objs.RuleStats.Lookup(uint32(id), &per); err != nil {
 		return RuleCounters{}, fmt.Errorf("steer %s: rule %d counters: %w", p.ifname, id, err)
@@ -886,6 +942,9 @@ func (p *Program) ZeroCounters() error {
 	}
 	zero := make([]vbpf.SteerRuleCounters, n)
 	for id := range p.rules {
+		if !counted(id) {
+			continue
+		}
 		if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
 			return fmt.Errorf("steer %s: zero rule %d counters: %w", p.ifname, id, err)
 		}

@@ -836,20 +836,29 @@ func procRSS(pid int) int {
 	return 0
 }
 
+// manyConnsTools skips t unless it runs as root with redis-server and
+// prlimit, which raises the server's fd limit for conns connections, and
+// returns prlimit's path.
+func manyConnsTools(t *testing.T, conns string) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("prlimit (util-linux) is not installed: it raises the server's fd limit for " + conns + " connections")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed (make deps installs it)")
+	}
+	return prlimit
+}
+
 // TestRunTCPChurn: redis-server under vmaxdp takes 1,000 connections at
 // once, then 10,000 connect, request, close cycles, from a kernel client;
 // every request is answered, and afterwards the server holds the fds it
 // held before (its own and the engine's: no mirror or port left behind)
 // and its memory has not grown with the connections.
 func TestRunTCPChurn(t *testing.T) {
-	testutil.RequireRoot(t)
-	prlimit, err := exec.LookPath("prlimit")
-	if err != nil {
-		t.Skip("prlimit (util-linux) is not installed: it raises the server's fd limit for 1,000 connections")
-	}
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (make deps installs it)")
-	}
+	prlimit := manyConnsTools(t, "1,000")
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		const port = 11196
 		// The cycles took 25-70 s beside other packages' tests: a 30 s
@@ -868,7 +877,7 @@ func TestRunTCPChurn(t *testing.T) {
 		dial := func() (net.Conn, error) { return net.DialTimeout("tcp4", raddr, 5*time.Second) }
 		var fds0, rss0 int
 		var links0 map[string]string
-		err = b.Do(testbed.A, func() error {
+		err := b.Do(testbed.A, func() error {
 			c, err := dial()
 			if err != nil {
 				return err
@@ -979,6 +988,51 @@ func TestRunTCPChurn(t *testing.T) {
 			t.Errorf("the server's memory grew from %d KiB to %d KiB", rss0, rss)
 		}
 	})
+}
+
+// TestRunTCPManyConns: a server under vmaxdp holds 5,000 connections at
+// once, all offloaded: a connection takes a steering rule, and the
+// program had 4,096, past which netstack reset every new one. redis-server
+// with kernel clients, plain bed.
+func TestRunTCPManyConns(t *testing.T) {
+	prlimit := manyConnsTools(t, "5,000")
+	const port, many = 11232, 5000
+	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=3"}, prlimit, "--nofile=16384:16384", "--", tools(t), "run", "--",
+		"redis-server", "--port", strconv.Itoa(port), "--bind", b.Addr(testbed.B).String(), "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--maxclients", "6000", "--dir", t.TempDir())
+	if err := p.waitFor("Ready to accept connections"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+	opens := testutil.SNMPStat(t, b, testbed.B, "Tcp", "PassiveOpens")
+	err := b.Do(testbed.A, func() error {
+		conns := make([]net.Conn, 0, many)
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for i := range many {
+			c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+			if err != nil {
+				return fmt.Errorf("connection %d of %d: %w", i, many, err)
+			}
+			conns = append(conns, c)
+		}
+		for i, c := range conns {
+			if err := redisPing(c, 10*time.Second); err != nil {
+				return fmt.Errorf("connection %d of %d: %w", i, many, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	}
+	if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "PassiveOpens") - opens; n != 0 {
+		t.Errorf("%d connections open, the kernel accepted %d of them: not offloaded", many, n)
+	}
 }
 
 // TestStatsTCP: vmaxdp stats shows an offloaded TCP server's sockets as
