@@ -31,7 +31,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -232,26 +231,12 @@ func parseStack(b, oob []byte) (stackConns, error) {
 // end) a SYN from the connection's address and port, with a sequence
 // number of no meaning.
 func probe(raw int, r steer.Rule) error {
-	var pkt [header.IPv4MinLen + 20]byte
-	ip := header.IPv4(pkt[:])
-	ip.Encode(header.IPv4Fields{TotalLen: uint16(len(pkt)), TTL: 64, Protocol: unix.IPPROTO_TCP,
+	var pkt [header.IPv4MinLen + header.TCPMinLen]byte
+	header.IPv4(pkt[:]).Encode(header.IPv4Fields{TotalLen: uint16(len(pkt)), TTL: 64, Protocol: header.ProtocolTCP,
 		Src: r.Local.Addr(), Dst: r.Remote.Addr()})
-	putSYN(pkt[header.IPv4MinLen:], r.Local, r.Remote, rand.Uint32())
+	header.TCP(pkt[header.IPv4MinLen:]).Encode(header.TCPFields{SrcPort: r.Local.Port(), DstPort: r.Remote.Port(),
+		Seq: rand.Uint32(), Flags: header.TCPFlagSyn, Window: 4096, Src: r.Local.Addr(), Dst: r.Remote.Addr()})
 	return unix.Sendto(raw, pkt[:], 0, &unix.SockaddrInet4{Addr: r.Remote.Addr().As4()})
-}
-
-// putSYN writes a 20-byte TCP SYN from src to dst into seg, with its
-// checksum.
-func putSYN(seg []byte, src, dst netip.AddrPort, seq uint32) {
-	clear(seg[:20])
-	seg[0], seg[1] = byte(src.Port()>>8), byte(src.Port())
-	seg[2], seg[3] = byte(dst.Port()>>8), byte(dst.Port())
-	seg[4], seg[5], seg[6], seg[7] = byte(seq>>24), byte(seq>>16), byte(seq>>8), byte(seq)
-	seg[12] = 5 << 4 // data offset: no options
-	seg[13] = header.TCPFlagSyn
-	seg[14], seg[15] = 0x10, 0 // window 4096
-	c := ^header.Fold(header.Sum(seg[:20], header.PseudoSum(src.Addr(), dst.Addr(), unix.IPPROTO_TCP, 20)))
-	seg[16], seg[17] = byte(c>>8), byte(c)
 }
 
 // summary names the first connections of conns.

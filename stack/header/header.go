@@ -112,6 +112,29 @@ func (t TCP) SrcPort() uint16 { return binary.BigEndian.Uint16(t[0:]) }
 func (t TCP) DstPort() uint16 { return binary.BigEndian.Uint16(t[2:]) }
 func (t TCP) Flags() uint8    { return t[13] }
 
+// TCPFields are the fields Encode writes; the rest are zero (no options,
+// no acknowledgement number, no urgent pointer).
+type TCPFields struct {
+	SrcPort, DstPort uint16
+	Seq              uint32
+	Flags            uint8
+	Window           uint16
+	Src, Dst         netip.Addr // for the checksum's pseudo-header
+}
+
+// Encode writes a 20-byte header with the checksum of t, the header and
+// its payload, whole in t.
+func (t TCP) Encode(f TCPFields) {
+	clear(t[:TCPMinLen])
+	binary.BigEndian.PutUint16(t[0:], f.SrcPort)
+	binary.BigEndian.PutUint16(t[2:], f.DstPort)
+	binary.BigEndian.PutUint32(t[4:], f.Seq)
+	t[12] = TCPMinLen / 4 << 4
+	t[13] = f.Flags
+	binary.BigEndian.PutUint16(t[14:], f.Window)
+	binary.BigEndian.PutUint16(t[16:], ^Fold(Sum(t, PseudoSum(f.Src, f.Dst, ProtocolTCP, len(t)))))
+}
+
 // UDP is a view of a UDP header.
 type UDP []byte
 

@@ -188,16 +188,40 @@ func TestBuildUDPPartialChecksum(t *testing.T) {
 	}
 }
 
+// TestTCPEncodeMatchesGopacket: gopacket reads the fields TCP.Encode
+// wrote, and computes the same checksum over them.
+func TestTCPEncodeMatchesGopacket(t *testing.T) {
+	for _, n := range []int{0, 1, 13} {
+		payload := bytes.Repeat([]byte{0x5a}, n)
+		f := buildTCP(payload)
+		pkt := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
+		if el := pkt.ErrorLayer(); el != nil {
+			t.Fatalf("n=%d: gopacket: %v", n, el.Error())
+		}
+		ip := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		tcp := pkt.Layer(layers.LayerTypeTCP).(*layers.TCP)
+		if tcp.SrcPort != 8080 || tcp.DstPort != 49153 || !tcp.ACK || tcp.SYN || tcp.DataOffset != 5 || !bytes.Equal(tcp.Payload, payload) {
+			t.Fatalf("n=%d: gopacket read %+v", n, tcp)
+		}
+		ours := tcp.Checksum
+		tcp.SetNetworkLayerForChecksum(ip)
+		buf := gopacket.NewSerializeBuffer()
+		if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{ComputeChecksums: true}, tcp, gopacket.Payload(payload)); err != nil {
+			t.Fatal(err)
+		}
+		if tcp.Checksum != ours {
+			t.Fatalf("n=%d: checksum %#x, gopacket's %#x", n, ours, tcp.Checksum)
+		}
+	}
+}
+
 // buildTCP makes a frame with a TCP segment (a bare ACK header and
 // payload) whose checksum is right.
 func buildTCP(payload []byte) []byte {
 	src, dst := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	seg := make([]byte, header.TCPMinLen+len(payload))
-	seg[0], seg[1], seg[2], seg[3] = 0x1f, 0x90, 0xc0, 0x01 // ports 8080, 49153
-	seg[12], seg[13] = 5<<4, 0x10                           // 20-byte header, ACK
 	copy(seg[header.TCPMinLen:], payload)
-	c := ^header.Fold(header.Sum(seg, header.PseudoSum(src, dst, header.ProtocolTCP, len(seg))))
-	seg[16], seg[17] = byte(c>>8), byte(c)
+	header.TCP(seg).Encode(header.TCPFields{SrcPort: 8080, DstPort: 49153, Flags: header.TCPFlagAck, Src: src, Dst: dst})
 	f := make([]byte, header.EthernetLen+header.IPv4MinLen+len(seg))
 	header.Ethernet(f).SetType(header.EtherTypeIPv4)
 	header.IPv4(f[header.EthernetLen:]).Encode(header.IPv4Fields{TotalLen: uint16(header.IPv4MinLen + len(seg)), TTL: 64,
