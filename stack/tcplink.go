@@ -1486,27 +1486,18 @@ func (st *Stack) reapTCP(t *tcpState, all bool) {
 	keep := t.closing[:0]
 	var done []*TCPConn
 	for _, c := range t.closing {
-		switch tcp.EndpointState(c.ep.State()) {
-		case tcp.StateClose, tcp.StateError:
+		state := tcp.EndpointState(c.ep.State())
+		switch {
+		case all || state == tcp.StateClose || state == tcp.StateError:
 			done = append(done, c)
-		case tcp.StateTimeWait:
-			switch {
-			case all:
-				done = append(done, c)
-				continue
-			case c.twSince.IsZero():
-				c.twSince = now
-			case now.Sub(c.twSince) >= timeWaitRule:
-				c.releaseRule()
-			}
-			keep = append(keep, c)
-		default:
-			if all {
-				done = append(done, c)
-			} else {
-				keep = append(keep, c)
-			}
+			continue
+		case state != tcp.StateTimeWait: // still closing: kept
+		case c.twSince.IsZero():
+			c.twSince = now
+		case now.Sub(c.twSince) >= timeWaitRule:
+			c.releaseRule()
 		}
+		keep = append(keep, c)
 	}
 	clear(t.closing[len(keep):])
 	t.closing = keep

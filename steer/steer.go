@@ -227,7 +227,7 @@ type Program struct {
 	rules map[RuleID]Rule
 	free  []RuleID // ids with counters
 	// freeConns and nextConn give out the ids without counters: those
-	// given back, then the next never used.
+	// given back first, then the next never used (takeIDLocked).
 	freeConns []RuleID
 	nextConn  RuleID
 	ports     map[uint16]uint32 // local port -> rules naming it
@@ -648,17 +648,22 @@ func ruleKey(r Rule) (vbpf.SteerFlowKey, error) {
 }
 
 // AddRule installs a rule; its counters start at zero.
-func (p *Program) AddRule(r Rule) (RuleID, error) {
+func (p *Program) AddRule(r Rule) (_ RuleID, err error) {
 	k, err := ruleKey(r)
 	if err != nil {
 		return 0, fmt.Errorf("steer %s: %w", p.ifname, err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	id, err := p.nextIDLocked(r)
+	id, err := p.takeIDLocked(r)
 	if err != nil {
 		return 0, err
 	}
+	defer func() {
+		if err != nil {
+			p.giveIDLocked(id)
+		}
+	}()
 	if p.link == nil {
 		if err := p.reattachLocked(); err != nil {
 			return 0, err
@@ -681,14 +686,6 @@ func (p *Program) AddRule(r Rule) (RuleID, error) {
 		}
 	}
 	p.ports[port]++
-	switch {
-	case counted(id):
-		p.free = p.free[:len(p.free)-1]
-	case id == p.nextConn:
-		p.nextConn++
-	default:
-		p.freeConns = p.freeConns[:len(p.freeConns)-1]
-	}
 	p.rules[id] = r
 	return id, nil
 }
@@ -696,22 +693,37 @@ func (p *Program) AddRule(r Rule) (RuleID, error) {
 // counted says whether rule id has counters.
 func counted(id RuleID) bool { return id < MaxRules }
 
-// nextIDLocked is the id AddRule gives r, still free until it does.
-// Caller holds p.mu.
-func (p *Program) nextIDLocked(r Rule) (RuleID, error) {
+// takeIDLocked gives r an id: one with counters, unless r is a 5-tuple
+// rule and no more than countedReserve of those are free. Caller holds
+// p.mu.
+func (p *Program) takeIDLocked(r Rule) (RuleID, error) {
 	switch {
 	case r.Kind == Rule5Tuple && len(p.free) <= countedReserve:
 		if n := len(p.freeConns); n > 0 {
-			return p.freeConns[n-1], nil
+			id := p.freeConns[n-1]
+			p.freeConns = p.freeConns[:n-1]
+			return id, nil
 		}
 		if p.nextConn < MaxRules+MaxConns {
-			return p.nextConn, nil
+			p.nextConn++
+			return p.nextConn - 1, nil
 		}
 		return 0, fmt.Errorf("steer %s: rule %s: %w (%d 5-tuple rules)", p.ifname, r, ErrNoRuleSpace, MaxConns)
 	case len(p.free) == 0:
 		return 0, fmt.Errorf("steer %s: rule %s: %w (%d rules)", p.ifname, r, ErrNoRuleSpace, MaxRules)
 	}
-	return p.free[len(p.free)-1], nil
+	id := p.free[len(p.free)-1]
+	p.free = p.free[:len(p.free)-1]
+	return id, nil
+}
+
+// giveIDLocked makes id free again. Caller holds p.mu.
+func (p *Program) giveIDLocked(id RuleID) {
+	if counted(id) {
+		p.free = append(p.free, id)
+	} else {
+		p.freeConns = append(p.freeConns, id)
+	}
 }
 
 // installedLocked is the installed rule id and its key. Caller holds p.mu.
@@ -811,11 +823,7 @@ func (p *Program) RemoveRule(id RuleID) error {
 		}
 	}
 	delete(p.rules, id)
-	if counted(id) {
-		p.free = append(p.free, id)
-	} else {
-		p.freeConns = append(p.freeConns, id)
-	}
+	p.giveIDLocked(id)
 	return errors.Join(forgetErr, portErr)
 }
 

@@ -6,14 +6,12 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -43,11 +41,7 @@ func waitEnd(c net.Conn) error {
 // itself, and the helper says nothing. redis-server as server, Python as
 // client, kernel peers, on the plain bed (as `ip link add` makes it).
 func TestRunTCPPeerNotify(t *testing.T) {
-	testutil.RequireRoot(t)
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
-	b := testutil.Bed(t, &testbed.Options{Plain: true})
+	b := pythonBed(t)
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
 		t.Run("redis-"+sig.String(), func(t *testing.T) {
 			const port = 11230
@@ -99,14 +93,7 @@ func TestRunTCPPeerNotify(t *testing.T) {
 	for _, how := range []string{"_exit", "exec"} {
 		t.Run("python-"+strings.TrimPrefix(how, "_"), func(t *testing.T) {
 			const port = 11231
-			var ln net.Listener
-			if err := b.Do(testbed.A, func() (err error) {
-				ln, err = net.Listen("tcp4", netip.AddrPortFrom(b.Addr(testbed.A), port).String())
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ln := listenTCPA(t, b, port)
 			script := `import os, socket, sys
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 s.sendall(b"hi")
