@@ -298,9 +298,11 @@ type Stack struct {
 	closed bool
 	// rules counts the sockets that share each steering rule (a
 	// SO_REUSEPORT group, the receivers of one multicast group): the rule
-	// goes when the last of them does. Guarded by mu.
+	// goes when the last of them does; ruleUse keeps the rule beside its
+	// count, so that removing one is a lookup, not a walk of every rule
+	// (65,536 connections' worth). Guarded by mu.
 	rules   map[steer.Rule]steer.RuleID
-	ruleUse map[steer.RuleID]int
+	ruleUse map[steer.RuleID]ruleUse
 
 	// copies are the buffers of datagrams copied for the second and later
 	// receivers of a multicast group, free for reuse; copyQ marks their
@@ -406,7 +408,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		}
 	}
 	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, nlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
-		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]int{}, copyQ: &queue{idx: -1}}
+		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]ruleUse{}, copyQ: &queue{idx: -1}}
 	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
 	st.kickTimer.Stop()
 	defer func() {
@@ -1001,20 +1003,28 @@ func rebase(from, to, view []byte) []byte {
 	return to[off : off+len(view)]
 }
 
+// ruleUse is a steering rule and the number of sockets that use it.
+type ruleUse struct {
+	rule  steer.Rule
+	users int
+}
+
 // addRule installs r, or counts one more user of it when another socket
 // installed it already (a SO_REUSEPORT group, receivers of one group).
 func (st *Stack) addRule(r steer.Rule) (steer.RuleID, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if id, ok := st.rules[r]; ok {
-		st.ruleUse[id]++
+		u := st.ruleUse[id]
+		u.users++
+		st.ruleUse[id] = u
 		return id, nil
 	}
 	id, err := st.prog.AddRule(r)
 	if err != nil {
 		return 0, err
 	}
-	st.rules[r], st.ruleUse[id] = id, 1
+	st.rules[r], st.ruleUse[id] = id, ruleUse{rule: r, users: 1}
 	return id, nil
 }
 
@@ -1022,14 +1032,14 @@ func (st *Stack) addRule(r steer.Rule) (steer.RuleID, error) {
 func (st *Stack) removeRule(id steer.RuleID) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.ruleUse[id]--; st.ruleUse[id] > 0 {
+	u, ok := st.ruleUse[id]
+	if u.users--; u.users > 0 {
+		st.ruleUse[id] = u
 		return nil
 	}
 	delete(st.ruleUse, id)
-	for r, rid := range st.rules {
-		if rid == id {
-			delete(st.rules, r)
-		}
+	if ok {
+		delete(st.rules, u.rule)
 	}
 	if st.prog == nil {
 		return nil // the stack closed: its program went with every rule

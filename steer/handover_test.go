@@ -370,3 +370,55 @@ func TestConnRules(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRuleSnapshots checks the batch read of every rule's counters
+// against the lookups of one rule at a time, with rules that matched and
+// rules that did not, counted and uncounted.
+func TestRuleSnapshots(t *testing.T) {
+	onProgram(t, func(p *steer.Program, ifname string) error {
+		serveQueue(t, p, ifname, 0)
+		const port, sport, uncounted = 8084, 50001, 50002
+		listener, conn, err := listenerAndConn(p, port, sport)
+		if err != nil {
+			return err
+		}
+		for range 3 {
+			if v := verdict(t, p, sport, port, false, true); v != xdpRedirect {
+				t.Fatalf("a segment of the connection: verdict %d, want XDP_REDIRECT", v)
+			}
+		}
+		verdict(t, p, uncounted, port, true, false) // the listener's
+		snaps, err := p.RuleSnapshots()
+		if err != nil {
+			return err
+		}
+		if len(snaps) != 2 || snaps[0].ID != min(listener, conn) || snaps[1].ID != max(listener, conn) {
+			t.Fatalf("snapshots %+v: want rules %d and %d, by id", snaps, listener, conn)
+		}
+		for _, s := range snaps {
+			one, err := p.RuleCounters(s.ID)
+			if err != nil {
+				return err
+			}
+			if s.Counters != one {
+				t.Errorf("rule %d (%s): batch %+v, one by one %+v", s.ID, s.Rule, s.Counters, one)
+			}
+			want := uint64(1)
+			if s.ID == conn {
+				want = 3
+			}
+			if s.Counters.MatchedPackets != want {
+				t.Errorf("rule %d (%s): %d packets matched, want %d", s.ID, s.Rule, s.Counters.MatchedPackets, want)
+			}
+		}
+		for _, id := range []steer.RuleID{listener, conn} {
+			if err := p.RemoveRule(id); err != nil {
+				return err
+			}
+		}
+		if snaps, err := p.RuleSnapshots(); err != nil || len(snaps) != 0 {
+			t.Errorf("snapshots with no rule installed: %+v, %v", snaps, err)
+		}
+		return nil
+	})
+}

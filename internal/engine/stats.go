@@ -3,7 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -414,17 +413,14 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 		}
 		snap.Queues = append(snap.Queues, q)
 	}
-	rules := prog.Rules()
-	ids := slices.Sorted(maps.Keys(rules))
-	for _, id := range ids {
-		r := stats.Rule{Interface: st.Interface(), ID: uint32(id), Rule: rules[id].String(), FD: -1}
-		if fd, ok := owner[ruleKey{st.Interface(), uint32(id)}]; ok {
+	rules, err := prog.RuleSnapshots()
+	for _, rs := range rules {
+		r := stats.Rule{Interface: st.Interface(), ID: uint32(rs.ID), Rule: rs.Rule.String(), FD: -1, Counters: rs.Counters}
+		if fd, ok := owner[ruleKey{st.Interface(), uint32(rs.ID)}]; ok {
 			r.FD = fd
 		}
-		if rc, err := prog.RuleCounters(id); err != nil {
+		if err != nil {
 			r.CountersError = err.Error()
-		} else {
-			r.Counters = rc
 		}
 		snap.Rules = append(snap.Rules, r)
 	}
