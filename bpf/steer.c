@@ -194,9 +194,17 @@ static __always_inline int to_kernel_in_handover(struct iphdr *ip, struct l4_por
 }
 
 // kernel_flow says whether a TCP segment on a listener's rule belongs to
-// a connection the kernel took (to_kernel_in_handover). A SYN goes to the
-// stack: a 5-tuple the kernel once had is forgotten.
-static __always_inline int kernel_flow(struct iphdr *ip, struct l4_ports *l4, void *data_end)
+// a connection of the kernel's: one it took in a handover
+// (to_kernel_in_handover), or one it had before the rule came (a listener
+// the process inherited, systemd's socket activation, with the connection
+// that started it in the accept queue; a SYN that reached the kernel's
+// listener as the rule was being added). The kernel's socket says so: an
+// established one, or a handshake under way (a request socket), found by
+// bpf_skc_lookup_tcp, whose answer is the listener when the kernel has
+// neither. A TIME-WAIT socket does not count: its 5-tuple may be the
+// stack's new connection. A SYN goes to the stack: a 5-tuple the kernel
+// once had is forgotten.
+static __always_inline int kernel_flow(struct xdp_md *ctx, struct iphdr *ip, struct l4_ports *l4, void *data_end)
 {
 	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
 	struct flow_key fk = connection_of(ip, l4);
@@ -207,7 +215,17 @@ static __always_inline int kernel_flow(struct iphdr *ip, struct l4_ports *l4, vo
 		bpf_map_delete_elem(&handover_flows, &fk);
 		return 0;
 	}
-	return bpf_map_lookup_elem(&handover_flows, &fk) != NULL;
+	if (bpf_map_lookup_elem(&handover_flows, &fk))
+		return 1;
+	struct bpf_sock_tuple t = {
+		.ipv4 = {.saddr = ip->saddr, .daddr = ip->daddr, .sport = l4->source, .dport = l4->dest},
+	};
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	__u32 state = sk->state;
+	bpf_sk_release(sk);
+	return state != BPF_TCP_LISTEN && state != BPF_TCP_TIME_WAIT;
 }
 
 enum verdict_kind { V_PASS, V_NON_IP, V_FRAGMENT, V_PARSE_ERROR };
@@ -326,7 +344,7 @@ int vmaxdp_steer(struct xdp_md *ctx)
 		if ((rv->flags & RULE_HANDOVER) || !served) {
 			if (to_kernel_in_handover(ip, l4, data_end))
 				return pass(ps, V_PASS);
-		} else if (kernel_flow(ip, l4, data_end)) {
+		} else if (kernel_flow(ctx, ip, l4, data_end)) {
 			return pass(ps, V_PASS);
 		}
 	}

@@ -32,6 +32,7 @@
 #include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <netinet/in.h>
@@ -403,6 +404,18 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 
 static void vmx_install_fatal(void);
 
+/* adopt_inherited hands the engine the sockets the process started with
+ * (socket activation, inetd, an exec): no call of the process's makes
+ * them. */
+static void adopt_inherited(void)
+{
+	for (int fd = 0; fd < VMX_MAXFD; fd++) {
+		struct stat st;
+		if ((vmx_loader_fds[fd >> 3] & (1u << (fd & 7))) && sys(SYS_fstat, fd, &st) == 0 && S_ISSOCK(st.st_mode))
+			vmx_set_state(fd, vmxgo_inherited(fd));
+	}
+}
+
 __attribute__((constructor)) static void vmx_init(void)
 {
 	pthread_atfork(vmx_prepare, vmx_parent, vmx_child);
@@ -411,6 +424,7 @@ __attribute__((constructor)) static void vmx_init(void)
 	pthread_sigmask(SIG_SETMASK, &vmx_loader_mask, NULL);
 	release_low_fds();
 	mark_runtime_fds();
+	adopt_inherited();
 	vmx_ready = 1;
 	vmx_install_fatal();
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -421,4 +422,85 @@ func TestRuleSnapshots(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestKernelConnectionUnderListenerRule gives a listener's rule to a port
+// on which the kernel already has a connection (a listener the process
+// inherited, with the connection that started it waiting to be
+// accepted): the connection's segments stay the kernel's, and it carries
+// data both ways after the rule came, while a SYN of the same 5-tuple and
+// a segment of a connection the kernel does not have go to the stack.
+func TestKernelConnectionUnderListenerRule(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	const port = 8085
+	var (
+		ln     net.Listener
+		client net.Conn
+	)
+	if err := bed.Do(testbed.B, func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", bed.Addr(testbed.B), port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := bed.Do(testbed.A, func() (err error) {
+		client, err = net.DialTimeout("tcp4", fmt.Sprintf("%s:%d", bed.Addr(testbed.B), port), 2*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	sport := uint16(client.LocalAddr().(*net.TCPAddr).Port)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		serveQueue(t, p, bed.Link(testbed.B), 0)
+		if _, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)}); err != nil {
+			return err
+		}
+		for _, c := range []struct {
+			what     string
+			sport    uint16
+			syn, ack bool
+			want     uint32
+		}{
+			{"a segment of the kernel's connection", sport, false, true, xdpPass},
+			{"a segment of a connection the kernel does not have", sport + 1, false, true, xdpRedirect},
+			{"a SYN of the kernel connection's 5-tuple", sport, true, false, xdpRedirect},
+		} {
+			if v := verdict(t, p, c.sport, port, c.syn, c.ack); v != c.want {
+				t.Errorf("%s: verdict %d, want %d", c.what, v, c.want)
+			}
+		}
+		// The connection, accepted only now, carries data both ways.
+		server, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		defer server.Close()
+		deadline := time.Now().Add(3 * time.Second)
+		server.SetDeadline(deadline)
+		client.SetDeadline(deadline)
+		for _, dir := range []struct {
+			from, to net.Conn
+			what     string
+		}{{client, server, "client to server"}, {server, client, "server to client"}} {
+			if _, err := dir.from.Write([]byte("after the rule")); err != nil {
+				return fmt.Errorf("%s: %w", dir.what, err)
+			}
+			buf := make([]byte, 64)
+			n, err := dir.to.Read(buf)
+			if err != nil || string(buf[:n]) != "after the rule" {
+				return fmt.Errorf("%s: read %q, %v", dir.what, buf[:n], err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
