@@ -271,6 +271,7 @@ func vmxgo_shutdown(fd, how C.int) { eng.ShutdownUDP(int(fd), int(how)) }
 //export vmxgo_setsockopt
 func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) {
 	f := int(fd)
+	eng.ListenerOptionSet(f)
 	switch {
 	case level == unix.SOL_SOCKET && name == unix.SO_RCVTIMEO && n >= C.socklen_t(unsafe.Sizeof(unix.Timeval{})):
 		tv := (*unix.Timeval)(val)

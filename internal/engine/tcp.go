@@ -60,6 +60,43 @@ type tcpListener struct {
 	mu       sync.Mutex
 	marked   bool
 	arrivals atomic.Uint64
+	// opts are the kernel socket's options accept reads, kept until the
+	// application sets an option on the listener (OptionSet bumps
+	// optsGen): 18 getsockopt calls at every accept otherwise.
+	opts    atomic.Pointer[listenerOptions]
+	optsGen atomic.Uint64
+}
+
+// listenerOptions are a listener's options as of generation gen.
+type listenerOptions struct {
+	gen      uint64
+	rcvtimeo time.Duration        // accept's timeout (SO_RCVTIMEO), 0: none
+	conn     *stack.KernelOptions // the accepted connections'
+	err      error                // why conn could not be read
+}
+
+// ListenerOptionSet is called after the application set an option on fd:
+// an offloaded listener's options are read again at its next accept.
+func (e *Engine) ListenerOptionSet(fd int) {
+	if l := e.listener(fd); l != nil {
+		l.optsGen.Add(1)
+	}
+}
+
+// options returns the listener's options, read off its kernel socket fd
+// when the application set one since they were last read.
+func (l *tcpListener) options(fd int) *listenerOptions {
+	gen := l.optsGen.Load()
+	if o := l.opts.Load(); o != nil && o.gen == gen {
+		return o
+	}
+	o := &listenerOptions{gen: gen}
+	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO); err == nil && tv.Nano() > 0 {
+		o.rcvtimeo = time.Duration(tv.Nano())
+	}
+	o.conn, o.err = l.nl.KernelOptions(fd)
+	l.opts.Store(o)
+	return o
 }
 
 func (l *tcpListener) mark() {
@@ -564,9 +601,10 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 	if err != nil {
 		return -1, netip.AddrPort{}, errnoOf(err)
 	}
+	opts := l.options(fd)
 	var deadline time.Time
-	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO); err == nil && tv.Nano() > 0 {
-		deadline = time.Now().Add(time.Duration(tv.Nano()))
+	if opts.rcvtimeo > 0 {
+		deadline = time.Now().Add(opts.rcvtimeo)
 	}
 	sw := sig.Begin(deadline.IsZero())
 	zero := unix.Timespec{}
@@ -575,7 +613,11 @@ func (e *Engine) Accept(fd, flags int, sig *stack.Signals) (int, netip.AddrPort,
 		if err == nil {
 			l.accepted.Add(1)
 			l.settle() // the wake eventfd reads as no more waiting, if none
-			if err := c.InheritOptions(fd); err != nil {
+			err := opts.err
+			if err == nil {
+				err = c.InheritOptions(opts.conn)
+			}
+			if err != nil {
 				e.Log.Printf(params.LevelInfo, "fd %d: %v; accepted without those", fd, err)
 			}
 			return e.adoptConn(c, l.ifname, flags, l.v6)

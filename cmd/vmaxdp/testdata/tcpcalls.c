@@ -382,6 +382,11 @@ static int server(int port)
 			continue;
 		}
 		if (round == 9) {
+			/* Options set on the listener after it accepted: the
+			 * connections that come after have them (the next
+			 * one, 2 below; c2 was made before, and has the old). */
+			setint(l, IPPROTO_TCP, TCP_KEEPIDLE, 50);
+			setint(l, IPPROTO_TCP, TCP_KEEPCNT, 6);
 			int c2 = accept(l, NULL, NULL);
 			say("second connection accepted: %d", c2 >= 0);
 			int ep3 = epoll_create1(EPOLL_CLOEXEC);
@@ -467,6 +472,7 @@ static int server(int port)
 	/* 2: the peer resets (SO_LINGER 0). */
 	c = accept(l, NULL, NULL);
 	say("accept: fd %d", c);
+	say("inherited from the listener, changed: %s", options(c));
 	struct pollfd pf = {.fd = c, .events = POLLIN};
 	n = poll(&pf, 1, 10000);
 	say("poll before reset: %d", n);
