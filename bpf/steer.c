@@ -123,6 +123,19 @@ struct {
 	__type(value, __u32);
 } handover_flows SEC(".maps");
 
+// stack_syns holds the connections whose SYN went to the stack under a
+// listener's rule (their 5-tuple; the value is bpf_ktime_get_ns at the
+// SYN). A connection has no 5-tuple rule of its own until the application
+// accepts it; if the process dies first, this is where the peer
+// notification helper finds its peer. LRU: an entry matters for the
+// seconds a connection waits to be accepted.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, __u64);
+} stack_syns SEC(".maps");
+
 // active_ports[port] is non-zero while any rule names that local port
 // (host byte order). One array lookup lets unsteered traffic skip the four
 // hash lookups, which keeps the cost on passed traffic near an empty program.
@@ -226,6 +239,19 @@ static __always_inline int kernel_flow(struct xdp_md *ctx, struct iphdr *ip, str
 	__u32 state = sk->state;
 	bpf_sk_release(sk);
 	return state != BPF_TCP_LISTEN && state != BPF_TCP_TIME_WAIT;
+}
+
+// note_stack_syn remembers a connection's first SYN, going to the stack
+// under a listener's rule, in stack_syns.
+static __always_inline void note_stack_syn(struct iphdr *ip, struct l4_ports *l4, void *data_end)
+{
+	__u8 *flags = (__u8 *)l4 + TCP_FLAGS_OFF;
+
+	if ((void *)(flags + 1) > data_end || (*flags & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return;
+	struct flow_key fk = connection_of(ip, l4);
+	__u64 now = bpf_ktime_get_ns();
+	bpf_map_update_elem(&stack_syns, &fk, &now, BPF_ANY);
 }
 
 enum verdict_kind { V_PASS, V_NON_IP, V_FRAGMENT, V_PARSE_ERROR };
@@ -366,6 +392,8 @@ int vmaxdp_steer(struct xdp_md *ctx)
 		// receives it. TCP, as above: dropped, and sent again.
 		return tcp ? XDP_DROP : pass(ps, V_PASS);
 	}
+	if (tcp && !k.remote_port)
+		note_stack_syn(ip, l4, data_end);
 	if (ps)
 		ps->redirected++;
 	return bpf_redirect_map(&xsks_map, q, XDP_PASS);

@@ -58,6 +58,7 @@ const (
 	SteerMapRules5tuple   = "rules_5tuple"
 	SteerMapRulesMcast    = "rules_mcast"
 	SteerMapRulesPort     = "rules_port"
+	SteerMapStackSyns     = "stack_syns"
 	SteerMapXsksMap       = "xsks_map"
 	SteerProgVmaxdpPass   = "vmaxdp_pass"
 	SteerProgVmaxdpSteer  = "vmaxdp_steer"
@@ -122,6 +123,7 @@ type SteerMapSpecs struct {
 	Rules5tuple   *ebpf.MapSpec `ebpf:"rules_5tuple"`
 	RulesMcast    *ebpf.MapSpec `ebpf:"rules_mcast"`
 	RulesPort     *ebpf.MapSpec `ebpf:"rules_port"`
+	StackSyns     *ebpf.MapSpec `ebpf:"stack_syns"`
 	XsksMap       *ebpf.MapSpec `ebpf:"xsks_map"`
 }
 
@@ -160,6 +162,7 @@ type SteerMaps struct {
 	Rules5tuple   *ebpf.Map `ebpf:"rules_5tuple"`
 	RulesMcast    *ebpf.Map `ebpf:"rules_mcast"`
 	RulesPort     *ebpf.Map `ebpf:"rules_port"`
+	StackSyns     *ebpf.Map `ebpf:"stack_syns"`
 	XsksMap       *ebpf.Map `ebpf:"xsks_map"`
 }
 
@@ -173,6 +176,7 @@ func (m *SteerMaps) Close() error {
 		m.Rules5tuple,
 		m.RulesMcast,
 		m.RulesPort,
+		m.StackSyns,
 		m.XsksMap,
 	)
 }

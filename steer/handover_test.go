@@ -504,3 +504,48 @@ func TestKernelConnectionUnderListenerRule(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReleaseUnaccepted: connections whose SYN went to the stack under a
+// listener's rule and that have no rule of their own (netstack held them
+// for the application to accept) get a rule for the kernel once the
+// process is gone, so that their peers' segments reach the kernel, which
+// resets them; one accepted meanwhile, with its own rule, is left to
+// ReleaseTCPConns.
+func TestReleaseUnaccepted(t *testing.T) {
+	onProgram(t, func(p *steer.Program, ifname string) error {
+		serveQueue(t, p, ifname, 0)
+		const port, queued, accepted = 8086, 40030, 40031
+		if _, err := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_TCP, Local: netip.AddrPortFrom(netip.Addr{}, port)}); err != nil {
+			return err
+		}
+		for _, sport := range []uint16{queued, accepted} {
+			if v := verdict(t, p, sport, port, true, false); v != xdpRedirect {
+				t.Fatalf("SYN from port %d: verdict %d, want XDP_REDIRECT", sport, v)
+			}
+		}
+		local := netip.AddrPortFrom(netip.MustParseAddr("198.18.0.2"), port)
+		conn := func(sport uint16) steer.Rule {
+			return steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), sport)}
+		}
+		if _, err := p.AddRule(conn(accepted)); err != nil {
+			return err
+		}
+		if v := verdict(t, p, queued, port, false, true); v != xdpRedirect {
+			t.Errorf("before: verdict %d for the queued connection's segment, want XDP_REDIRECT", v)
+		}
+		got, err := steer.ReleaseUnaccepted(p.SYNMap(), p.ConnMap())
+		if err != nil {
+			return err
+		}
+		if len(got) != 1 || got[0] != conn(queued) {
+			t.Errorf("released %v, want [%v]", got, conn(queued))
+		}
+		if v := verdict(t, p, queued, port, false, true); v != xdpPass {
+			t.Errorf("after: verdict %d for the queued connection's segment, want XDP_PASS", v)
+		}
+		if again, err := steer.ReleaseUnaccepted(p.SYNMap(), p.ConnMap()); err != nil || len(again) != 0 {
+			t.Errorf("a second release: %v, %v; want none", again, err)
+		}
+		return nil
+	})
+}

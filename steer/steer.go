@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -442,7 +443,7 @@ func (p *Program) maps() map[string]**ebpf.Map {
 		"prog_stats": &o.ProgStats, "rule_stats": &o.RuleStats,
 		"rules_5tuple": &o.Rules5tuple, "rules_mcast": &o.RulesMcast, "rules_3tuple": &o.Rules3tuple,
 		"rules_port": &o.RulesPort, "xsks_map": &o.XsksMap, "active_ports": &o.ActivePorts,
-		"handover_flows": &o.HandoverFlows,
+		"handover_flows": &o.HandoverFlows, "stack_syns": &o.StackSyns,
 	}
 }
 
@@ -858,6 +859,71 @@ func (p *Program) forgetHandoverFlows(k vbpf.SteerFlowKey, kind RuleKind) error 
 // outlives this one holds to release its TCP connections (ReleaseTCPConns).
 func (p *Program) ConnMap() *ebpf.Map { return p.objs.Rules5tuple }
 
+// SYNMap is the program's map of the connections whose SYN went to the
+// stack under a listener's rule, which a process that died before it
+// accepted them leaves to tell of (ReleaseUnaccepted).
+func (p *Program) SYNMap() *ebpf.Map { return p.objs.StackSyns }
+
+// UnacceptedAge bounds how long ago the SYN of a connection that
+// ReleaseUnaccepted tells of came: a connection waits in the accept queue
+// for as long as the application takes to accept it, and one older is
+// most likely closed. Telling the peer of a closed connection is harmless:
+// its kernel answers the SYN with a reset.
+const UnacceptedAge = 10 * time.Minute
+
+// ReleaseUnaccepted gives the kernel the connections of syns (the SYNMap
+// of a program whose process is gone) that came within UnacceptedAge and
+// have no rule in conns (its ConnMap): those netstack held for the
+// application to accept, which reached the stack through their listener's
+// rule. Each gets a 5-tuple rule marked for the kernel in conns, so that
+// its peer's next segment reaches the kernel, which has no socket for it
+// and resets it; the program would have dropped it for want of an AF_XDP
+// socket. They are returned. Call it after ReleaseTCPConns, whose
+// connections it leaves alone.
+func ReleaseUnaccepted(syns, conns *ebpf.Map) ([]Rule, error) {
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		return nil, fmt.Errorf("stack_syns: clock: %w", err)
+	}
+	oldest := uint64(max(0, now.Nano()-UnacceptedAge.Nanoseconds()))
+	var (
+		k     vbpf.SteerFlowKey
+		at    uint64
+		keys  []vbpf.SteerFlowKey
+		out   []Rule
+		errs  []error
+		value = vbpf.SteerRuleValue{RuleId: MaxRules + MaxConns, Flags: ruleKernel} // an id with no counters
+	)
+	it := syns.Iterate()
+	for it.Next(&k, &at) {
+		if at >= oldest {
+			keys = append(keys, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("stack_syns: %w", err)
+	}
+	for _, k := range keys {
+		r := connRule(k)
+		switch err := conns.Update(k, value, ebpf.UpdateNoExist); {
+		case errors.Is(err, ebpf.ErrKeyExist):
+			// Accepted: ReleaseTCPConns told of it.
+		case err != nil:
+			errs = append(errs, fmt.Errorf("rule %s: %w", r, err))
+		default:
+			out = append(out, r)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// connRule is the TCP 5-tuple rule whose key k is.
+func connRule(k vbpf.SteerFlowKey) Rule {
+	return Rule{Kind: Rule5Tuple, Proto: unix.IPPROTO_TCP,
+		Local:  netip.AddrPortFrom(addrOf32(k.LocalAddr), ntohs(k.LocalPort)),
+		Remote: netip.AddrPortFrom(addrOf32(k.RemoteAddr), ntohs(k.RemotePort))}
+}
+
 // ReleaseTCPConns gives the kernel the TCP connections of m, the ConnMap
 // of a program whose process is gone: each TCP 5-tuple rule not marked
 // for the kernel yet is marked so, as ToKernel marks one, and its rule is
@@ -885,9 +951,7 @@ func ReleaseTCPConns(m *ebpf.Map) ([]Rule, error) {
 	for i, k := range keys {
 		v := vals[i]
 		v.Flags |= ruleKernel
-		r := Rule{Kind: Rule5Tuple, Proto: unix.IPPROTO_TCP,
-			Local:  netip.AddrPortFrom(addrOf32(k.LocalAddr), ntohs(k.LocalPort)),
-			Remote: netip.AddrPortFrom(addrOf32(k.RemoteAddr), ntohs(k.RemotePort))}
+		r := connRule(k)
 		if err := m.Update(k, v, ebpf.UpdateExist); err != nil {
 			// Gone meanwhile: a connection closing as its process died.
 			if !errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -87,6 +87,52 @@ func TestRunTCPPeerNotify(t *testing.T) {
 			}
 		})
 	}
+	// A server killed with connections it has not accepted yet: netstack
+	// held them, with no rule of their own (the listener's rule brought
+	// their segments), and the helper finds them by their SYNs.
+	t.Run("python-unaccepted", func(t *testing.T) {
+		const port, queued = 11233, 3
+		script := `import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(8)
+print("listening", flush=True)
+time.sleep(30)
+`
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "-c", script, b.Addr(testbed.B).String(), strconv.Itoa(port))
+		if err := p.waitFor("offloaded on " + b.Link(testbed.B) + " (tcp_server"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		var conns []net.Conn
+		err := b.Do(testbed.A, func() error {
+			for range queued {
+				c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(b.Addr(testbed.B), port).String(), 5*time.Second)
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { c.Close() })
+				if _, err := c.Write([]byte("GET / HTTP/1.0\r\n\r\n")); err != nil {
+					return err
+				}
+				conns = append(conns, c)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 30))
+		}
+		time.Sleep(100 * time.Millisecond) // the requests reached netstack
+		if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range conns {
+			if err := waitEnd(c); err != nil {
+				t.Errorf("connection %d, never accepted: %v\n%s", i, err, tail(p.out.String(), 20))
+			}
+		}
+		p.exited()
+		p.wantSaid(t, fmt.Sprintf("ended with %d offloaded TCP connection(s) open", queued))
+	})
 	// A client ends without closing its connection: _exit, or an exec
 	// that closes it (Python's sockets are close-on-exec) while the
 	// process lives on as another program.

@@ -9,10 +9,13 @@
 // A helper process (`vmaxdp notify-peers`), started once by a process that
 // offloads TCP, holds the other end of a Unix socket the process keeps
 // open. For each interface's stack the process sends it the steering
-// program's 5-tuple rule map and a raw socket of the interface's network
-// namespace. When the socket ends (the process died or exec'd) the helper
-// marks every TCP connection rule left for the kernel
-// (steer.ReleaseTCPConns) and sends each connection's peer a SYN. A peer
+// program's 5-tuple rule map, its map of the SYNs that went to the stack,
+// and a raw socket of the interface's network namespace. When the socket
+// ends (the process died or exec'd) the helper marks every TCP connection
+// rule left for the kernel (steer.ReleaseTCPConns), gives the kernel the
+// connections netstack held for the process to accept as well
+// (steer.ReleaseUnaccepted: they had no rule of their own yet), and sends
+// each connection's peer a SYN. A peer
 // with the connection open answers it with an ACK (RFC 5961's challenge
 // ACK); the kernel, which has no socket for it, answers that with a reset
 // whose sequence number is the one the peer's ACK named, and the peer's
@@ -73,10 +76,10 @@ func New(path string, spawn SpawnFunc) *Notifier {
 	return &Notifier{path: path, spawn: spawn, fd: -1}
 }
 
-// Watch hands the helper m, the ConnMap of ifname's steering program,
-// with a raw socket of the calling thread's network namespace (the
-// interface's), starting the helper first.
-func (n *Notifier) Watch(ifname string, m *ebpf.Map) error {
+// Watch hands the helper conns and syns, the ConnMap and SYNMap of
+// ifname's steering program, with a raw socket of the calling thread's
+// network namespace (the interface's), starting the helper first.
+func (n *Notifier) Watch(ifname string, conns, syns *ebpf.Map) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.err != nil {
@@ -94,7 +97,7 @@ func (n *Notifier) Watch(ifname string, m *ebpf.Map) error {
 		return fmt.Errorf("peer notification for %s: raw socket: %w", ifname, err)
 	}
 	defer unix.Close(raw)
-	if err := unix.Sendmsg(n.fd, []byte(ifname), unix.UnixRights(m.FD(), raw), nil, 0); err != nil {
+	if err := unix.Sendmsg(n.fd, []byte(ifname), unix.UnixRights(conns.FD(), syns.FD(), raw), nil, 0); err != nil {
 		return fmt.Errorf("peer notification for %s: hand the helper its maps: %w", ifname, err)
 	}
 	return nil
@@ -142,7 +145,8 @@ func (n *Notifier) start() error {
 // stackConns is what the helper was handed for one stack.
 type stackConns struct {
 	ifname string
-	m      *ebpf.Map
+	m      *ebpf.Map // the ConnMap
+	syns   *ebpf.Map // the SYNMap
 	raw    int
 	conns  []steer.Rule // released
 }
@@ -158,7 +162,7 @@ const probeAgain = 700 * time.Millisecond
 // log what it did.
 func Serve(conn, pid int, log io.Writer) error {
 	var stacks []stackConns
-	buf, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(2*4))
+	buf, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(3*4))
 	for {
 		nb, noob, _, _, err := unix.Recvmsg(conn, buf, oob, unix.MSG_CMSG_CLOEXEC)
 		if errors.Is(err, unix.EINTR) {
@@ -184,6 +188,11 @@ func Serve(conn, pid int, log io.Writer) error {
 		if err != nil {
 			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %s: %v\n", pid, s.ifname, err)
 		}
+		queued, err := steer.ReleaseUnaccepted(s.syns, s.m)
+		if err != nil {
+			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %s: connections not accepted yet: %v\n", pid, s.ifname, err)
+		}
+		rs = append(rs, queued...)
 		for _, r := range rs {
 			if err := probe(s.raw, r); err != nil {
 				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %s: SYN to %s: %v\n", pid, s.ifname, r.Remote, err)
@@ -212,19 +221,27 @@ func parseStack(b, oob []byte) (stackConns, error) {
 		return stackConns{}, fmt.Errorf("message without its fds (%d control messages: %v)", len(msgs), err)
 	}
 	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 2 {
+	if err != nil || len(fds) != 3 {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return stackConns{}, fmt.Errorf("message with %d fds, want 2 (%v)", len(fds), err)
+		return stackConns{}, fmt.Errorf("message with %d fds, want 3 (%v)", len(fds), err)
 	}
 	m, err := ebpf.NewMapFromFD(fds[0])
 	if err != nil {
-		unix.Close(fds[0])
-		unix.Close(fds[1])
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
 		return stackConns{}, fmt.Errorf("%s: rule map: %w", b, err)
 	}
-	return stackConns{ifname: string(b), m: m, raw: fds[1]}, nil
+	syns, err := ebpf.NewMapFromFD(fds[1])
+	if err != nil {
+		m.Close()
+		unix.Close(fds[1])
+		unix.Close(fds[2])
+		return stackConns{}, fmt.Errorf("%s: SYN map: %w", b, err)
+	}
+	return stackConns{ifname: string(b), m: m, syns: syns, raw: fds[2]}, nil
 }
 
 // probe sends the peer of r (a TCP 5-tuple rule: Local is this host's

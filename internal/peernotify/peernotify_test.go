@@ -87,7 +87,7 @@ func TestServe(t *testing.T) {
 		if _, err := p.AddRule(steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: remote}); err != nil {
 			return err
 		}
-		return n.Watch(b.Link(testbed.B), p.ConnMap())
+		return n.Watch(b.Link(testbed.B), p.ConnMap(), p.SYNMap())
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestServe(t *testing.T) {
 // TestWatchWithoutHelper: no executable, no helper, said once.
 func TestWatchWithoutHelper(t *testing.T) {
 	n := peernotify.New("", nil)
-	if err := n.Watch("eth0", nil); !errors.Is(err, peernotify.ErrNoHelper) {
+	if err := n.Watch("eth0", nil, nil); !errors.Is(err, peernotify.ErrNoHelper) {
 		t.Errorf("Watch: %v, want ErrNoHelper", err)
 	}
 }
