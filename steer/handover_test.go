@@ -509,8 +509,8 @@ func TestKernelConnectionUnderListenerRule(t *testing.T) {
 // listener's rule and that have no rule of their own (netstack held them
 // for the application to accept) get a rule for the kernel once the
 // process is gone, so that their peers' segments reach the kernel, which
-// resets them; one accepted meanwhile, with its own rule, is left to
-// ReleaseTCPConns.
+// resets them; one accepted meanwhile (its rule then tells of it, to
+// ReleaseTCPConns) and closed is not told of.
 func TestReleaseUnaccepted(t *testing.T) {
 	onProgram(t, func(p *steer.Program, ifname string) error {
 		serveQueue(t, p, ifname, 0)
@@ -527,7 +527,12 @@ func TestReleaseUnaccepted(t *testing.T) {
 		conn := func(sport uint16) steer.Rule {
 			return steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP, Local: local, Remote: netip.AddrPortFrom(netip.MustParseAddr("198.18.0.1"), sport)}
 		}
-		if _, err := p.AddRule(conn(accepted)); err != nil {
+		// Accepted, then closed: its rule came and went.
+		id, err := p.AddRule(conn(accepted))
+		if err != nil {
+			return err
+		}
+		if err := p.RemoveRule(id); err != nil {
 			return err
 		}
 		if v := verdict(t, p, queued, port, false, true); v != xdpRedirect {

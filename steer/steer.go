@@ -688,6 +688,13 @@ func (p *Program) AddRule(r Rule) (_ RuleID, err error) {
 	}
 	p.ports[port]++
 	p.rules[id] = r
+	if r.Kind == Rule5Tuple && r.Proto == unix.IPPROTO_TCP {
+		// The connection has its rule: it leaves stack_syns, which keeps
+		// the ones not accepted yet for ReleaseUnaccepted. A failure
+		// costs at most a needless SYN to a closed connection's peer
+		// should the process die.
+		p.objs.StackSyns.Delete(k)
+	}
 	return id, nil
 }
 
