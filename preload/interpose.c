@@ -404,15 +404,24 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 
 static void vmx_install_fatal(void);
 
-/* adopt_inherited hands the engine the sockets the process started with
- * (socket activation, inetd, an exec): no call of the process's makes
- * them. */
+/* adopt_inherited hands the engine the sockets the process started with:
+ * no call of the process's makes them. Those passed by socket activation
+ * (systemd's protocol: LISTEN_PID names this process, and LISTEN_FDS
+ * counts the fds from 3) are the process's own to serve; any other, a
+ * parent's that a fork and exec left open, may still be served by the
+ * parent. */
 static void adopt_inherited(void)
 {
+	const char *pid = getenv("LISTEN_PID"), *n = getenv("LISTEN_FDS");
+	long first = -1, end = -1;
+	if (pid && n && strtol(pid, NULL, 10) == (long)vmx_pid) {
+		first = 3;
+		end = first + strtol(n, NULL, 10);
+	}
 	for (int fd = 0; fd < VMX_MAXFD; fd++) {
 		struct stat st;
 		if ((vmx_loader_fds[fd >> 3] & (1u << (fd & 7))) && sys(SYS_fstat, fd, &st) == 0 && S_ISSOCK(st.st_mode))
-			vmx_set_state(fd, vmxgo_inherited(fd));
+			vmx_set_state(fd, vmxgo_inherited(fd, fd >= first && fd < end));
 	}
 }
 

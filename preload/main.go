@@ -717,10 +717,11 @@ func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.long
 //export vmxgo_listen
 func vmxgo_listen(fd, backlog C.int) C.int { return C.int(eng.Listen(int(fd), int(backlog))) }
 
-// vmxgo_inherited serves a socket the process started with.
+// vmxgo_inherited serves a socket the process started with, activated:
+// passed by socket activation.
 //
 //export vmxgo_inherited
-func vmxgo_inherited(fd C.int) C.int { return C.int(eng.Inherited(int(fd))) }
+func vmxgo_inherited(fd, activated C.int) C.int { return C.int(eng.Inherited(int(fd), activated != 0)) }
 
 //export vmxgo_accept
 func vmxgo_accept(fd C.int, sa *C.struct_sockaddr, alen *C.socklen_t, flags C.int, sig *C.struct_vmx_signals) C.long {

@@ -2,31 +2,35 @@ package engine
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/params"
 )
 
-// Inherited serves fd, a socket the process started with: one a
-// supervisor made and passed (systemd's socket activation, inetd), or one
-// a program that exec'd this one left open. No socket, bind or listen
-// call of this process names it, so without this it stayed on the kernel
-// without a word.
+// Inherited serves fd, a socket the process started with: activated,
+// one socket activation passed it (systemd's LISTEN_FDS, which
+// systemd-socket-activate follows too). No socket, bind or listen call of
+// this process names it, so without this it stayed on the kernel without
+// a word.
 //
-// A TCP listener (VMAXDP_TCP=1) is offloaded as if the process had called
-// listen on it. The connections the kernel already has on its port, the
-// one that started a socket-activated service among them, keep their
-// segments on the kernel: the steering program leaves a listener's
-// segment to the kernel when the kernel has a connection for it. Any other
-// inherited socket (a UDP socket, whose options and multicast groups the
-// engine cannot read back; a connection, which the kernel already
-// serves) stays on the kernel, and the log says so, once per kind at
-// INFO.
-func (e *Engine) Inherited(fd int) State {
+// An activated UDP socket is taken as socket, setsockopt, bind and
+// connect would have taken it (inheritedUDP). An activated TCP listener
+// (VMAXDP_TCP=1) is offloaded as if the process had called listen on it.
+// The connections the kernel already has on its port, the one that
+// started the service among them, keep their segments on the kernel: the
+// steering program leaves a listener's segment to the kernel when the
+// kernel has a connection for it. Any other inherited socket stays on the
+// kernel, and the log says why: a connection, which the kernel serves
+// already, or a socket a fork and exec left open, which the parent may
+// still serve (a steering rule of this process would take its traffic).
+func (e *Engine) Inherited(fd int, activated bool) State {
 	if fd < 0 || fd >= MaxFD {
 		return StateOS
 	}
@@ -42,20 +46,34 @@ func (e *Engine) Inherited(fd int) State {
 	if dom == unix.AF_INET6 {
 		local, remote = sockAddrs6(fd)
 	}
+	kind := "UDP socket"
 	switch typ {
 	case unix.SOCK_STREAM:
-		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err == nil && on != 0 {
-			e.Log.Printf(params.LevelDebug, "fd %d: inherited TCP listener %s", fd, local)
+		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on == 0 {
+			e.tcpNotOffloaded(fd, fmt.Sprintf("inherited TCP connection %s>%s", local, remote),
+				"the process started with it, and the kernel serves it; vmaxdp offloads the connections the process accepts or makes")
+			return StateOS
+		}
+		kind = "TCP listener"
+		if activated {
+			e.Log.Printf(params.LevelDebug, "fd %d: %s %s from socket activation", fd, kind, local)
 			return e.Listen(fd, somaxconn())
 		}
-		what := fmt.Sprintf("inherited TCP connection %s>%s", local, remote)
-		e.tcpNotOffloaded(fd, what, "the process started with it, and the kernel serves it; vmaxdp offloads the connections the process accepts or makes")
 	case unix.SOCK_DGRAM:
-		what := fmt.Sprintf("inherited UDP socket %s", local)
-		if remote.IsValid() && remote.Port() != 0 {
-			what += ">" + remote.String()
+		if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_UDP {
+			return StateOS
 		}
-		e.logNotOffloaded(fd, what, "the process started with it (socket activation, inetd), and vmaxdp cannot read back its multicast groups and options; vmaxdp offloads the UDP sockets the process makes")
+		if activated {
+			e.Log.Printf(params.LevelDebug, "fd %d: %s %s from socket activation", fd, kind, local)
+			return e.inheritedUDP(fd, dom, local, remote)
+		}
+	default:
+		return StateOS
+	}
+	e.logNotOffloaded(fd, fmt.Sprintf("inherited %s %s", kind, local),
+		"the process started with it, not from socket activation (LISTEN_FDS), so another process may serve it too; vmaxdp offloads the sockets the process makes and those socket activation passes it")
+	if typ == unix.SOCK_STREAM {
+		e.noteStream(fd, func(n *kernelStream) { n.reason = "inherited, not from socket activation" })
 	}
 	return StateOS
 }
@@ -73,4 +91,93 @@ func somaxconn() int {
 		return unix.SOMAXCONN
 	}
 	return n
+}
+
+// udpIntOptions are the int options of a UDP socket the engine follows
+// (preload's setsockopt hands them over), with what following one takes.
+var udpIntOptions = []struct {
+	level, name int
+	follow      func(e *Engine, fd, v int)
+}{
+	{unix.SOL_SOCKET, unix.SO_RCVBUF, func(e *Engine, fd, v int) { e.SetRcvBuf(fd, v/2) }}, // the kernel reports twice what was set
+	{unix.IPPROTO_IP, unix.IP_TTL, func(e *Engine, fd, v int) { e.SetTTL(fd, v, false) }},
+	{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, func(e *Engine, fd, v int) { e.SetTTL(fd, v, true) }},
+	{unix.IPPROTO_IP, unix.IP_TOS, func(e *Engine, fd, v int) { e.SetTOS(fd, v) }},
+	{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, func(e *Engine, fd, v int) { e.SetPMTUDisc(fd, v) }},
+	{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, func(e *Engine, fd, v int) { e.SetMulticastLoop(fd, v != 0) }},
+	{unix.IPPROTO_UDP, unix.UDP_CORK, func(e *Engine, fd, v int) { e.SetCork(fd, v != 0) }},
+	{unix.IPPROTO_UDP, unix.UDP_SEGMENT, func(e *Engine, fd, v int) { e.SetSegment(fd, v) }},
+}
+
+// udpCmsgOptions are the options that ask recvmsg for ancillary data, the
+// engine's kinds and those it does not make (SetCmsgOption), AF_INET6's
+// apart.
+var udpCmsgOptions = [][2]int{
+	{unix.IPPROTO_IP, unix.IP_PKTINFO}, {unix.IPPROTO_IP, unix.IP_RECVTOS}, {unix.IPPROTO_IP, unix.IP_RECVTTL},
+	{unix.IPPROTO_IP, unix.IP_RECVORIGDSTADDR}, {unix.SOL_SOCKET, unix.SO_TIMESTAMP_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMP_NEW},
+	{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_NEW}, {unix.SOL_SOCKET, unix.SO_TIMESTAMPING_OLD},
+	{unix.SOL_SOCKET, unix.SO_RXQ_OVFL}, {unix.SOL_SOCKET, unix.SO_PASSSEC}, {unix.IPPROTO_IP, unix.IP_RECVOPTS},
+	{unix.IPPROTO_IP, unix.IP_RETOPTS}, {unix.IPPROTO_IP, unix.IP_PASSSEC}, {unix.IPPROTO_IP, unix.IP_CHECKSUM},
+	{unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE},
+}
+
+// inheritedUDP takes fd, an inherited UDP socket of family dom, as
+// socket, setsockopt, bind and connect would have taken it. The options
+// the engine follows are read back off the kernel socket: those that
+// differ from a fresh socket's were set. The multicast groups it joined
+// cannot be read back: their datagrams reach it through the kernel
+// socket, which the engine reads as well.
+func (e *Engine) inheritedUDP(fd, dom int, local, remote netip.AddrPort) State {
+	fresh, err := unix.Socket(dom, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		e.logNotOffloaded(fd, fmt.Sprintf("inherited UDP socket %s", local), fmt.Sprintf("a fresh socket to compare its options with: %v", err))
+		return StateOS
+	}
+	fresh = highfd.Move(fresh)
+	defer highfd.Close(fresh)
+	fl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	// As for a socket the process makes, VMAXDP_TX_MC_LOOPBACK=0 turns
+	// the kernel socket's IP_MULTICAST_LOOP off; the replay below then
+	// reads it off.
+	if st := e.Socket(fd, fl&unix.O_NONBLOCK != 0); st != StateCandidate {
+		return st
+	}
+	for _, o := range udpIntOptions {
+		v, err := unix.GetsockoptInt(fd, o.level, o.name)
+		if err != nil {
+			continue // one this kernel or family lacks
+		}
+		if def, err := unix.GetsockoptInt(fresh, o.level, o.name); err == nil && v != def {
+			o.follow(e, fd, v)
+		}
+	}
+	cmsgs := udpCmsgOptions
+	if dom == unix.AF_INET6 {
+		for name := range ipv6CmsgOptions {
+			cmsgs = append(cmsgs, [2]int{unix.IPPROTO_IPV6, name})
+		}
+	}
+	for _, o := range cmsgs {
+		if v, err := unix.GetsockoptInt(fd, o[0], o[1]); err == nil && v != 0 {
+			e.SetCmsgOption(fd, o[0], o[1], true)
+		}
+	}
+	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO); err == nil && tv.Nano() > 0 {
+		e.SetRcvTimeo(fd, time.Duration(tv.Nano()))
+	}
+	if dev := boundDevice(fd); dev != "" {
+		e.SetBoundDevice(fd, dev)
+	}
+	if dom == unix.AF_INET {
+		if a, err := unix.GetsockoptInet4Addr(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_IF); err == nil && a != [4]byte{} {
+			e.SetMulticastIf(fd, netip.AddrFrom4(a), 0)
+		}
+	}
+	switch {
+	case remote.IsValid() && remote.Port() != 0:
+		return e.Connect(fd)
+	case local.Port() != 0:
+		return e.Bind(fd)
+	}
+	return StateCandidate // the first send decides, as for a socket the process made
 }
