@@ -320,6 +320,10 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 		}
 		eng.SetBoundDevice(f, ifname)
 		return
+	case level == unix.SOL_SOCKET && (name == unix.SO_TIMESTAMPING_OLD || name == unix.SO_TIMESTAMPING_NEW) && n >= 4:
+		// An int, or struct so_timestamping whose first field it is.
+		eng.SetTimestamping(f, int(*(*int32)(val)), name == unix.SO_TIMESTAMPING_NEW)
+		return
 	case level == unix.IPPROTO_UDP && name == unix.UDP_CORK && n >= 4:
 		eng.SetCork(f, *(*int32)(val) != 0)
 		return

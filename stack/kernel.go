@@ -95,6 +95,11 @@ func parseControl(b []byte, meta *RecvMeta) {
 		case h.Level == unix.SOL_SOCKET && (h.Type == unix.SO_TIMESTAMPNS || h.Type == unix.SO_TIMESTAMPNS_NEW) && len(data) >= 16:
 			ts := (*unix.Timespec)(unsafe.Pointer(&data[0]))
 			meta.Stamp = ts.Nano()
+		case h.Level == unix.SOL_SOCKET && (h.Type == unix.SO_TIMESTAMPING_OLD || h.Type == unix.SO_TIMESTAMPING_NEW) && len(data) >= 16:
+			// The first of scm_timestamping's three: the software stamp.
+			if ts := (*unix.Timespec)(unsafe.Pointer(&data[0])); ts.Sec != 0 || ts.Nsec != 0 {
+				meta.Stamp = ts.Nano()
+			}
 		}
 		next := unix.CmsgSpace(int(h.Len) - unix.CmsgLen(0))
 		if next > len(b) {

@@ -1053,7 +1053,8 @@ func TestRunBroadcastSend(t *testing.T) {
 // MSG_MORE and UDP_CORK (one datagram of two sends), connect and
 // disconnect, a send after shutdown(SHUT_WR) (EPIPE), IP_TOS, IP_TTL and
 // IP_MTU_DISCOVER (the DF bit) as the receiver sees them, in order with a send with ancillary data
-// (the kernel's). Before, under vmaxdp, MSG_MORE and UDP_CORK sent two
+// (the kernel's), and the receive stamps of SO_TIMESTAMPNS and
+// SO_TIMESTAMPING (software) beside IP_PKTINFO, in the kernel's order. Before, under vmaxdp, MSG_MORE and UDP_CORK sent two
 // datagrams and left bytes in the kernel socket's cork, a shut down
 // socket sent, IP_TOS was not applied, DF was set whatever
 // IP_MTU_DISCOVER said, and a send through the kernel socket overtook the
@@ -1128,9 +1129,12 @@ func TestRunUDPSemantics(t *testing.T) {
 	said := sideBySide(t, b, nil, args, func(i int, p *cProgram) {
 		if i == 1 {
 			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
+			if strings.Contains(p.out.String(), "SO_TIMESTAMPING") {
+				t.Errorf("the socket with software receive stamps went to the kernel:\n%s", tail(p.out.String(), 20))
+			}
 		}
 	})
-	sameLines(t, said, 25)
+	sameLines(t, said, 26)
 }
 
 // TestRunTCPSemantics runs testdata/tcpsemantics.py, a TCP client, on the

@@ -16,18 +16,20 @@ import (
 type Cmsg uint32
 
 const (
-	CmsgPktinfo        Cmsg = 1 << iota // IP_PKTINFO
-	CmsgTOS                             // IP_RECVTOS
-	CmsgTTL                             // IP_RECVTTL
-	CmsgOrigDstAddr                     // IP_RECVORIGDSTADDR
-	CmsgTimestamp                       // SO_TIMESTAMP_OLD: SCM_TIMESTAMP
-	CmsgTimestampNew                    // SO_TIMESTAMP_NEW
-	CmsgTimestampNS                     // SO_TIMESTAMPNS_OLD: SCM_TIMESTAMPNS
-	CmsgTimestampNSNew                  // SO_TIMESTAMPNS_NEW
+	CmsgPktinfo         Cmsg = 1 << iota // IP_PKTINFO
+	CmsgTOS                              // IP_RECVTOS
+	CmsgTTL                              // IP_RECVTTL
+	CmsgOrigDstAddr                      // IP_RECVORIGDSTADDR
+	CmsgTimestamp                        // SO_TIMESTAMP_OLD: SCM_TIMESTAMP
+	CmsgTimestampNew                     // SO_TIMESTAMP_NEW
+	CmsgTimestampNS                      // SO_TIMESTAMPNS_OLD: SCM_TIMESTAMPNS
+	CmsgTimestampNSNew                   // SO_TIMESTAMPNS_NEW
+	CmsgTimestamping                     // SO_TIMESTAMPING_OLD, software receive stamps: SCM_TIMESTAMPING
+	CmsgTimestampingNew                  // SO_TIMESTAMPING_NEW, the same
 )
 
 // cmsgStamps are the kinds that need each datagram's arrival time.
-const cmsgStamps = CmsgTimestamp | CmsgTimestampNew | CmsgTimestampNS | CmsgTimestampNSNew
+const cmsgStamps = CmsgTimestamp | CmsgTimestampNew | CmsgTimestampNS | CmsgTimestampNSNew | CmsgTimestamping | CmsgTimestampingNew
 
 // cmsgOption maps a socket option to the ancillary data it turns on.
 func cmsgOption(level, name int) (Cmsg, bool) {
@@ -70,8 +72,6 @@ var ipv6CmsgOptions = map[int]string{
 // is served by the kernel ("" for any other option).
 func foreignCmsgOption(level, name int) string {
 	switch {
-	case level == unix.SOL_SOCKET && (name == unix.SO_TIMESTAMPING_OLD || name == unix.SO_TIMESTAMPING_NEW):
-		return "SO_TIMESTAMPING"
 	case level == unix.SOL_SOCKET && name == unix.SO_RXQ_OVFL:
 		return "SO_RXQ_OVFL"
 	case level == unix.SOL_SOCKET && name == unix.SO_PASSSEC:
@@ -111,19 +111,63 @@ func (e *Engine) SetCmsgOption(fd, level, name int, on bool) {
 	if !ok {
 		return
 	}
+	var set Cmsg
+	if on {
+		set = k
+	}
+	setCmsg(s, k, set)
+}
+
+// setCmsg turns the kinds in mask of s's ancillary data to those in set.
+func setCmsg(s *Socket, mask, set Cmsg) {
 	for {
 		old := s.cmsg.Load()
-		nw := old &^ uint32(k)
-		if on {
-			nw |= uint32(k)
-		}
-		if s.cmsg.CompareAndSwap(old, nw) {
+		if s.cmsg.CompareAndSwap(old, old&^uint32(mask)|uint32(set&mask)) {
 			break
 		}
 	}
 	if c := s.conn.Load(); c != nil {
 		c.SetRecvStamp(Cmsg(s.cmsg.Load())&cmsgStamps != 0)
 	}
+}
+
+// timestampingServed are the SO_TIMESTAMPING flags the engine serves:
+// software receive stamps (generated, and reported), and the options
+// that shape transmit stamps only, which are asked for with other flags.
+// SOF_TIMESTAMPING_OPT_RX_FILTER (1<<17) has no name in x/sys/unix.
+const (
+	optRxFilter        = 1 << 17
+	timestampingServed = unix.SOF_TIMESTAMPING_RX_SOFTWARE | unix.SOF_TIMESTAMPING_SOFTWARE | unix.SOF_TIMESTAMPING_OPT_ID |
+		unix.SOF_TIMESTAMPING_OPT_CMSG | unix.SOF_TIMESTAMPING_OPT_TSONLY | optRxFilter
+)
+
+// SetTimestamping follows SO_TIMESTAMPING (flags; newLayout: set as
+// SO_TIMESTAMPING_NEW). A socket that asks for software receive stamps
+// gets SCM_TIMESTAMPING with the time its datagram came off the ring in
+// its first timespec, as the kernel's has the time it came off the
+// device, and the other two zero. One that asks for transmit stamps
+// (the error queue's) or hardware ones goes back to the kernel, which
+// makes them, with the flags named in the reason. As the kernel, it
+// reports a software stamp when SOF_TIMESTAMPING_SOFTWARE is on and
+// either SOF_TIMESTAMPING_RX_SOFTWARE is too or SOF_TIMESTAMPING_OPT_RX_FILTER
+// is off.
+func (e *Engine) SetTimestamping(fd, flags int, newLayout bool) {
+	s := e.get(fd)
+	if s == nil {
+		return
+	}
+	if extra := flags &^ timestampingServed; extra != 0 {
+		e.toKernel(s, fmt.Sprintf("option SO_TIMESTAMPING asks for transmit or hardware timestamps (flags %#x), which vmaxdp does not make", extra))
+		return
+	}
+	var set Cmsg
+	if flags&unix.SOF_TIMESTAMPING_SOFTWARE != 0 && (flags&unix.SOF_TIMESTAMPING_RX_SOFTWARE != 0 || flags&optRxFilter == 0) {
+		set = CmsgTimestamping
+		if newLayout {
+			set = CmsgTimestampingNew
+		}
+	}
+	setCmsg(s, CmsgTimestamping|CmsgTimestampingNew, set)
 }
 
 // Cmsg is the ancillary data fd's receives report.
@@ -151,7 +195,7 @@ func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
 		copy(b[used+unix.CmsgLen(0):], data)
 		used = min(used+space, len(b))
 	}
-	var buf [16]byte
+	var buf [48]byte // the largest: struct scm_timestamping
 	if cm&(CmsgTimestamp|CmsgTimestampNew) != 0 {
 		tv := unix.NsecToTimeval(meta.Stamp)
 		binary.NativeEndian.PutUint64(buf[0:], uint64(tv.Sec))
@@ -170,6 +214,16 @@ func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
 			typ = unix.SO_TIMESTAMPNS_NEW
 		}
 		put(unix.SOL_SOCKET, typ, buf[:16])
+	}
+	if cm&(CmsgTimestamping|CmsgTimestampingNew) != 0 {
+		clear(buf[:])
+		binary.NativeEndian.PutUint64(buf[0:], uint64(meta.Stamp/1e9))
+		binary.NativeEndian.PutUint64(buf[8:], uint64(meta.Stamp%1e9))
+		typ := int32(unix.SO_TIMESTAMPING_OLD)
+		if cm&CmsgTimestampingNew != 0 {
+			typ = unix.SO_TIMESTAMPING_NEW
+		}
+		put(unix.SOL_SOCKET, typ, buf[:48])
 	}
 	if cm&CmsgPktinfo != 0 {
 		binary.NativeEndian.PutUint32(buf[0:], uint32(meta.Ifindex))

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -944,6 +946,61 @@ func TestForeignCmsgOptions(t *testing.T) {
 	e.SetCmsgOption(fd6, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, true)
 	if st := e.State(fd6); st != StateKernel || !strings.Contains(e.Reason(fd6), "IPV6_RECVPKTINFO") {
 		t.Errorf("an AF_INET6 candidate with IPV6_RECVPKTINFO: state %d, reason %q; want the kernel's, said", st, e.Reason(fd6))
+	}
+}
+
+// TestTimestamping: SO_TIMESTAMPING with software receive stamps keeps a
+// socket offloaded and turns SCM_TIMESTAMPING on, in the layout it was set
+// with; transmit or hardware stamps send it to the kernel, said.
+func TestTimestamping(t *testing.T) {
+	_, e, fd := offloaded(t, 9421, false)
+	const rx = unix.SOF_TIMESTAMPING_RX_SOFTWARE | unix.SOF_TIMESTAMPING_SOFTWARE
+	for _, c := range []struct {
+		flags     int
+		newLayout bool
+		want      Cmsg
+	}{
+		{rx, false, CmsgTimestamping},
+		{rx | unix.SOF_TIMESTAMPING_OPT_ID | unix.SOF_TIMESTAMPING_OPT_TSONLY, true, CmsgTimestampingNew},
+		{unix.SOF_TIMESTAMPING_SOFTWARE | optRxFilter, false, 0}, // reports nothing the socket generates
+		{0, false, 0},
+	} {
+		e.SetTimestamping(fd, c.flags, c.newLayout)
+		if got := e.Cmsg(fd) & (CmsgTimestamping | CmsgTimestampingNew); got != c.want || e.State(fd) != StateOffloaded {
+			t.Errorf("flags %#x: ancillary data %#x, state %d (%q); want %#x, offloaded", c.flags, got, e.State(fd), e.Reason(fd), c.want)
+		}
+	}
+	e.SetTimestamping(fd, rx|unix.SOF_TIMESTAMPING_TX_SOFTWARE, false)
+	if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), "SO_TIMESTAMPING asks for transmit or hardware timestamps (flags 0x2)") {
+		t.Errorf("with SOF_TIMESTAMPING_TX_SOFTWARE: state %d, reason %q; want the kernel's, said", st, e.Reason(fd))
+	}
+}
+
+// TestPutCmsgsAllocs: every kind of ancillary data is written without
+// an allocation (recvmsg's per-datagram path), SCM_TIMESTAMPING's 48
+// bytes in the kernel's layout.
+func TestPutCmsgsAllocs(t *testing.T) {
+	meta := &stack.RecvMeta{Dst: netip.MustParseAddrPort("198.18.0.2:53"), SpecDst: netip.MustParseAddr("198.18.0.2"),
+		Ifindex: 2, TOS: 0x10, TTL: 64, Stamp: 1_700_000_000_123_456_789}
+	all := CmsgPktinfo | CmsgTOS | CmsgTTL | CmsgOrigDstAddr | CmsgTimestampNS | CmsgTimestamping
+	b := make([]byte, 512)
+	var used int
+	if n := testing.AllocsPerRun(100, func() { used, _ = PutCmsgs(b, all, meta) }); n != 0 {
+		t.Errorf("PutCmsgs: %.0f allocations a call, want 0", n)
+	}
+	msgs, err := unix.ParseSocketControlMessage(b[:used])
+	if err != nil || len(msgs) != 6 {
+		t.Fatalf("%d control messages, %v; want 6", len(msgs), err)
+	}
+	ts := msgs[1]
+	if ts.Header.Type != unix.SO_TIMESTAMPING_OLD || len(ts.Data) != 48 {
+		t.Fatalf("second message: type %d, %d bytes; want SO_TIMESTAMPING, 48", ts.Header.Type, len(ts.Data))
+	}
+	var want [48]byte
+	binary.NativeEndian.PutUint64(want[0:], 1_700_000_000)
+	binary.NativeEndian.PutUint64(want[8:], 123_456_789)
+	if !bytes.Equal(ts.Data, want[:]) {
+		t.Errorf("SCM_TIMESTAMPING data %x, want %x", ts.Data, want)
 	}
 }
 

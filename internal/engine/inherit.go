@@ -115,7 +115,7 @@ var udpIntOptions = []struct {
 var udpCmsgOptions = [][2]int{
 	{unix.IPPROTO_IP, unix.IP_PKTINFO}, {unix.IPPROTO_IP, unix.IP_RECVTOS}, {unix.IPPROTO_IP, unix.IP_RECVTTL},
 	{unix.IPPROTO_IP, unix.IP_RECVORIGDSTADDR}, {unix.SOL_SOCKET, unix.SO_TIMESTAMP_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMP_NEW},
-	{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_NEW}, {unix.SOL_SOCKET, unix.SO_TIMESTAMPING_OLD},
+	{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_NEW},
 	{unix.SOL_SOCKET, unix.SO_RXQ_OVFL}, {unix.SOL_SOCKET, unix.SO_PASSSEC}, {unix.IPPROTO_IP, unix.IP_RECVOPTS},
 	{unix.IPPROTO_IP, unix.IP_RETOPTS}, {unix.IPPROTO_IP, unix.IP_PASSSEC}, {unix.IPPROTO_IP, unix.IP_CHECKSUM},
 	{unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE},
@@ -161,6 +161,9 @@ func (e *Engine) inheritedUDP(fd, dom int, local, remote netip.AddrPort) State {
 		if v, err := unix.GetsockoptInt(fd, o[0], o[1]); err == nil && v != 0 {
 			e.SetCmsgOption(fd, o[0], o[1], true)
 		}
+	}
+	if flags, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPING_OLD); err == nil && flags != 0 {
+		e.SetTimestamping(fd, flags, false) // the layout it was set with cannot be read back
 	}
 	if tv, err := unix.GetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO); err == nil && tv.Nano() > 0 {
 		e.SetRcvTimeo(fd, time.Duration(tv.Nano()))

@@ -151,4 +151,31 @@ for mode, name in ((0, "DONT"), (5, "OMIT"), (1, "WANT")):
     m.sendto(b"meta IP_PMTUDISC_" + name.encode(), A)
 for _ in range(8):
     note("sent", lambda: m.recv(100).decode())
+
+
+def stamps():
+    """The ancillary data of a datagram on a socket that asked for
+    SO_TIMESTAMPNS, SO_TIMESTAMPING's software receive stamps and
+    IP_PKTINFO: the kinds in the kernel's order, and whether each stamp
+    is of the last 5 s (SO_TIMESTAMPING's: its first of three, the others
+    zero)."""
+    SOL_SOCKET, SO_TIMESTAMPNS, SO_TIMESTAMPING, IP_PKTINFO = 1, 35, 37, 8
+    ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ts.settimeout(2)
+    ts.setsockopt(SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    ts.setsockopt(SOL_SOCKET, SO_TIMESTAMPING, 0x8 | 0x10)  # RX_SOFTWARE | SOFTWARE
+    ts.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+    ts.sendto(b"stamped", A)
+    _, anc, _, _ = ts.recvmsg(100, 256)
+    got = []
+    for level, typ, data in anc:
+        fresh = ""
+        if (level, typ) in ((SOL_SOCKET, SO_TIMESTAMPNS), (SOL_SOCKET, SO_TIMESTAMPING)):
+            v = struct.unpack("qq" * (len(data) // 16), data)
+            fresh = " fresh" if abs(v[0] + v[1] / 1e9 - time.time()) < 5 and not any(v[2:]) else " stale"
+        got.append(f"{level}/{typ}/{len(data)}{fresh}")
+    return " ".join(got)
+
+
+note("receive stamps", stamps)
 say("\n".join(out))
