@@ -22,7 +22,7 @@ import (
 //
 // An activated UDP socket is taken as socket, setsockopt, bind and
 // connect would have taken it (inheritedUDP). An activated TCP listener
-// (VMAXDP_TCP=1) is offloaded as if the process had called listen on it.
+// (VMAXDP_TCP=1; with TCP off, TCP sockets are not looked at) is offloaded as if the process had called listen on it.
 // The connections the kernel already has on its port, the one that
 // started the service among them, keep their segments on the kernel: the
 // steering program leaves a listener's segment to the kernel when the
@@ -49,9 +49,16 @@ func (e *Engine) Inherited(fd int, activated bool) State {
 	kind := "UDP socket"
 	switch typ {
 	case unix.SOCK_STREAM:
+		if !e.p.TCP {
+			e.Log.Printf(params.LevelDebug, "fd %d: inherited TCP socket %s not offloaded: %sTCP=0", fd, local, params.Prefix)
+			return StateOS
+		}
 		if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on == 0 {
-			e.tcpNotOffloaded(fd, fmt.Sprintf("inherited TCP connection %s>%s", local, remote),
-				"the process started with it, and the kernel serves it; vmaxdp offloads the connections the process accepts or makes")
+			what := fmt.Sprintf("inherited TCP socket %s", local)
+			if remote.IsValid() && remote.Port() != 0 {
+				what = fmt.Sprintf("inherited TCP connection %s>%s", local, remote)
+			}
+			e.tcpNotOffloaded(fd, what, "the process started with it, and the kernel serves it; vmaxdp offloads the connections the process accepts or makes")
 			return StateOS
 		}
 		kind = "TCP listener"
