@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
@@ -35,6 +36,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -255,6 +257,7 @@ DECLARE(int, pselect, int, fd_set *, fd_set *, fd_set *, const struct timespec *
 DECLARE(int, epoll_ctl, int, int, int, struct epoll_event *);
 DECLARE(int, epoll_wait, int, struct epoll_event *, int, int);
 DECLARE(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *);
+DECLARE(int, epoll_pwait2, int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
 DECLARE(pid_t, fork, void);
 DECLARE(int, sigaction, int, const struct sigaction *, struct sigaction *);
 
@@ -1478,13 +1481,50 @@ int poll(struct pollfd *fds, nfds_t n, int timeout)
 	return (int)ret(CANCEL_POINT(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout < 0 ? -1 : (long long)timeout * 1000000, NULL, vmx_thread())));
 }
 
-static long long ts_ns(const struct timespec *ts) { return ts ? ts->tv_sec * 1000000000LL + ts->tv_nsec : -1; }
+/* ts_ns: a wait's timeout in nanoseconds, -1 for none. One too long to
+ * count in 64 bits is none: the kernel's would outlast the process. */
+static long long ts_ns(const struct timespec *ts)
+{
+	if (!ts || ts->tv_sec >= LLONG_MAX / 1000000000LL)
+		return -1;
+	return ts->tv_sec * 1000000000LL + ts->tv_nsec;
+}
+
+/* bad_ts: a timeout the kernel refuses with EINVAL. */
+static int bad_ts(const struct timespec *ts)
+{
+	return ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000L);
+}
+
+static long long mono_ns(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* time_left: what remains of a wait of timeout_ns begun at start_ns,
+ * which Linux writes back into select's timeval and the raw ppoll and
+ * pselect6's timespec (glibc's ppoll and pselect hide it, its select
+ * does not). Programs that loop on select with one timeval count on it
+ * for their deadline. */
+static struct timespec time_left(long long timeout_ns, long long start_ns)
+{
+	long long left = timeout_ns - (mono_ns() - start_ns);
+	if (left < 0)
+		left = 0;
+	return (struct timespec){.tv_sec = left / 1000000000LL, .tv_nsec = left % 1000000000LL};
+}
 
 int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
 {
 	pay_owed();
 	if (!any_engine_fd(fds, n))
 		return REAL(ppoll)(fds, n, ts, mask);
+	if (bad_ts(ts)) {
+		errno = EINVAL;
+		return -1;
+	}
 	return (int)ret(CANCEL_POINT(vmxgo_poll(VMX_MUX_POLL, fds, n, ts_ns(ts), (void *)mask, vmx_thread())));
 }
 
@@ -1573,10 +1613,24 @@ int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 	pay_owed();
 	if (vmx_forked)
 		claim_set(nfds, r, w, x);
-	else {
-		int res = select_engine(nfds, r, w, x, tv ? tv->tv_sec * 1000000000LL + tv->tv_usec * 1000LL : -1, NULL);
-		if (res != -2)
+	else if (tv && (tv->tv_sec < 0 || tv->tv_usec < 0)) {
+		errno = EINVAL;
+		return -1;
+	} else {
+		/* glibc carries microseconds past a second into the seconds */
+		struct timespec ts = {.tv_sec = tv ? tv->tv_sec + tv->tv_usec / 1000000 : 0,
+			.tv_nsec = tv ? tv->tv_usec % 1000000 * 1000 : 0};
+		long long timeout = tv ? ts_ns(&ts) : -1, start = tv ? mono_ns() : 0;
+		int res = select_engine(nfds, r, w, x, timeout, NULL);
+		if (res != -2) {
+			if (tv && timeout >= 0) {
+				int saved = errno;
+				ts = time_left(timeout, start);
+				*tv = (struct timeval){.tv_sec = ts.tv_sec, .tv_usec = ts.tv_nsec / 1000};
+				errno = saved;
+			}
 			return res;
+		}
 	}
 	return REAL(select)(nfds, r, w, x, tv);
 }
@@ -1586,7 +1640,10 @@ int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts
 	pay_owed();
 	if (vmx_forked)
 		claim_set(nfds, r, w, x);
-	else {
+	else if (bad_ts(ts)) {
+		errno = EINVAL;
+		return -1;
+	} else {
 		int res = select_engine(nfds, r, w, x, ts_ns(ts), mask);
 		if (res != -2)
 			return res;
@@ -1615,6 +1672,70 @@ int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const si
 	return REAL(epoll_pwait)(epfd, ev, max, timeout, mask);
 }
 
+/* epoll_pwait2 (glibc 2.35, Linux 5.11) is epoll_pwait with a timespec:
+ * libevent 2.2 waits with it where the C library has it. Left to the
+ * kernel, it slept on a set whose offloaded sockets get nothing there. */
+int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *ts, const sigset_t *mask)
+{
+	if (state(epfd) == VMX_EPOLL) {
+		if (bad_ts(ts)) {
+			errno = EINVAL;
+			return -1;
+		}
+		long r = CANCEL_POINT(vmxgo_epoll_wait(epfd, ev, max, ts_ns(ts), (void *)mask, vmx_thread()));
+		if (r != -VMX_PASS)
+			return (int)ret(r);
+	}
+	if (REAL(epoll_pwait2))
+		return REAL(epoll_pwait2)(epfd, ev, max, ts, mask);
+#ifdef SYS_epoll_pwait2
+	return (int)sys(SYS_epoll_pwait2, epfd, ev, max, ts, mask, _NSIG / 8);
+#else
+	errno = ENOSYS;
+	return -1;
+#endif
+}
+
+/* The raw ppoll and pselect6 write what is left of the timeout back, as
+ * libc's wrappers do not: served by the engine, so do they. -2: not an
+ * engine wait, the kernel's call. */
+static long raw_ppoll(struct pollfd *fds, nfds_t n, struct timespec *ts, const sigset_t *mask)
+{
+	pay_owed();
+	if (!any_engine_fd(fds, n))
+		return -2;
+	if (bad_ts(ts)) {
+		errno = EINVAL;
+		return -1;
+	}
+	long long timeout = ts_ns(ts), start = mono_ns();
+	long r = ret(CANCEL_POINT(vmxgo_poll(VMX_MUX_POLL, fds, n, timeout, (void *)mask, vmx_thread())));
+	if (ts && timeout >= 0)
+		*ts = time_left(timeout, start);
+	return r;
+}
+
+static long raw_pselect6(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timespec *ts, const sigset_t *mask)
+{
+	pay_owed();
+	if (vmx_forked) {
+		claim_set(nfds, r, w, x);
+		return -2;
+	}
+	if (bad_ts(ts)) {
+		errno = EINVAL;
+		return -1;
+	}
+	long long timeout = ts_ns(ts), start = mono_ns();
+	int res = select_engine(nfds, r, w, x, timeout, mask);
+	if (res != -2 && ts && timeout >= 0) {
+		int saved = errno;
+		*ts = time_left(timeout, start);
+		errno = saved;
+	}
+	return res;
+}
+
 int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	if (state(epfd) == VMX_EPOLL)
@@ -1627,9 +1748,10 @@ int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
  * names: libuv before 1.45 does so for recvmmsg and sendmmsg, with which
  * BIND 9.18 reads and answers its UDP sockets, and the kernel served those
  * on the kernel socket, which offload leaves empty (named answered
- * nothing). The kernel forms that differ from libc's go to the kernel:
- * pselect6 (its sigmask argument), ppoll (it writes the time left back),
- * and epoll_pwait with a signal set of another size than the kernel's. */
+ * nothing). The kernel forms that differ from libc's are served as the
+ * kernel serves them: pselect6 takes its signal set through a pointer,
+ * and it and ppoll write the time left back. One with a signal set of
+ * another size than the kernel's goes to the kernel, which refuses it. */
 long syscall(long nr, ...)
 {
 	va_list ap;
@@ -1721,6 +1843,29 @@ long syscall(long nr, ...)
 		if (e == 0 || f == _NSIG / 8) /* the kernel's sigset_t, which libc passes */
 			return epoll_pwait((int)a, (struct epoll_event *)b, (int)c, (int)d, (const sigset_t *)e);
 		break;
+#ifdef SYS_epoll_pwait2
+	case SYS_epoll_pwait2:
+		if (e == 0 || f == _NSIG / 8)
+			return epoll_pwait2((int)a, (struct epoll_event *)b, (int)c, (const struct timespec *)d, (const sigset_t *)e);
+		break;
+#endif
+	case SYS_ppoll:
+		if (d == 0 || e == _NSIG / 8) {
+			long r = raw_ppoll((struct pollfd *)a, (nfds_t)b, (struct timespec *)c, (const sigset_t *)d);
+			if (r != -2)
+				return r;
+		}
+		break;
+	case SYS_pselect6: {
+		/* the sixth argument points to the signal set and its size */
+		const struct { const sigset_t *set; size_t size; } *sig = (void *)f;
+		if (!sig || !sig->set || sig->size == _NSIG / 8) {
+			long r = raw_pselect6((int)a, (fd_set *)b, (fd_set *)c, (fd_set *)d, (struct timespec *)e, sig ? sig->set : NULL);
+			if (r != -2)
+				return r;
+		}
+		break;
+	}
 	}
 	return sys(nr, a, b, c, d, e, f);
 }

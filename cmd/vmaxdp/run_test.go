@@ -729,6 +729,83 @@ func TestRunRawSyscalls(t *testing.T) {
 	}
 }
 
+// TestRunWaits: each of Linux's multiplexer calls waits on an offloaded
+// socket and keeps its timeout as the kernel's does (testdata/waits.c, run
+// on the kernel, then under vmaxdp): epoll_pwait2 (libevent 2.2 waits
+// with it, and it slept on the kernel socket, which offload leaves empty,
+// until its timeout, every time), the raw ppoll and pselect6, which
+// write the time left back, and select, whose timeval Linux (and glibc)
+// leaves holding the time left: a program that loops on select with one
+// timeval counts on it for its deadline, and the engine left it whole.
+// Side B's kernel delivers none of the datagrams under vmaxdp.
+func TestRunWaits(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "waits")
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	const port = 11445
+	var c *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waits := []string{"epoll_pwait2", "sys_epoll_pwait2", "sys_ppoll", "sys_pselect6", "select", "ppoll"}
+	checks := []string{"epoll_pwait2-kept", "sys_ppoll-left", "sys_pselect6-left", "select-left", "ppoll-kept",
+		"select-timeout", "sys_ppoll-timeout", "epoll_pwait2-timeout", "epoll_pwait2-einval", "ppoll-einval", "select-einval"}
+	for _, w := range waits {
+		checks = append(checks, w, w+"-echo")
+	}
+	for _, under := range []string{"kernel", "vmaxdp"} {
+		t.Run(under, func(t *testing.T) {
+			before := udpInDatagrams(t, b, testbed.B)
+			var p *cProgram
+			if under == "kernel" {
+				p = startArgv(t, b, nil, prog, strconv.Itoa(port))
+			} else {
+				p = startC(t, b, prog, nil, strconv.Itoa(port))
+			}
+			if err := p.waitFor("ready\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			if under == "vmaxdp" {
+				p.waitOffloaded(t)
+			}
+			buf := make([]byte, 64)
+			for _, w := range waits {
+				// "\n" before: ppoll is also the end of sys_ppoll
+				if err := p.waitFor("\n" + w + "\n"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				if _, err := c.Write([]byte(w)); err != nil {
+					t.Fatal(err)
+				}
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if n, err := c.Read(buf); err != nil || string(buf[:n]) != w {
+					t.Fatalf("echo after %s: %q, %v\n%s", w, buf[:n], err, p.out.String())
+				}
+			}
+			if under == "vmaxdp" {
+				p.wait(t, b, checks...)
+				if moved := udpInDatagrams(t, b, testbed.B) - before; moved != 0 {
+					t.Errorf("side B's kernel delivered %d UDP datagrams: not offloaded", moved)
+				}
+				return
+			}
+			err := p.exited()
+			for _, check := range checks {
+				if !regexp.MustCompile(`(?m)^ok ` + regexp.QuoteMeta(check) + `$`).MatchString(p.out.String()) {
+					t.Errorf("check %s did not pass on the kernel", check)
+				}
+			}
+			if err != nil || t.Failed() {
+				t.Errorf("program: %v\n%s", err, p.out.String())
+			}
+		})
+	}
+}
+
 // TestRunExitFlush: a program that sends a burst and ends at once, each
 // way a process ends (testdata/exitburst.c), has sent every datagram, as
 // on the kernel: the last sends of a burst wait on the TX ring for a

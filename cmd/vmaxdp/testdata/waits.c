@@ -1,0 +1,164 @@
+/*
+ * waits: a UDP echo server that waits for each datagram with another of
+ * Linux's multiplexer calls, and checks what each does with its timeout.
+ *
+ *   waits PORT
+ *
+ * It binds PORT, prints "ready", and for each wait prints its name, waits
+ * up to 5 s for the datagram the test then sends, reads it and echoes it:
+ *  - epoll_pwait2, through libc and through syscall(2);
+ *  - ppoll and pselect6 through syscall(2), which write the time left
+ *    back into their timespec;
+ *  - select, which writes it back into its timeval (glibc keeps Linux's
+ *    way), and libc's ppoll, which leaves its timespec alone;
+ * then, with nothing sent, waits that time out (30 ms, the time left
+ * written back as 0) and timeouts the kernel refuses (EINVAL). Each check
+ * prints "ok NAME" or "FAIL NAME: why"; a watchdog ends the program after
+ * 20 s. The checks hold on the kernel's sockets as on vmaxdp's.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <netinet/in.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "watchdog.h"
+
+static int failed, fd;
+
+static void check(const char *name, int ok, const char *why)
+{
+	if (ok) {
+		printf("ok %s\n", name);
+	} else {
+		printf("FAIL %s: %s (errno %s)\n", name, why, strerror(errno));
+		failed = 1;
+	}
+	fflush(stdout);
+}
+
+static void step(const char *name)
+{
+	printf("%s\n", name);
+	fflush(stdout);
+}
+
+/* echo reads the datagram a wait found and sends it back. */
+static void echo(const char *name)
+{
+	char buf[64];
+	struct sockaddr_in from;
+	socklen_t alen = sizeof from;
+	ssize_t n = recvfrom(fd, buf, sizeof buf, MSG_DONTWAIT, (struct sockaddr *)&from, &alen);
+	char what[80];
+	snprintf(what, sizeof what, "%s-echo", name);
+	check(what, n > 0 && sendto(fd, buf, n, 0, (struct sockaddr *)&from, alen) == n, "read and echo the datagram");
+}
+
+static long long ns(struct timespec ts) { return ts.tv_sec * 1000000000LL + ts.tv_nsec; }
+
+static long long now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return ns(t);
+}
+
+/* written_back: a 5 s timeout came back as what was left of it. */
+static int written_back(long long left) { return left > 0 && left < 5000000000LL; }
+
+int main(int argc, char **argv)
+{
+	if (argc != 2)
+		return 2;
+	start_watchdog();
+	fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[1]))};
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		perror("socket or bind");
+		return 2;
+	}
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 42}, out;
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+		perror("epoll");
+		return 2;
+	}
+	step("ready");
+
+	struct timespec ts = {5, 0};
+	step("epoll_pwait2");
+	check("epoll_pwait2", epoll_pwait2(ep, &out, 1, &ts, NULL) == 1 && out.data.u64 == 42, "the socket readable");
+	check("epoll_pwait2-kept", ns(ts) == 5000000000LL, "the timespec left alone");
+	echo("epoll_pwait2");
+
+	step("sys_epoll_pwait2");
+	check("sys_epoll_pwait2", syscall(SYS_epoll_pwait2, ep, &out, 1, &ts, NULL, 0) == 1 && out.data.u64 == 42,
+		"the socket readable");
+	echo("sys_epoll_pwait2");
+
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	step("sys_ppoll");
+	check("sys_ppoll", syscall(SYS_ppoll, &pfd, 1, &ts, NULL, 0) == 1 && (pfd.revents & POLLIN), "the socket readable");
+	check("sys_ppoll-left", written_back(ns(ts)), "the time left written back");
+	echo("sys_ppoll");
+
+	fd_set r;
+	ts = (struct timespec){5, 0};
+	step("sys_pselect6");
+	FD_ZERO(&r);
+	FD_SET(fd, &r);
+	check("sys_pselect6", syscall(SYS_pselect6, fd + 1, &r, NULL, NULL, &ts, NULL) == 1 && FD_ISSET(fd, &r),
+		"the socket readable");
+	check("sys_pselect6-left", written_back(ns(ts)), "the time left written back");
+	echo("sys_pselect6");
+
+	struct timeval tv = {5, 0};
+	step("select");
+	FD_ZERO(&r);
+	FD_SET(fd, &r);
+	check("select", select(fd + 1, &r, NULL, NULL, &tv) == 1 && FD_ISSET(fd, &r), "the socket readable");
+	check("select-left", written_back(tv.tv_sec * 1000000000LL + tv.tv_usec * 1000LL), "the time left written back");
+	echo("select");
+
+	ts = (struct timespec){5, 0};
+	step("ppoll");
+	check("ppoll", ppoll(&pfd, 1, &ts, NULL) == 1 && (pfd.revents & POLLIN), "the socket readable");
+	check("ppoll-kept", ns(ts) == 5000000000LL, "the timespec left alone");
+	echo("ppoll");
+
+	/* Nothing is sent from here on. */
+	tv = (struct timeval){0, 30000};
+	FD_ZERO(&r);
+	FD_SET(fd, &r);
+	long long t0 = now();
+	int n = select(fd + 1, &r, NULL, NULL, &tv);
+	check("select-timeout", n == 0 && now() - t0 >= 30000000LL && tv.tv_sec == 0 && tv.tv_usec == 0,
+		"0 after 30 ms, nothing left");
+	ts = (struct timespec){0, 30000000};
+	t0 = now();
+	n = (int)syscall(SYS_ppoll, &pfd, 1, &ts, NULL, 0);
+	check("sys_ppoll-timeout", n == 0 && now() - t0 >= 30000000LL && ns(ts) == 0, "0 after 30 ms, nothing left");
+	ts = (struct timespec){0, 30000000};
+	t0 = now();
+	n = epoll_pwait2(ep, &out, 1, &ts, NULL);
+	check("epoll_pwait2-timeout", n == 0 && now() - t0 >= 30000000LL, "0 after 30 ms");
+
+	ts = (struct timespec){0, 1000000000};
+	errno = 0;
+	check("epoll_pwait2-einval", epoll_pwait2(ep, &out, 1, &ts, NULL) == -1 && errno == EINVAL, "EINVAL");
+	errno = 0;
+	check("ppoll-einval", ppoll(&pfd, 1, &ts, NULL) == -1 && errno == EINVAL, "EINVAL");
+	tv = (struct timeval){-1, 0};
+	errno = 0;
+	check("select-einval", select(fd + 1, &r, NULL, NULL, &tv) == -1 && errno == EINVAL, "EINVAL");
+	return failed;
+}
