@@ -109,6 +109,28 @@ static inline int internal(int fd)
 	return (__atomic_load_n(&vmx_internal[fd >> 3], __ATOMIC_ACQUIRE) >> (fd & 7)) & 1;
 }
 
+/* The fds that are epoll instances (epoll_create), which the engine
+ * follows when one is put in another's set (EpollNest). */
+static unsigned char vmx_epfd[VMX_MAXFD / 8];
+
+static void mark_epfd(int fd, int on)
+{
+	if (fd < 0 || fd >= VMX_MAXFD)
+		return;
+	unsigned char bit = (unsigned char)(1u << (fd & 7));
+	if (on)
+		__atomic_fetch_or(&vmx_epfd[fd >> 3], bit, __ATOMIC_RELEASE);
+	else
+		__atomic_fetch_and(&vmx_epfd[fd >> 3], (unsigned char)~bit, __ATOMIC_RELEASE);
+}
+
+static inline int epfd(int fd)
+{
+	if ((unsigned)fd >= VMX_MAXFD || vmx_forked)
+		return 0;
+	return (__atomic_load_n(&vmx_epfd[fd >> 3], __ATOMIC_ACQUIRE) >> (fd & 7)) & 1;
+}
+
 static inline int state(int fd)
 {
 	if ((unsigned)fd >= VMX_MAXFD || vmx_forked)
@@ -254,6 +276,8 @@ DECLARE(int, poll, struct pollfd *, nfds_t, int);
 DECLARE(int, ppoll, struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
 DECLARE(int, select, int, fd_set *, fd_set *, fd_set *, struct timeval *);
 DECLARE(int, pselect, int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+DECLARE(int, epoll_create, int);
+DECLARE(int, epoll_create1, int);
 DECLARE(int, epoll_ctl, int, int, int, struct epoll_event *);
 DECLARE(int, epoll_wait, int, struct epoll_event *, int, int);
 DECLARE(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *);
@@ -942,6 +966,18 @@ int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 	return REAL(getsockopt)(fd, level, name, val, len);
 }
 
+/* forget: fd is closed; the engine forgets what it knew of it. */
+static void forget(int fd)
+{
+	int ep = epfd(fd);
+	if (ep)
+		mark_epfd(fd, 0);
+	if (state(fd) != VMX_OS || ep) {
+		vmx_set_state(fd, VMX_OS);
+		vmxgo_close(fd);
+	}
+}
+
 int close(int fd)
 {
 	if (internal(fd)) {
@@ -949,10 +985,7 @@ int close(int fd)
 		return -1;
 	}
 	forget_in_child(fd);
-	if (state(fd) != VMX_OS) {
-		vmx_set_state(fd, VMX_OS);
-		vmxgo_close(fd);
-	}
+	forget(fd);
 	return REAL(close)(fd);
 }
 
@@ -960,6 +993,8 @@ int close(int fd)
  * (dup2 closes it) is forgotten by the engine's Dup. */
 static int after_dup(int oldfd, int newfd)
 {
+	if (newfd >= 0 && epfd(newfd))
+		forget(newfd);
 	if (newfd >= 0 && (state(oldfd) != VMX_OS || state(newfd) != VMX_OS))
 		vmx_set_state(newfd, vmxgo_dup(oldfd, newfd));
 	return newfd;
@@ -1021,10 +1056,8 @@ int close_range(unsigned int first, unsigned int last, int flags)
 			if (fd > lo && sys_close_range(lo, fd - 1, flags) != 0)
 				return -1;
 			lo = fd + 1;
-		} else if (state((int)fd) != VMX_OS) {
-			vmx_set_state((int)fd, VMX_OS);
-			vmxgo_close((int)fd);
-		}
+		} else
+			forget((int)fd);
 	}
 	if (lo <= last)
 		return sys_close_range(lo, last, flags);
@@ -1449,7 +1482,8 @@ ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, uns
 }
 
 /* Multiplexers: the engine serves them only when an fd in the set is one
- * of its sockets. timeout_ns < 0 waits for ever. */
+ * of its sockets, or an epoll fd whose set it serves. timeout_ns < 0
+ * waits for ever. */
 static int any_engine_fd(const struct pollfd *fds, nfds_t n)
 {
 	if (vmx_forked) {
@@ -1458,7 +1492,7 @@ static int any_engine_fd(const struct pollfd *fds, nfds_t n)
 		return 0;
 	}
 	for (nfds_t i = 0; i < n; i++)
-		if (engine(fds[i].fd))
+		if (engine(fds[i].fd) || state(fds[i].fd) == VMX_EPOLL)
 			return 1;
 	return 0;
 }
@@ -1567,7 +1601,7 @@ static int select_engine(int nfds, fd_set *r, fd_set *w, fd_set *x, long long ti
 		if (x && FD_ISSET(fd, x)) ev |= POLLPRI;
 		if (ev) {
 			p[n].fd = fd, p[n].events = ev, p[n].revents = 0;
-			any |= engine(fd);
+			any |= engine(fd) || state(fd) == VMX_EPOLL;
 			n++;
 		}
 	}
@@ -1651,14 +1685,32 @@ int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts
 	return REAL(pselect)(nfds, r, w, x, ts, mask);
 }
 
-int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+int epoll_create(int size)
+{
+	int fd = REAL(epoll_create)(size);
+	mark_epfd(fd, 1);
+	return fd;
+}
+
+int epoll_create1(int flags)
+{
+	int fd = REAL(epoll_create1)(flags);
+	mark_epfd(fd, 1);
+	return fd;
+}
+
+int epoll_ctl(int ep, int op, int fd, struct epoll_event *ev)
 {
 	if (op != EPOLL_CTL_DEL)
 		claim(fd);
-	int r = REAL(epoll_ctl)(epfd, op, fd, ev);
+	int r = REAL(epoll_ctl)(ep, op, fd, ev);
 	int s = state(fd);
-	if (r == 0 && (s == VMX_CANDIDATE || s == VMX_OFFLOADED || s == VMX_TCP || state(epfd) == VMX_EPOLL))
-		vmx_set_state(epfd, vmxgo_epoll_ctl(epfd, op, fd, ev));
+	if (r != 0)
+		return r;
+	if (epfd(fd)) /* an epoll set in another */
+		vmx_set_state(ep, vmxgo_epoll_nest(ep, op, fd, ev));
+	else if (s == VMX_CANDIDATE || s == VMX_OFFLOADED || s == VMX_TCP || state(ep) == VMX_EPOLL)
+		vmx_set_state(ep, vmxgo_epoll_ctl(ep, op, fd, ev));
 	return r;
 }
 
@@ -1833,6 +1885,12 @@ long syscall(long nr, ...)
 	case SYS_select:
 		return select((int)a, (fd_set *)b, (fd_set *)c, (fd_set *)d, (struct timeval *)e);
 #endif
+#ifdef SYS_epoll_create
+	case SYS_epoll_create:
+		return epoll_create((int)a);
+#endif
+	case SYS_epoll_create1:
+		return epoll_create1((int)a);
 	case SYS_epoll_ctl:
 		return epoll_ctl((int)a, (int)b, (int)c, (struct epoll_event *)d);
 #ifdef SYS_epoll_wait

@@ -705,6 +705,11 @@ func vmxgo_epoll_ctl(epfd, op, fd C.int, ev *C.struct_epoll_event) C.int {
 	return C.int(eng.EpollCtl(int(epfd), int(op), int(fd), (*unix.EpollEvent)(unsafe.Pointer(ev))))
 }
 
+//export vmxgo_epoll_nest
+func vmxgo_epoll_nest(epfd, op, inner C.int, ev *C.struct_epoll_event) C.int {
+	return C.int(eng.EpollNest(int(epfd), int(op), int(inner), (*unix.EpollEvent)(unsafe.Pointer(ev))))
+}
+
 //export vmxgo_epoll_wait
 func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.longlong, sigmask unsafe.Pointer, sig *C.struct_vmx_signals) C.long {
 	if max <= 0 {

@@ -737,7 +737,11 @@ func TestRunRawSyscalls(t *testing.T) {
 // write the time left back, and select, whose timeval Linux (and glibc)
 // leaves holding the time left: a program that loops on select with one
 // timeval counts on it for its deadline, and the engine left it whole.
-// Side B's kernel delivers none of the datagrams under vmaxdp.
+// An epoll fd waited on as a member of another set (an event loop
+// embedded in another's), or with poll or select, is readable while an
+// offloaded socket in it has a datagram, beside what the kernel sees;
+// before, those waits slept to their timeout. Side B's kernel delivers
+// none of the datagrams under vmaxdp.
 func TestRunWaits(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "waits")
@@ -751,9 +755,12 @@ func TestRunWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	waits := []string{"epoll_pwait2", "sys_epoll_pwait2", "sys_ppoll", "sys_pselect6", "select", "ppoll"}
+	waits := []string{"epoll_pwait2", "sys_epoll_pwait2", "sys_ppoll", "sys_pselect6", "select", "ppoll",
+		"nested", "poll-epfd", "select-epfd", "unnested"}
 	checks := []string{"epoll_pwait2-kept", "sys_ppoll-left", "sys_pselect6-left", "select-left", "ppoll-kept",
-		"select-timeout", "sys_ppoll-timeout", "epoll_pwait2-timeout", "epoll_pwait2-einval", "ppoll-einval", "select-einval"}
+		"nested-join", "nested-outer", "nested-inner", "nested-pipe", "nested-mixed", "nested-drain",
+		"select-timeout", "sys_ppoll-timeout", "epoll_pwait2-timeout", "epoll_pwait2-einval", "ppoll-einval", "select-einval",
+		"unnested-wait", "unnested-del", "unnested-add", "unnested-close"}
 	for _, w := range waits {
 		checks = append(checks, w, w+"-echo")
 	}

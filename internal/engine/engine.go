@@ -114,7 +114,11 @@ type Engine struct {
 	stacks   map[string]*stack.Stack
 	stackErr map[string]error
 	epolls   map[int]*epollSet
-	fds      []atomic.Pointer[Socket]
+	// sets holds epolls by fd too, for the multiplexers' lock-free look
+	// at an fd that may be an epoll fd (poll on one, one nested in
+	// another).
+	sets []atomic.Pointer[epollSet]
+	fds  []atomic.Pointer[Socket]
 	// The TCP sockets by fd (tcp.go): offloaded listeners and
 	// connections; tcpWanting counts the listens waiting for a stack to
 	// open, by interface (guarded by mu).
@@ -259,7 +263,7 @@ func New(opts *Options) (*Engine, error) {
 		o.Owed = new(atomic.Int32)
 	}
 	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, owed: o.Owed, stacks: map[string]*stack.Stack{},
-		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, fds: make([]atomic.Pointer[Socket], MaxFD),
+		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, sets: make([]atomic.Pointer[epollSet], MaxFD), fds: make([]atomic.Pointer[Socket], MaxFD),
 		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
 	if o.Params.TCP && o.Params.PeerNotify {
@@ -1130,12 +1134,15 @@ func (e *Engine) Close(fd int) {
 	for _, set := range e.epolls {
 		set.remove(fd)
 	}
+	var parents []*epollSet
 	if set := e.epolls[fd]; set != nil {
-		set.close()
+		parents = set.close()
 		delete(e.epolls, fd)
+		e.sets[fd].Store(nil)
 	}
 	if s == nil || tcp {
 		e.mu.Unlock()
+		e.propagate(parents)
 		return
 	}
 	s.fds = slices.DeleteFunc(s.fds, func(f int) bool { return f == fd })
@@ -1249,7 +1256,7 @@ func (e *Engine) Dup(oldfd, newfd int) State {
 		}
 		return StateOS
 	}
-	if e.get(newfd) != nil || e.listener(newfd) != nil || e.tcpConn(newfd) != nil {
+	if e.get(newfd) != nil || e.listener(newfd) != nil || e.tcpConn(newfd) != nil || e.epollSetAt(newfd) != nil {
 		e.Close(newfd)
 	}
 	if s == nil {

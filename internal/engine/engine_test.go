@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -420,6 +421,67 @@ func TestEpollEdgeTriggered(t *testing.T) {
 		}
 	}
 	wait("LT, drained", lt, 0, 0)
+}
+
+// TestEpollNested: an epoll fd nested in another's set, made before its
+// socket joins it (an event loop embedded in another's), makes the sets
+// above it the engine's once it has an offloaded socket, reports the
+// socket's datagrams to them and to poll, and leaves them once closed.
+func TestEpollNested(t *testing.T) {
+	bed, e, fd := offloaded(t, 9411, true)
+	var mu sync.Mutex
+	told := map[int]State{}
+	e.onState = func(fd int, s State) { mu.Lock(); told[fd] = s; mu.Unlock() }
+	stateOf := func(fd int) State { mu.Lock(); defer mu.Unlock(); return told[fd] }
+	epoll := func() int {
+		epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(epfd) })
+		return epfd
+	}
+	nest := func(outer, inner int, data int32) {
+		t.Helper()
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: data}
+		if err := unix.EpollCtl(outer, unix.EPOLL_CTL_ADD, inner, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if st := e.EpollNest(outer, unix.EPOLL_CTL_ADD, inner, &ev); st != StateOS {
+			t.Fatalf("a set holding an empty one: state %d, want the kernel's", st)
+		}
+	}
+	in, outer, top := epoll(), epoll(), epoll()
+	nest(outer, in, 7)
+	nest(top, outer, 8)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: 43}
+	if err := unix.EpollCtl(in, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if e.EpollCtl(in, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll || stateOf(outer) != StateEpoll || stateOf(top) != StateEpoll {
+		t.Fatalf("after the socket joined: the sets above it told %d and %d, want the engine's", stateOf(outer), stateOf(top))
+	}
+	if err := testutil.SendUDP(bed, 9411, 1, 64); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]unix.EpollEvent, 4)
+	if n, errno := e.EpollWait(top, out, time.Second, nil, nil); n != 1 || errno != 0 || out[0].Fd != 8 {
+		t.Fatalf("top set: %d events (%+v), errno %v; want the middle set's", n, out[:max(n, 0)], errno)
+	}
+	if n, errno := e.EpollWait(outer, out, 0, nil, nil); n != 1 || errno != 0 || out[0].Fd != 7 {
+		t.Fatalf("middle set: %d events (%+v), errno %v; want the nested set's", n, out[:max(n, 0)], errno)
+	}
+	pfds := []unix.PollFd{{Fd: int32(in), Events: unix.POLLIN}}
+	if n, errno := e.Poll(MuxPoll, pfds, 0, nil, nil); n != 1 || errno != 0 || pfds[0].Revents != unix.POLLIN {
+		t.Fatalf("poll on the nested set: %d, revents %#x, errno %v", n, pfds[0].Revents, errno)
+	}
+	e.Close(in)
+	if stateOf(outer) != StateOS || stateOf(top) != StateOS {
+		t.Fatalf("after the nested set closed: told %d and %d, want the kernel's", stateOf(outer), stateOf(top))
+	}
+	if n, errno := e.EpollWait(outer, out, 0, nil, nil); errno != ErrPassOS && (n != 0 || errno != 0) {
+		t.Fatalf("middle set after the nested one closed: %d events, errno %v", n, errno)
+	}
 }
 
 // TestMulticastLoopback: with IP_MULTICAST_LOOP on (VMAXDP_TX_MC_LOOPBACK's

@@ -235,6 +235,12 @@ var testHookWatch = func(fd int) {}
 // socket alone, which gets nothing once the socket is steered: unbound's
 // second thread slept for good, 100 datagrams queued on its socket.)
 func (e *Engine) watch(fd int, w *sleepWatch) {
+	if set := e.epollSetAt(fd); set != nil {
+		set.mu.Lock()
+		set.watchLocked(e, w)
+		set.mu.Unlock()
+		return
+	}
 	if t := e.tcpConn(fd); t != nil {
 		w.mirrors = append(w.mirrors, t.c) // the sleep watches its mirror, a kernel fd
 	}
@@ -370,6 +376,8 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 				if p.Events&unix.POLLIN != 0 && l.nl.Pending() {
 					p.Revents |= unix.POLLIN
 				}
+			} else if set := e.epollSetAt(int(p.Fd)); set != nil && p.Events&unix.POLLIN != 0 && set.ready(e, &polled) {
+				p.Revents |= unix.POLLIN
 			}
 			if p.Revents != 0 {
 				n++
@@ -435,6 +443,11 @@ type epollSet struct {
 	// writers are its connections registered for EPOLLOUT: their held
 	// ACKs stay held as its waits begin (TCPPoller.Wait).
 	writers []*stack.TCPConn
+	fd      int
+	// parents are the sets its epoll fd is nested in (EpollNest), which
+	// the engine tells of its state. The slice is replaced, never changed
+	// in place, so that propagate may read it after mu is let go.
+	parents []*epollSet
 }
 
 // noteWriter keeps m's connection in writers while m asks for EPOLLOUT.
@@ -517,8 +530,9 @@ func (set *epollSet) delTCP(fd int) {
 	})
 }
 
-// close ends the set's pollers: its epoll fd is closed.
-func (set *epollSet) close() {
+// close ends the set's pollers and its nesting, and returns the sets it
+// was nested in: its epoll fd is closed.
+func (set *epollSet) close() []*epollSet {
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	for fd := range set.tcp {
@@ -528,6 +542,19 @@ func (set *epollSet) close() {
 		p.Close()
 	}
 	set.pollers = nil
+	for _, m := range set.list {
+		if m.inner != nil {
+			m.inner.unnest(set)
+		}
+	}
+	return set.parents
+}
+
+// unnest forgets that the set is nested in parent.
+func (set *epollSet) unnest(parent *epollSet) {
+	set.mu.Lock()
+	set.parents = slices.DeleteFunc(slices.Clone(set.parents), func(p *epollSet) bool { return p == parent })
+	set.mu.Unlock()
 }
 
 // tcpAlone says whether the set has TCP connections and nothing else of
@@ -567,8 +594,8 @@ func (set *epollSet) pollTCP() bool {
 	return seen
 }
 
-// put adds or replaces fd's member. Caller holds set.mu.
-func (set *epollSet) put(fd int, events uint32, data [2]int32) {
+// put adds or replaces fd's member, and returns it. Caller holds set.mu.
+func (set *epollSet) put(fd int, events uint32, data [2]int32) *epollMember {
 	m := set.members[fd]
 	if m == nil {
 		m = &epollMember{}
@@ -579,6 +606,7 @@ func (set *epollSet) put(fd int, events uint32, data [2]int32) {
 	// EPOLLONESHOT state included), in place: an event loop that
 	// switches EPOLLOUT on and off made an allocation a call.
 	*m = epollMember{fd: fd, events: events, data: data}
+	return m
 }
 
 // del removes fd's member. Caller holds set.mu.
@@ -598,6 +626,9 @@ type epollMember struct {
 	// the socket's count of queued datagrams then.
 	reported bool
 	seenRx   uint64
+	// inner is the set of the epoll fd this member is (EpollNest). It is
+	// reported level-triggered, EPOLLET or not.
+	inner *epollSet
 }
 
 // poll is what m would report on c now, and c's count of queued datagrams
@@ -659,6 +690,28 @@ func (set *epollSet) remove(fd int) {
 	set.mu.Unlock()
 }
 
+// epollSetLocked returns epfd's set, made if it has none. Caller holds
+// e.mu.
+func (e *Engine) epollSetLocked(epfd int) *epollSet {
+	set := e.epolls[epfd]
+	if set == nil {
+		set = &epollSet{fd: epfd, members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed}}
+		e.epolls[epfd] = set
+		if epfd >= 0 && epfd < MaxFD {
+			e.sets[epfd].Store(set)
+		}
+	}
+	return set
+}
+
+// epollSetAt returns fd's set, if fd is an epoll fd the engine knows.
+func (e *Engine) epollSetAt(fd int) *epollSet {
+	if fd < 0 || fd >= MaxFD {
+		return nil
+	}
+	return e.sets[fd].Load()
+}
+
 // EpollCtl records an epoll_ctl on an engine socket, after the kernel
 // accepted it. It returns StateEpoll while the set has engine members.
 func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
@@ -671,33 +724,70 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 		return e.epollState(epfd)
 	}
 	e.mu.Lock()
-	set := e.epolls[epfd]
-	if set == nil {
-		set = &epollSet{members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed}}
-		e.epolls[epfd] = set
-	}
+	set := e.epollSetLocked(epfd)
 	e.mu.Unlock()
 	set.mu.Lock()
-	defer set.mu.Unlock()
-	if t != nil {
-		switch op {
-		case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
-			set.addTCP(fd, t, ev)
-		case unix.EPOLL_CTL_DEL:
-			set.delTCP(fd)
-		}
-		return set.stateLocked()
-	}
-	switch op {
-	case unix.EPOLL_CTL_ADD, unix.EPOLL_CTL_MOD:
+	switch {
+	case t != nil && op == unix.EPOLL_CTL_DEL:
+		set.delTCP(fd)
+	case t != nil:
+		set.addTCP(fd, t, ev)
+	case op == unix.EPOLL_CTL_DEL:
+		set.del(fd)
+	default:
 		if s := e.get(fd); s != nil {
 			setOnce(&s.multiplexed)
 		}
 		set.put(fd, ev.Events, [2]int32{ev.Fd, ev.Pad})
-	case unix.EPOLL_CTL_DEL:
-		set.del(fd)
 	}
-	return set.stateLocked()
+	st, parents := set.stateLocked(), set.parents
+	set.mu.Unlock()
+	e.propagate(parents)
+	return st
+}
+
+// EpollNest records an epoll_ctl that puts the epoll fd inner in epfd's
+// set, changes it there or takes it out, after the kernel accepted it.
+// The kernel makes inner readable to epfd for inner's kernel fds; the
+// engine does for its offloaded sockets, whose datagrams never reach
+// the kernel (an event loop nested in another's, as libuv's in a GUI's,
+// and poll or select on an epoll fd). It returns epfd's state: StateEpoll
+// while inner, or anything nested in it, has engine members.
+func (e *Engine) EpollNest(epfd, op, inner int, ev *unix.EpollEvent) State {
+	e.mu.Lock()
+	set, in := e.epollSetLocked(epfd), e.epollSetLocked(inner)
+	e.mu.Unlock()
+	switch op {
+	case unix.EPOLL_CTL_ADD:
+		in.mu.Lock()
+		in.parents = append(slices.Clone(in.parents), set)
+		in.mu.Unlock()
+	case unix.EPOLL_CTL_DEL:
+		in.unnest(set)
+	}
+	set.mu.Lock()
+	if op == unix.EPOLL_CTL_DEL {
+		set.del(inner)
+	} else {
+		set.put(inner, ev.Events, [2]int32{ev.Fd, ev.Pad}).inner = in
+	}
+	st, parents := set.stateLocked(), set.parents
+	set.mu.Unlock()
+	e.propagate(parents)
+	return st
+}
+
+// propagate tells the interposer the state of each of sets, and of the
+// sets they are nested in, after a change below them: a set waits
+// through the engine while anything nested in it has engine members.
+func (e *Engine) propagate(sets []*epollSet) {
+	for _, p := range sets {
+		p.mu.Lock()
+		st, parents := p.stateLocked(), p.parents
+		p.mu.Unlock()
+		e.onState(p.fd, st)
+		e.propagate(parents)
+	}
 }
 
 func (e *Engine) epollState(epfd int) State {
@@ -713,12 +803,66 @@ func (e *Engine) epollState(epfd int) State {
 }
 
 // stateLocked is what the interposer is to call the set's epoll fd: the
-// engine's while it has members. Caller holds set.mu.
+// engine's while it has members, or has an epoll fd nested in it that
+// is the engine's. Caller holds set.mu; it takes the nested sets' (the
+// kernel allows no loop).
 func (set *epollSet) stateLocked() State {
-	if len(set.members)+len(set.tcp) > 0 {
+	if len(set.tcp) > 0 {
 		return StateEpoll
 	}
+	for _, m := range set.list {
+		if m.inner == nil {
+			return StateEpoll
+		}
+		m.inner.mu.Lock()
+		st := m.inner.stateLocked()
+		m.inner.mu.Unlock()
+		if st == StateEpoll {
+			return StateEpoll
+		}
+	}
 	return StateOS
+}
+
+// ready says whether an epoll_wait on the set would report one of its
+// engine members now: what makes its epoll fd readable, beside what the
+// kernel sees, to a set it is nested in and to poll and select. Its
+// listeners and TCP connections the kernel sees (their wake eventfds and
+// mirrors), but for the marks the set owes.
+func (set *epollSet) ready(e *Engine, polled *polledStacks) bool {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if set.owed.any() {
+		return true
+	}
+	for _, m := range set.list {
+		switch c := e.Conn(m.fd); {
+		case m.disabled:
+		case m.inner != nil:
+			if m.events&unix.EPOLLIN != 0 && m.inner.ready(e, polled) {
+				return true
+			}
+		case c != nil:
+			if ev, _ := m.poll(c, polled); ev != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// watchLocked adds to w what a sleep must watch for the set's members,
+// those of the sets nested in it too. Caller holds set.mu.
+func (set *epollSet) watchLocked(e *Engine, w *sleepWatch) {
+	for _, m := range set.list {
+		if m.inner == nil {
+			e.watch(m.fd, w)
+			continue
+		}
+		m.inner.mu.Lock()
+		m.inner.watchLocked(e, w)
+		m.inner.mu.Unlock()
+	}
 }
 
 // EpollWait serves epoll_wait and epoll_pwait on an epoll fd with engine
@@ -777,6 +921,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 				ev, rx = m.poll(c, &polled)
 			} else if tl := e.listener(m.fd); tl != nil {
 				ev, rx = m.pollListener(tl)
+			} else if m.inner != nil && !m.disabled && m.events&unix.EPOLLIN != 0 && m.inner.ready(e, &polled) {
+				ev = unix.EPOLLIN
 			}
 			if ev != 0 {
 				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
@@ -800,9 +946,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		sc := getSleep()
 		defer putSleep(sc)
 		set.mu.Lock()
-		for _, m := range set.list {
-			e.watch(m.fd, &sc.w)
-		}
+		set.watchLocked(e, &sc.w)
 		for _, p := range set.pollers {
 			if p.Alone() && p.Sleep() {
 				sc.sleepers = append(sc.sleepers, p)
@@ -838,6 +982,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 					if ev, _ := m.pollListener(l); ev != 0 {
 						return true
 					}
+				} else if m.inner != nil && !m.disabled && m.events&unix.EPOLLIN != 0 && m.inner.ready(e, &polled) {
+					return true
 				}
 			}
 			return false
@@ -882,7 +1028,7 @@ func (e *Engine) mergeKernel(set *epollSet, ours, kev []unix.EpollEvent, owed in
 				if k.Events&unix.EPOLLIN != 0 {
 					s.osReady.Store(true)
 				}
-			} else if e.listener(m.fd) == nil {
+			} else if m.inner == nil && e.listener(m.fd) == nil {
 				continue
 			}
 			for i := range ours {

@@ -11,8 +11,14 @@
  *    back into their timespec;
  *  - select, which writes it back into its timeval (glibc keeps Linux's
  *    way), and libc's ppoll, which leaves its timespec alone;
+ *  - an epoll set nested in another, itself nested in a third, made
+ *    before the socket joins it (as an event loop embedded in another's
+ *    is): each level reports the one below, beside a pipe, once;
+ *  - poll and select on that epoll fd;
  * then, with nothing sent, waits that time out (30 ms, the time left
- * written back as 0) and timeouts the kernel refuses (EINVAL). Each check
+ * written back as 0) and timeouts the kernel refuses (EINVAL); last
+ * ("unnested"), a datagram left unread in the nested set, which the sets
+ * it was nested in no longer report once it is taken out and closed. Each check
  * prints "ok NAME" or "FAIL NAME: why"; a watchdog ends the program after
  * 20 s. The checks hold on the kernel's sockets as on vmaxdp's.
  */
@@ -27,6 +33,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,6 +99,16 @@ int main(int argc, char **argv)
 		perror("epoll");
 		return 2;
 	}
+	/* top holds outer, which holds in and a pipe; the socket joins in
+	 * later. */
+	int in = epoll_create1(0), outer = epoll_create1(0), top = epoll_create1(0), pipefd[2];
+	struct epoll_event e7 = {.events = EPOLLIN, .data.u64 = 7}, e8 = {.events = EPOLLIN, .data.u64 = 8},
+			   e9 = {.events = EPOLLIN, .data.u64 = 9};
+	if (in < 0 || outer < 0 || top < 0 || pipe(pipefd) != 0 || epoll_ctl(outer, EPOLL_CTL_ADD, in, &e7) != 0 ||
+		epoll_ctl(top, EPOLL_CTL_ADD, outer, &e8) != 0 || epoll_ctl(outer, EPOLL_CTL_ADD, pipefd[0], &e9) != 0) {
+		perror("nested epoll");
+		return 2;
+	}
 	step("ready");
 
 	struct timespec ts = {5, 0};
@@ -135,12 +152,49 @@ int main(int argc, char **argv)
 	check("ppoll-kept", ns(ts) == 5000000000LL, "the timespec left alone");
 	echo("ppoll");
 
-	/* Nothing is sent from here on. */
+	struct epoll_event got[4], e43 = {.events = EPOLLIN, .data.u64 = 43};
+	check("nested-join", epoll_ctl(in, EPOLL_CTL_ADD, fd, &e43) == 0, "the socket joins the nested set");
+	step("nested");
+	int n = epoll_wait(top, got, 4, 5000);
+	check("nested", n == 1 && got[0].data.u64 == 8, "the top set reports the middle one");
+	n = epoll_wait(outer, got, 4, 0);
+	check("nested-outer", n == 1 && got[0].data.u64 == 7, "the middle set reports the nested one");
+	n = epoll_wait(in, got, 4, 0);
+	check("nested-inner", n == 1 && got[0].data.u64 == 43, "the nested set reports the socket");
+	check("nested-pipe", write(pipefd[1], "x", 1) == 1, "write the pipe");
+	/* The pipe may wait a few calls: vmaxdp looks at the kernel's fds once
+	 * in VMAXDP_SELECT_SKIP_OS calls while its own are ready, as VMA. */
+	int each = 1, piped = 0;
+	for (int i = 0; i < 8 && !piped; i++) {
+		n = epoll_wait(outer, got, 4, 0);
+		uint64_t a = n > 0 ? got[0].data.u64 : 0, b = n > 1 ? got[1].data.u64 : 0;
+		each &= (n == 1 && a == 7) || (n == 2 && a + b == 16 && a * b == 63);
+		piped = n == 2;
+	}
+	check("nested-mixed", each && piped, "the nested set at each call, the pipe once, none twice in a call");
+	echo("nested");
+	char c;
+	check("nested-drain", read(pipefd[0], &c, 1) == 1, "read the pipe");
+
+	pfd.fd = in;
+	step("poll-epfd");
+	check("poll-epfd", poll(&pfd, 1, 5000) == 1 && (pfd.revents & POLLIN), "the epoll fd readable");
+	echo("poll-epfd");
+	pfd.fd = fd;
+
+	tv = (struct timeval){5, 0};
+	FD_ZERO(&r);
+	FD_SET(in, &r);
+	step("select-epfd");
+	check("select-epfd", select(in + 1, &r, NULL, NULL, &tv) == 1 && FD_ISSET(in, &r), "the epoll fd readable");
+	echo("select-epfd");
+
+	/* Nothing is sent from here on, but the last. */
 	tv = (struct timeval){0, 30000};
 	FD_ZERO(&r);
 	FD_SET(fd, &r);
 	long long t0 = now();
-	int n = select(fd + 1, &r, NULL, NULL, &tv);
+	n = select(fd + 1, &r, NULL, NULL, &tv);
 	check("select-timeout", n == 0 && now() - t0 >= 30000000LL && tv.tv_sec == 0 && tv.tv_usec == 0,
 		"0 after 30 ms, nothing left");
 	ts = (struct timespec){0, 30000000};
@@ -160,5 +214,16 @@ int main(int argc, char **argv)
 	tv = (struct timeval){-1, 0};
 	errno = 0;
 	check("select-einval", select(fd + 1, &r, NULL, NULL, &tv) == -1 && errno == EINVAL, "EINVAL");
+
+	step("unnested");
+	check("unnested-wait", epoll_wait(in, got, 4, 5000) == 1, "the datagram queued");
+	check("unnested-del", epoll_ctl(outer, EPOLL_CTL_DEL, in, NULL) == 0, "take the nested set out");
+	check("unnested", epoll_wait(outer, got, 4, 30) == 0 && epoll_wait(top, got, 4, 0) == 0,
+		"nothing reported above the set taken out");
+	check("unnested-add", epoll_ctl(outer, EPOLL_CTL_ADD, in, &e7) == 0 && epoll_wait(top, got, 4, 0) == 1,
+		"reported again once put back");
+	check("unnested-close", close(in) == 0 && epoll_wait(outer, got, 4, 30) == 0 && epoll_wait(top, got, 4, 0) == 0,
+		"nothing reported once it is closed");
+	echo("unnested");
 	return failed;
 }
