@@ -276,8 +276,8 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 	case level == unix.SOL_SOCKET && name == unix.SO_RCVTIMEO && n >= C.socklen_t(unsafe.Sizeof(unix.Timeval{})):
 		tv := (*unix.Timeval)(val)
 		eng.SetRcvTimeo(f, time.Duration(tv.Nano()))
-	case level == unix.SOL_SOCKET && (name == unix.SO_RCVBUF || name == unix.SO_RCVBUFFORCE) && n >= 4:
-		eng.SetRcvBuf(f, int(*(*int32)(val)))
+	case val != nil && n >= 1 && eng.SetIntOption(f, int(level), int(name), optInt(val, n)):
+		return
 	case level == unix.SOL_SOCKET && name == unix.SO_ATTACH_REUSEPORT_CBPF:
 		eng.SetReuseportSelect(f, "SO_ATTACH_REUSEPORT_CBPF")
 		return
@@ -289,8 +289,6 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 			eng.SetReuseportSelect(f, fmt.Sprintf("SO_INCOMING_CPU (%d)", cpu))
 		}
 		return
-	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_LOOP && n >= 1:
-		eng.SetMulticastLoop(f, optInt(val, n) != 0)
 	case level == unix.IPPROTO_IP && name == unix.IP_MULTICAST_IF && n >= 4:
 		// struct in_addr, ip_mreq or ip_mreqn, as the kernel takes them.
 		ifindex := 0
@@ -324,20 +322,6 @@ func vmxgo_setsockopt(fd, level, name C.int, val unsafe.Pointer, n C.socklen_t) 
 		// An int, or struct so_timestamping whose first field it is.
 		eng.SetTimestamping(f, int(*(*int32)(val)), name == unix.SO_TIMESTAMPING_NEW)
 		return
-	case level == unix.IPPROTO_UDP && name == unix.UDP_CORK && n >= 4:
-		eng.SetCork(f, *(*int32)(val) != 0)
-		return
-	case level == unix.IPPROTO_UDP && name == unix.UDP_SEGMENT && n >= 4:
-		eng.SetSegment(f, int(*(*int32)(val)))
-		return
-	case level == unix.IPPROTO_IP && name == unix.IP_MTU_DISCOVER && n >= 4:
-		eng.SetPMTUDisc(f, int(*(*int32)(val)))
-		return
-	case level == unix.IPPROTO_IP && name == unix.IP_TOS && n >= 1:
-		eng.SetTOS(f, optInt(val, n))
-		return
-	case level == unix.IPPROTO_IP && (name == unix.IP_TTL || name == unix.IP_MULTICAST_TTL) && n >= 1:
-		eng.SetTTL(f, optInt(val, n), name == unix.IP_MULTICAST_TTL)
 	case level == unix.IPPROTO_IP:
 		if group, ifaddr, ifindex, ok := sourceOptionGroup(int(name), unsafe.Slice((*byte)(val), n)); ok {
 			eng.SourceMembership(f, sourceOptionJoins(int(name)), group, ifaddr, ifindex)

@@ -31,25 +31,31 @@ const (
 // cmsgStamps are the kinds that need each datagram's arrival time.
 const cmsgStamps = CmsgTimestamp | CmsgTimestampNew | CmsgTimestampNS | CmsgTimestampNSNew | CmsgTimestamping | CmsgTimestampingNew
 
+// sockOpt names a socket option.
+type sockOpt struct{ level, name int }
+
+// cmsgOptions are the options that ask recvmsg for ancillary data the
+// engine makes, with the kind each turns on.
+var cmsgOptions = []struct {
+	sockOpt
+	kind Cmsg
+}{
+	{sockOpt{unix.IPPROTO_IP, unix.IP_PKTINFO}, CmsgPktinfo},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVTOS}, CmsgTOS},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVTTL}, CmsgTTL},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVORIGDSTADDR}, CmsgOrigDstAddr},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMP_OLD}, CmsgTimestamp},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMP_NEW}, CmsgTimestampNew},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_OLD}, CmsgTimestampNS},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_NEW}, CmsgTimestampNSNew},
+}
+
 // cmsgOption maps a socket option to the ancillary data it turns on.
 func cmsgOption(level, name int) (Cmsg, bool) {
-	switch {
-	case level == unix.IPPROTO_IP && name == unix.IP_PKTINFO:
-		return CmsgPktinfo, true
-	case level == unix.IPPROTO_IP && name == unix.IP_RECVTOS:
-		return CmsgTOS, true
-	case level == unix.IPPROTO_IP && name == unix.IP_RECVTTL:
-		return CmsgTTL, true
-	case level == unix.IPPROTO_IP && name == unix.IP_RECVORIGDSTADDR:
-		return CmsgOrigDstAddr, true
-	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMP_OLD:
-		return CmsgTimestamp, true
-	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMP_NEW:
-		return CmsgTimestampNew, true
-	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMPNS_OLD:
-		return CmsgTimestampNS, true
-	case level == unix.SOL_SOCKET && name == unix.SO_TIMESTAMPNS_NEW:
-		return CmsgTimestampNSNew, true
+	for _, o := range cmsgOptions {
+		if o.sockOpt == (sockOpt{level, name}) {
+			return o.kind, true
+		}
 	}
 	return 0, false
 }
@@ -67,29 +73,70 @@ var ipv6CmsgOptions = map[int]string{
 	unix.IPV6_2292HOPOPTS: "IPV6_2292HOPOPTS", unix.IPV6_2292DSTOPTS: "IPV6_2292DSTOPTS",
 }
 
+// foreignCmsgOptions are the IPv4 and socket-level options whose
+// ancillary data or behaviour the engine does not make for offloaded
+// datagrams.
+var foreignCmsgOptions = []struct {
+	sockOpt
+	what string
+}{
+	{sockOpt{unix.SOL_SOCKET, unix.SO_RXQ_OVFL}, "SO_RXQ_OVFL"},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_PASSSEC}, "SO_PASSSEC"},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVOPTS}, "IP_RECVOPTS"},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_RETOPTS}, "IP_RETOPTS"},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_PASSSEC}, "IP_PASSSEC"},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_CHECKSUM}, "IP_CHECKSUM"},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE}, "IP_RECVFRAGSIZE"},
+}
+
 // foreignCmsgOption names an option whose ancillary data or behaviour the
-// engine does not make for offloaded datagrams; a socket that turns one on
-// is served by the kernel ("" for any other option).
+// engine does not make for offloaded datagrams (foreignCmsgOptions, and
+// AF_INET6's); a socket that turns one on is served by the kernel ("" for
+// any other option).
 func foreignCmsgOption(level, name int) string {
-	switch {
-	case level == unix.SOL_SOCKET && name == unix.SO_RXQ_OVFL:
-		return "SO_RXQ_OVFL"
-	case level == unix.SOL_SOCKET && name == unix.SO_PASSSEC:
-		return "SO_PASSSEC"
-	case level == unix.IPPROTO_IP && name == unix.IP_RECVOPTS:
-		return "IP_RECVOPTS"
-	case level == unix.IPPROTO_IP && name == unix.IP_RETOPTS:
-		return "IP_RETOPTS"
-	case level == unix.IPPROTO_IP && name == unix.IP_PASSSEC:
-		return "IP_PASSSEC"
-	case level == unix.IPPROTO_IP && name == unix.IP_CHECKSUM:
-		return "IP_CHECKSUM"
-	case level == unix.IPPROTO_IP && name == unix.IP_RECVFRAGSIZE:
-		return "IP_RECVFRAGSIZE"
-	case level == unix.IPPROTO_IPV6:
+	if level == unix.IPPROTO_IPV6 {
 		return ipv6CmsgOptions[name]
 	}
+	for _, o := range foreignCmsgOptions {
+		if o.sockOpt == (sockOpt{level, name}) {
+			return o.what
+		}
+	}
 	return ""
+}
+
+// intOptions are the int options of a UDP socket the engine follows, with
+// what following one takes. halved: getsockopt reads back twice what was
+// set.
+var intOptions = []struct {
+	sockOpt
+	halved bool
+	follow func(e *Engine, fd, v int)
+}{
+	{sockOpt{unix.SOL_SOCKET, unix.SO_RCVBUF}, true, func(e *Engine, fd, v int) { e.SetRcvBuf(fd, v) }},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE}, false, func(e *Engine, fd, v int) { e.SetRcvBuf(fd, v) }},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_TTL}, false, func(e *Engine, fd, v int) { e.SetTTL(fd, v, false) }},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL}, false, func(e *Engine, fd, v int) { e.SetTTL(fd, v, true) }},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_TOS}, false, func(e *Engine, fd, v int) { e.SetTOS(fd, v) }},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER}, false, func(e *Engine, fd, v int) { e.SetPMTUDisc(fd, v) }},
+	{sockOpt{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP}, false, func(e *Engine, fd, v int) { e.SetMulticastLoop(fd, v != 0) }},
+	{sockOpt{unix.IPPROTO_UDP, unix.UDP_CORK}, false, func(e *Engine, fd, v int) { e.SetCork(fd, v != 0) }},
+	{sockOpt{unix.IPPROTO_UDP, unix.UDP_SEGMENT}, false, func(e *Engine, fd, v int) { e.SetSegment(fd, v) }},
+}
+
+// SetIntOption follows an int option (intOptions) that the kernel socket
+// fd took with value v, and says whether the engine follows it. One list
+// serves setsockopt and the replay of an inherited socket's options
+// (inheritedUDP), so that an option the engine starts to follow is
+// followed both ways.
+func (e *Engine) SetIntOption(fd, level, name, v int) bool {
+	for _, o := range intOptions {
+		if o.sockOpt == (sockOpt{level, name}) {
+			o.follow(e, fd, v)
+			return true
+		}
+	}
+	return false
 }
 
 // SetCmsgOption follows a socket option that asks recvmsg for ancillary

@@ -100,34 +100,6 @@ func somaxconn() int {
 	return n
 }
 
-// udpIntOptions are the int options of a UDP socket the engine follows
-// (preload's setsockopt hands them over), with what following one takes.
-var udpIntOptions = []struct {
-	level, name int
-	follow      func(e *Engine, fd, v int)
-}{
-	{unix.SOL_SOCKET, unix.SO_RCVBUF, func(e *Engine, fd, v int) { e.SetRcvBuf(fd, v/2) }}, // the kernel reports twice what was set
-	{unix.IPPROTO_IP, unix.IP_TTL, func(e *Engine, fd, v int) { e.SetTTL(fd, v, false) }},
-	{unix.IPPROTO_IP, unix.IP_MULTICAST_TTL, func(e *Engine, fd, v int) { e.SetTTL(fd, v, true) }},
-	{unix.IPPROTO_IP, unix.IP_TOS, func(e *Engine, fd, v int) { e.SetTOS(fd, v) }},
-	{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, func(e *Engine, fd, v int) { e.SetPMTUDisc(fd, v) }},
-	{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP, func(e *Engine, fd, v int) { e.SetMulticastLoop(fd, v != 0) }},
-	{unix.IPPROTO_UDP, unix.UDP_CORK, func(e *Engine, fd, v int) { e.SetCork(fd, v != 0) }},
-	{unix.IPPROTO_UDP, unix.UDP_SEGMENT, func(e *Engine, fd, v int) { e.SetSegment(fd, v) }},
-}
-
-// udpCmsgOptions are the options that ask recvmsg for ancillary data, the
-// engine's kinds and those it does not make (SetCmsgOption), AF_INET6's
-// apart.
-var udpCmsgOptions = [][2]int{
-	{unix.IPPROTO_IP, unix.IP_PKTINFO}, {unix.IPPROTO_IP, unix.IP_RECVTOS}, {unix.IPPROTO_IP, unix.IP_RECVTTL},
-	{unix.IPPROTO_IP, unix.IP_RECVORIGDSTADDR}, {unix.SOL_SOCKET, unix.SO_TIMESTAMP_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMP_NEW},
-	{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_OLD}, {unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_NEW},
-	{unix.SOL_SOCKET, unix.SO_RXQ_OVFL}, {unix.SOL_SOCKET, unix.SO_PASSSEC}, {unix.IPPROTO_IP, unix.IP_RECVOPTS},
-	{unix.IPPROTO_IP, unix.IP_RETOPTS}, {unix.IPPROTO_IP, unix.IP_PASSSEC}, {unix.IPPROTO_IP, unix.IP_CHECKSUM},
-	{unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE},
-}
-
 // inheritedUDP takes fd, an inherited UDP socket of family dom, as
 // socket, setsockopt, bind and connect would have taken it. The options
 // the engine follows are read back off the kernel socket: those that
@@ -149,24 +121,33 @@ func (e *Engine) inheritedUDP(fd, dom int, local, remote netip.AddrPort) State {
 	if st := e.Socket(fd, fl&unix.O_NONBLOCK != 0); st != StateCandidate {
 		return st
 	}
-	for _, o := range udpIntOptions {
+	for _, o := range intOptions {
 		v, err := unix.GetsockoptInt(fd, o.level, o.name)
 		if err != nil {
-			continue // one this kernel or family lacks
+			continue // one this kernel or family lacks, or none can read
 		}
 		if def, err := unix.GetsockoptInt(fresh, o.level, o.name); err == nil && v != def {
+			if o.halved {
+				v /= 2
+			}
 			o.follow(e, fd, v)
 		}
 	}
-	cmsgs := udpCmsgOptions
+	cmsgs := make([]sockOpt, 0, len(cmsgOptions)+len(foreignCmsgOptions)+len(ipv6CmsgOptions))
+	for _, o := range cmsgOptions {
+		cmsgs = append(cmsgs, o.sockOpt)
+	}
+	for _, o := range foreignCmsgOptions {
+		cmsgs = append(cmsgs, o.sockOpt)
+	}
 	if dom == unix.AF_INET6 {
 		for name := range ipv6CmsgOptions {
-			cmsgs = append(cmsgs, [2]int{unix.IPPROTO_IPV6, name})
+			cmsgs = append(cmsgs, sockOpt{unix.IPPROTO_IPV6, name})
 		}
 	}
 	for _, o := range cmsgs {
-		if v, err := unix.GetsockoptInt(fd, o[0], o[1]); err == nil && v != 0 {
-			e.SetCmsgOption(fd, o[0], o[1], true)
+		if v, err := unix.GetsockoptInt(fd, o.level, o.name); err == nil && v != 0 {
+			e.SetCmsgOption(fd, o.level, o.name, true)
 		}
 	}
 	if flags, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPING_OLD); err == nil && flags != 0 {
