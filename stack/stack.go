@@ -349,7 +349,7 @@ type Stack struct {
 }
 
 // ErrNotSupported is backend.ErrNotSupported: what the stack cannot serve
-// (a VLAN interface), or the kernel lacks.
+// (a VLAN or macvlan interface), or the kernel lacks.
 var ErrNotSupported = backend.ErrNotSupported
 
 // ErrClosed is returned on a closed stack; sockets return net.ErrClosed.
@@ -435,13 +435,22 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if err != nil {
 		return st, err
 	}
-	if l.Type() == "vlan" {
+	a := l.Attrs()
+	switch l.Type() {
+	case "vlan":
 		// Its frames reach the stack's XDP program on the parent, where a
 		// veth or NIC with VLAN offload has already taken the tag off:
 		// the program could not tell them from the parent's own.
 		return st, fmt.Errorf("%w: %s is a VLAN interface: vmaxdp serves untagged interfaces only, and leaves VLAN traffic to the kernel", ErrNotSupported, ifname)
+	case "macvlan", "macvtap", "ipvlan", "ipvtap":
+		// The kernel hands a unicast frame over from the parent's receive
+		// path, where XDP ran, and no XDP program on this interface sees
+		// it (a macvlan's steering program counted nothing, the kernel
+		// delivering every datagram, though the sockets were said to be
+		// offloaded).
+		parent := parentName(nl, a.ParentIndex)
+		return st, fmt.Errorf("%w: %s is a %s interface on %s, whose frames reach XDP on %s only: vmaxdp leaves its traffic to the kernel", ErrNotSupported, ifname, l.Type(), parent, parent)
 	}
-	a := l.Attrs()
 	st.ifindex = a.Index
 	st.setMTU(a.MTU)
 	if len(a.HardwareAddr) != 6 {
@@ -1178,4 +1187,12 @@ func (st *Stack) Close() error {
 	st.diag.close()
 	st.diag = nil
 	return errors.Join(errs...)
+}
+
+// parentName names the interface of index i, for a message.
+func parentName(nl *netlink.Handle, i int) string {
+	if l, err := nl.LinkByIndex(i); err == nil {
+		return l.Attrs().Name
+	}
+	return fmt.Sprintf("the interface of index %d", i)
 }

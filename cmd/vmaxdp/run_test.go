@@ -1450,3 +1450,115 @@ func BenchmarkCrossing(b *testing.B) {
 		b.ReportMetric(under["offloaded"], "offloaded-ns")
 	}
 }
+
+// TestRunUpperLinks: a UDP server bound to the address of an interface
+// made above side B's veth, as hosts and container networks make them,
+// answers every request of a kernel client in side A.
+//   - bridge, the veth one of its ports (generic XDP on the bridge sees
+//     its frames): offloaded, and side B's kernel delivers none. The stack
+//     took the bridge for a wire (its driver names its bus "N/A") and
+//     dropped every datagram, whose checksums a kernel sender leaves
+//     partial, as bad_udp_checksum.
+//   - macvlan on the veth, whose unicast frames no XDP program on the
+//     macvlan sees: left to the kernel, which answers, and the log says
+//     why. Before, the socket was said to be offloaded on it while the
+//     kernel served it.
+func TestRunUpperLinks(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	const port, count = 11446, 20
+	script := `import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+for _ in range(int(sys.argv[3])):
+    d, a = s.recvfrom(2048)
+    s.sendto(d, a)
+print("echoed all", flush=True)
+`
+	for _, kind := range []string{"bridge", "macvlan"} {
+		t.Run(kind, func(t *testing.T) {
+			b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+			ip := func(args ...string) error {
+				out, err := exec.Command("ip", append([]string{"-n", b.NSName(testbed.B)}, args...)...).CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+				}
+				return nil
+			}
+			link, addr := b.Link(testbed.B), b.Addr(testbed.B)
+			switch kind {
+			case "bridge":
+				if err := ip("link", "add", "up0", "type", "bridge"); err != nil {
+					t.Skipf("no bridge to be had: %v", err)
+				}
+				for _, args := range [][]string{{"link", "set", link, "master", "up0"}, {"addr", "del", addr.String() + "/24", "dev", link},
+					{"addr", "add", addr.String() + "/24", "dev", "up0"}, {"link", "set", "up0", "up"}} {
+					if err := ip(args...); err != nil {
+						t.Fatal(err)
+					}
+				}
+			case "macvlan":
+				if err := ip("link", "add", "up0", "link", link, "type", "macvlan", "mode", "bridge"); err != nil {
+					t.Skipf("no macvlan to be had: %v", err)
+				}
+				a := addr.As4()
+				a[3] += 10
+				addr = netip.AddrFrom4(a)
+				for _, args := range [][]string{{"addr", "add", addr.String() + "/24", "dev", "up0"}, {"link", "set", "up0", "up"}} {
+					if err := ip(args...); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			before := udpInDatagrams(t, b, testbed.B)
+			p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "-c", script, addr.String(), strconv.Itoa(port), strconv.Itoa(count))
+			if err := p.waitFor("ready\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			if kind == "bridge" {
+				p.waitOffloaded(t) // its stack opens after bind: the kernel socket serves until then
+			}
+			err := b.Do(testbed.A, func() error {
+				c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, port)))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				buf := make([]byte, 64)
+				for i := range count {
+					msg := fmt.Sprintf("request %d", i)
+					c.SetDeadline(time.Now().Add(5 * time.Second))
+					if _, err := c.Write([]byte(msg)); err != nil {
+						return err
+					}
+					if n, err := c.Read(buf); err != nil || string(buf[:n]) != msg {
+						return fmt.Errorf("%s: echo %q, %v", msg, buf[:n], err)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+			}
+			if err := p.waitFor("echoed all\n"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			moved := udpInDatagrams(t, b, testbed.B) - before
+			switch kind {
+			case "bridge":
+				p.wantSaid(t, "fd 3: offloaded on up0")
+				if moved != 0 {
+					t.Errorf("side B's kernel delivered %d datagrams: not offloaded", moved)
+				}
+			case "macvlan":
+				p.wantSaid(t, "up0 is a macvlan interface on "+link)
+				if moved != count {
+					t.Errorf("side B's kernel delivered %d datagrams, want all %d", moved, count)
+				}
+			}
+		})
+	}
+}
