@@ -684,6 +684,35 @@ func IPv4Interfaces() ([]string, error) {
 	return names, nil
 }
 
+// DefaultRouteInterface names the interface the calling thread's
+// namespace's IPv4 default route leaves by (of the main table, the lowest
+// metric's), "" when it has none.
+func DefaultRouteInterface() (string, error) {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return "", fmt.Errorf("routes: %w", err)
+	}
+	best := -1
+	for i, r := range routes {
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		if r.LinkIndex > 0 && (best < 0 || r.Priority < routes[best].Priority) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return "", nil
+	}
+	l, err := netlink.LinkByIndex(routes[best].LinkIndex)
+	if err != nil {
+		return "", fmt.Errorf("the default route's interface: %w", err)
+	}
+	return l.Attrs().Name, nil
+}
+
 // HasAddr says whether a is one of the interface's IPv4 addresses.
 func (st *Stack) HasAddr(a netip.Addr) bool {
 	if p := st.addrs.Load(); p != nil {

@@ -1469,15 +1469,6 @@ func TestRunUpperLinks(t *testing.T) {
 		t.Skip("no python3")
 	}
 	const port, count = 11446, 20
-	script := `import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], int(sys.argv[2])))
-print("ready", flush=True)
-for _ in range(int(sys.argv[3])):
-    d, a = s.recvfrom(2048)
-    s.sendto(d, a)
-print("echoed all", flush=True)
-`
 	for _, kind := range []string{"bridge", "macvlan"} {
 		t.Run(kind, func(t *testing.T) {
 			b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
@@ -1514,33 +1505,14 @@ print("echoed all", flush=True)
 				}
 			}
 			before := udpInDatagrams(t, b, testbed.B)
-			p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "-c", script, addr.String(), strconv.Itoa(port), strconv.Itoa(count))
+			p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "-c", echoCount, addr.String(), strconv.Itoa(port), strconv.Itoa(count))
 			if err := p.waitFor("ready\n"); err != nil {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
 			if kind == "bridge" {
 				p.waitOffloaded(t) // its stack opens after bind: the kernel socket serves until then
 			}
-			err := b.Do(testbed.A, func() error {
-				c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, port)))
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				buf := make([]byte, 64)
-				for i := range count {
-					msg := fmt.Sprintf("request %d", i)
-					c.SetDeadline(time.Now().Add(5 * time.Second))
-					if _, err := c.Write([]byte(msg)); err != nil {
-						return err
-					}
-					if n, err := c.Read(buf); err != nil || string(buf[:n]) != msg {
-						return fmt.Errorf("%s: echo %q, %v", msg, buf[:n], err)
-					}
-				}
-				return nil
-			})
-			if err != nil {
+			if err := echoFromA(b, netip.AddrPortFrom(addr, port), count); err != nil {
 				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 			}
 			if err := p.waitFor("echoed all\n"); err != nil {
@@ -1561,4 +1533,106 @@ print("echoed all", flush=True)
 			}
 		})
 	}
+}
+
+// echoCount is a Python UDP echo server: ADDR PORT COUNT. It prints
+// "ready" once bound and "echoed all" after COUNT echoes.
+const echoCount = `import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+for _ in range(int(sys.argv[3])):
+    d, a = s.recvfrom(2048)
+    s.sendto(d, a)
+print("echoed all", flush=True)
+`
+
+// echoFromA sends count requests from side A to server, each waiting for
+// its echo, which must come from server's address.
+func echoFromA(b *testbed.Bed, server netip.AddrPort, count int) error {
+	return b.Do(testbed.A, func() error {
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for i := range count {
+			msg := fmt.Sprintf("request %d to %s", i, server)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.WriteToUDPAddrPort([]byte(msg), server); err != nil {
+				return err
+			}
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil || string(buf[:n]) != msg || from != server {
+				return fmt.Errorf("%s: echo %q from %s, %v", msg, buf[:n], from, err)
+			}
+		}
+		return nil
+	})
+}
+
+// TestRunWildcardTwoLinks: a UDP server bound to 0.0.0.0 on a host with two
+// links (side B with a second veth pair to side A; hosts have a docker0 or
+// a second NIC beside their own) is offloaded on the one the default route
+// leaves by, and answers what comes through the other from its kernel
+// socket, from the address asked. Every such socket used to stay on the
+// kernel ("set VMAXDP_INTERFACE"); with no default route it still does,
+// and says so.
+func TestRunWildcardTwoLinks(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	nsA, nsB := b.NSName(testbed.A), b.NSName(testbed.B)
+	ip("link", "add", "w2a", "netns", nsA, "type", "veth", "peer", "name", "w2b", "netns", nsB)
+	ip("-n", nsA, "addr", "add", "198.18.1.1/24", "dev", "w2a")
+	ip("-n", nsB, "addr", "add", "198.18.1.2/24", "dev", "w2b")
+	ip("-n", nsA, "link", "set", "w2a", "up")
+	ip("-n", nsB, "link", "set", "w2b", "up")
+	const port, count = 11447, 10
+	first := netip.AddrPortFrom(b.Addr(testbed.B), port)
+	second := netip.AddrPortFrom(netip.MustParseAddr("198.18.1.2"), port)
+	serve := func(t *testing.T) *cProgram {
+		p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "-c", echoCount, "0.0.0.0", strconv.Itoa(port), strconv.Itoa(2*count))
+		if err := p.waitFor("ready\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		return p
+	}
+	t.Run("no-default-route", func(t *testing.T) {
+		p := serve(t)
+		for _, server := range []netip.AddrPort{first, second} {
+			if err := echoFromA(b, server, count); err != nil {
+				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+			}
+		}
+		p.wantSaid(t, "bound to 0.0.0.0 and 2 interfaces have IPv4 addresses ("+b.Link(testbed.B)+", w2b), and the default route leaves by none: set VMAXDP_INTERFACE")
+	})
+	t.Run("default-route", func(t *testing.T) {
+		ip("-n", nsB, "route", "add", "default", "via", b.Addr(testbed.A).String(), "dev", b.Link(testbed.B))
+		p := serve(t)
+		p.waitOffloaded(t)
+		before := udpInDatagrams(t, b, testbed.B)
+		if err := echoFromA(b, first, count); err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		if moved := udpInDatagrams(t, b, testbed.B) - before; moved != 0 {
+			t.Errorf("side B's kernel delivered %d of the datagrams to %s: not offloaded", moved, first)
+		}
+		if err := echoFromA(b, second, count); err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		if moved := udpInDatagrams(t, b, testbed.B) - before; moved != count {
+			t.Errorf("side B's kernel delivered %d of the datagrams to %s, want all %d", moved, second, count)
+		}
+		p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B), "sockets bound to 0.0.0.0 are offloaded on "+b.Link(testbed.B)+", the default route's interface; what comes to them through w2b reaches them through the kernel")
+	})
 }

@@ -139,10 +139,13 @@ type Engine struct {
 	opening    map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
 	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
 	opens      sync.WaitGroup            // openStack goroutines
+	ifaces     ifaceCache                // pickInterface's answers
+	// wildcardSaid: the interface wildcardInterface chose by the default
+	// route was logged.
+	wildcardSaid atomic.Bool
 	// setuid is the call that gave up root (setuid.go), nil while the
 	// process has not; chroot: the process chrooted; preparing: confine
 	// is opening stacks no socket waits for.
-	ifaces    ifaceCache // pickInterface's answers
 	setuid    atomic.Pointer[setuidNote]
 	chroot    atomic.Bool
 	preparing atomic.Bool
@@ -891,7 +894,7 @@ func (e *Engine) NetnsMoved() {
 }
 
 // pickInterface: the interface owning local, else the route to remote, else
-// VMAXDP_INTERFACE, else the only candidate.
+// VMAXDP_INTERFACE, else the one wildcardInterface picks.
 func (e *Engine) pickInterface(local, remote netip.Addr) (string, error) {
 	if local.IsValid() && !local.IsUnspecified() && !local.IsMulticast() {
 		return e.ifaces.lookup(local, true)
@@ -909,7 +912,7 @@ func (e *Engine) pickInterface(local, remote netip.Addr) (string, error) {
 			return name, nil
 		}
 	}
-	return onlyInterface()
+	return e.wildcardInterface()
 }
 
 // ifaceCache keeps pickInterface's answers (the interface owning an
@@ -1032,15 +1035,32 @@ func ifaceNamed(ifaddr netip.Addr, ifindex int) (string, error) {
 	return "", nil
 }
 
-func onlyInterface() (string, error) {
+// wildcardInterface is the interface a socket bound to 0.0.0.0 is
+// offloaded on when VMAXDP_INTERFACE names none: the only up one with an
+// IPv4 address, or else the one the default route leaves by, where most
+// of a host's traffic comes and goes (a host has a docker0 or a second
+// link beside it, and every wildcard socket used to stay on the kernel).
+// What comes through the others still reaches the socket through its
+// kernel socket, which the engine reads as well, and the socket's
+// answers to them leave through the kernel. With neither, the socket
+// stays on the kernel, saying so.
+func (e *Engine) wildcardInterface() (string, error) {
 	names, err := stack.IPv4Interfaces()
 	if err != nil {
 		return "", err
 	}
-	if len(names) != 1 {
-		return "", fmt.Errorf("bound to 0.0.0.0 and %d interfaces have IPv4 addresses (%s): set %sINTERFACE", len(names), strings.Join(names, ", "), params.Prefix)
+	if len(names) == 1 {
+		return names[0], nil
 	}
-	return names[0], nil
+	def, err := stack.DefaultRouteInterface()
+	if err != nil || def == "" || !slices.Contains(names, def) {
+		return "", fmt.Errorf("bound to 0.0.0.0 and %d interfaces have IPv4 addresses (%s), and the default route leaves by none: set %sINTERFACE", len(names), strings.Join(names, ", "), params.Prefix)
+	}
+	if !e.wildcardSaid.Swap(true) {
+		others := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == def })
+		e.Log.Printf(params.LevelInfo, "sockets bound to 0.0.0.0 are offloaded on %s, the default route's interface; what comes to them through %s reaches them through the kernel (%sINTERFACE chooses)", def, strings.Join(others, ", "), params.Prefix)
+	}
+	return def, nil
 }
 
 // newStack opens the stack of ifname with the engine's parameters.
