@@ -540,6 +540,9 @@ func vmxgo_recvmmsg(fd C.int, v unsafe.Pointer, n C.uint, flags C.int, ts *C.str
 }
 
 func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, sig *C.struct_vmx_signals) C.long {
+	if flags&unix.MSG_ERRQUEUE != 0 {
+		return recvErrQueue(fd, msg)
+	}
 	iov := iovecs(msg)
 	var b []byte
 	var scratch *[]byte
@@ -596,6 +599,30 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 		return C.long(full)
 	}
 	return C.long(got)
+}
+
+// recvErrQueue serves recvmsg with MSG_ERRQUEUE from the engine's
+// transmit stamps (no payload: SOF_TIMESTAMPING_OPT_TSONLY), and hands it
+// to the kernel socket, whose error queue holds the rest (ICMP errors,
+// or EAGAIN), once they are read. It never waits, as the kernel's.
+func recvErrQueue(fd C.int, msg *C.struct_msghdr) C.long {
+	var ctl []byte
+	if msg.msg_control != nil {
+		ctl = bytesOf(msg.msg_control, C.size_t(msg.msg_controllen))
+	}
+	used, cut, ok := eng.RecvErrQueue(int(fd), ctl)
+	if !ok {
+		return -C.long(engine.ErrPassOS)
+	}
+	msg.msg_controllen = C.size_t(used)
+	msg.msg_flags = unix.MSG_ERRQUEUE
+	if cut {
+		msg.msg_flags |= unix.MSG_CTRUNC
+	}
+	if msg.msg_name != nil {
+		msg.msg_namelen = 0 // a stamp names no address
+	}
+	return 0
 }
 
 func iovLen(iov []unix.Iovec) int {

@@ -834,6 +834,15 @@ func (st *Stack) EndWait(pfds []unix.PollFd) {
 }
 
 // wakeMux wakes every sleeping multiplexer.
+// WakeWaiters wakes the multiplexers asleep on the stack's sockets, for
+// what they wait for that the stack did not queue (the engine's transmit
+// stamps: POLLERR).
+func (st *Stack) WakeWaiters() {
+	if st.muxWaiters.Load() > 0 {
+		st.wakeMux()
+	}
+}
+
 func (st *Stack) wakeMux() {
 	var one = [8]byte{1}
 	st.muxMu.Lock()

@@ -1636,3 +1636,46 @@ func TestRunWildcardTwoLinks(t *testing.T) {
 		p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B), "sockets bound to 0.0.0.0 are offloaded on "+b.Link(testbed.B)+", the default route's interface; what comes to them through w2b reaches them through the kernel")
 	})
 }
+
+// TestRunTxStamps: software transmit timestamps without the packet
+// (SO_TIMESTAMPING with TX_SOFTWARE, SOFTWARE, OPT_TSONLY and OPT_ID), as
+// a trading application times its sends, on an offloaded socket: the
+// error queue gives what the kernel's does (testdata/txstamps.c, on the
+// kernel and under vmaxdp, line by line: POLLERR, EPOLLERR and select's
+// readable, each stamp's SCM_TIMESTAMPING and IP_RECVERR with its key,
+// EAGAIN once read, nothing once turned off), and side B's kernel sends
+// none of the datagrams under vmaxdp. Before, such a socket went back to
+// the kernel.
+func TestRunTxStamps(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "txstamps")
+	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	const port, sent = 11448, 7
+	c := listenA(t, b, port)
+	out := 0
+	said := sideBySide(t, b, nil, []string{prog, b.Addr(testbed.A).String(), strconv.Itoa(port)}, func(i int, p *cProgram) {
+		n, buf := 0, make([]byte, 64)
+		for {
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(buf); err != nil {
+				break
+			}
+			n++
+		}
+		if n != sent {
+			t.Errorf("run %d: side A received %d datagrams, want %d", i, n, sent)
+		}
+		if i == 0 {
+			out = testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
+			return
+		}
+		p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
+		if strings.Contains(p.out.String(), "SO_TIMESTAMPING") {
+			t.Errorf("vmaxdp's log names SO_TIMESTAMPING:\n%s", tail(p.out.String(), 20))
+		}
+		if moved := testutil.UDPStat(t, b, testbed.B, "OutDatagrams") - out; moved != 0 {
+			t.Errorf("side B's kernel sent %d datagrams under vmaxdp: not offloaded", moved)
+		}
+	})
+	sameLines(t, said, 20)
+}

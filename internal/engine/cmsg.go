@@ -179,32 +179,41 @@ func setCmsg(s *Socket, mask, set Cmsg) {
 }
 
 // timestampingServed are the SO_TIMESTAMPING flags the engine serves:
-// software receive stamps (generated, and reported), and the options
-// that shape transmit stamps only, which are asked for with other flags.
-// SOF_TIMESTAMPING_OPT_RX_FILTER (1<<17) has no name in x/sys/unix.
+// software receive and transmit stamps (generated, and reported), and the
+// options that shape them. SOF_TIMESTAMPING_OPT_RX_FILTER (1<<17) has no
+// name in x/sys/unix.
 const (
 	optRxFilter        = 1 << 17
-	timestampingServed = unix.SOF_TIMESTAMPING_RX_SOFTWARE | unix.SOF_TIMESTAMPING_SOFTWARE | unix.SOF_TIMESTAMPING_OPT_ID |
-		unix.SOF_TIMESTAMPING_OPT_CMSG | unix.SOF_TIMESTAMPING_OPT_TSONLY | optRxFilter
+	timestampingServed = unix.SOF_TIMESTAMPING_RX_SOFTWARE | unix.SOF_TIMESTAMPING_TX_SOFTWARE | unix.SOF_TIMESTAMPING_SOFTWARE |
+		unix.SOF_TIMESTAMPING_OPT_ID | unix.SOF_TIMESTAMPING_OPT_CMSG | unix.SOF_TIMESTAMPING_OPT_TSONLY | optRxFilter
 )
 
 // SetTimestamping follows SO_TIMESTAMPING (flags; newLayout: set as
 // SO_TIMESTAMPING_NEW). A socket that asks for software receive stamps
 // gets SCM_TIMESTAMPING with the time its datagram came off the ring in
 // its first timespec, as the kernel's has the time it came off the
-// device, and the other two zero. One that asks for transmit stamps
-// (the error queue's) or hardware ones goes back to the kernel, which
-// makes them, with the flags named in the reason. As the kernel, it
-// reports a software stamp when SOF_TIMESTAMPING_SOFTWARE is on and
-// either SOF_TIMESTAMPING_RX_SOFTWARE is too or SOF_TIMESTAMPING_OPT_RX_FILTER
-// is off.
+// device, and the other two zero. One that asks for software transmit
+// stamps without the packet (SOF_TIMESTAMPING_OPT_TSONLY) gets them in
+// its error queue (errqueue.go). One that asks for them with the packet
+// looped back, or for hardware or scheduler stamps, goes back to the
+// kernel, which makes them, with the flags named in the reason. As the
+// kernel, it reports a received datagram's software stamp when
+// SOF_TIMESTAMPING_SOFTWARE is on and either SOF_TIMESTAMPING_RX_SOFTWARE
+// is too or SOF_TIMESTAMPING_OPT_RX_FILTER is off.
 func (e *Engine) SetTimestamping(fd, flags int, newLayout bool) {
 	s := e.get(fd)
 	if s == nil {
 		return
 	}
 	if extra := flags &^ timestampingServed; extra != 0 {
-		e.toKernel(s, fmt.Sprintf("option SO_TIMESTAMPING asks for transmit or hardware timestamps (flags %#x), which vmaxdp does not make", extra))
+		e.toKernel(s, fmt.Sprintf("option SO_TIMESTAMPING asks for hardware or scheduler timestamps (flags %#x), which vmaxdp does not make", extra))
+		return
+	}
+	if tx := flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE != 0; tx && flags&unix.SOF_TIMESTAMPING_OPT_TSONLY == 0 {
+		e.toKernel(s, "option SO_TIMESTAMPING asks for software transmit timestamps with each packet looped back (no SOF_TIMESTAMPING_OPT_TSONLY), which vmaxdp does not make")
+		return
+	} else if tx && s.v6 {
+		e.toKernel(s, "option SO_TIMESTAMPING asks an AF_INET6 socket for transmit timestamps, whose error queue speaks IPv6 (IPV6_RECVERR), which vmaxdp does not make")
 		return
 	}
 	var set Cmsg
@@ -215,6 +224,7 @@ func (e *Engine) SetTimestamping(fd, flags int, newLayout bool) {
 		}
 	}
 	setCmsg(s, CmsgTimestamping|CmsgTimestampingNew, set)
+	setTxStamps(s, flags, newLayout)
 }
 
 // Cmsg is the ancillary data fd's receives report.
@@ -231,16 +241,9 @@ func (e *Engine) Cmsg(fd int) Cmsg {
 // used and whether some did not fit (MSG_CTRUNC). It does not allocate.
 func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
 	put := func(level, typ int32, data []byte) {
-		space := unix.CmsgSpace(len(data))
-		if used+unix.CmsgLen(len(data)) > len(b) {
-			cut = true
-			return
-		}
-		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[used]))
-		h.Level, h.Type = level, typ
-		h.SetLen(unix.CmsgLen(len(data)))
-		copy(b[used+unix.CmsgLen(0):], data)
-		used = min(used+space, len(b))
+		var c bool
+		used, c = putCmsg(b, used, level, typ, data)
+		cut = cut || c
 	}
 	var buf [48]byte // the largest: struct scm_timestamping
 	if cm&(CmsgTimestamp|CmsgTimestampNew) != 0 {
@@ -296,6 +299,20 @@ func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
 		put(unix.IPPROTO_IP, unix.IP_ORIGDSTADDR, buf[:unix.SizeofSockaddrInet4])
 	}
 	return used, cut
+}
+
+// putCmsg writes a control message of level, typ and data into b at used,
+// as the kernel's put_cmsg does, and returns where the next one goes; cut
+// when b had no room for it (MSG_CTRUNC), which is then left out.
+func putCmsg(b []byte, used int, level, typ int32, data []byte) (int, bool) {
+	if used+unix.CmsgLen(len(data)) > len(b) {
+		return used, true
+	}
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[used]))
+	h.Level, h.Type = level, typ
+	h.SetLen(unix.CmsgLen(len(data)))
+	copy(b[used+unix.CmsgLen(0):], data)
+	return min(used+unix.CmsgSpace(len(data)), len(b)), false
 }
 
 // SendSource reads the ancillary data of a sendmsg: the source address an

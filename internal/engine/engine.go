@@ -168,6 +168,9 @@ type Socket struct {
 	// datagrams are still served, and the kernel serves it once they are.
 	draining atomic.Bool
 	cmsg     atomic.Uint32 // the ancillary data its receives report (Cmsg)
+	// tx is its software transmit stamps' error queue, nil: none asked
+	// (errqueue.go).
+	tx atomic.Pointer[txStamps]
 	// The kernel socket sends for it, as the kernel would: cork, UDP_CORK
 	// is on; corked, a MSG_MORE send left the start of a datagram in the
 	// kernel socket's cork, which the next send ends; shutWr, shutdown

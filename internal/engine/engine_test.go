@@ -1015,7 +1015,7 @@ func TestForeignCmsgOptions(t *testing.T) {
 // socket offloaded and turns SCM_TIMESTAMPING on, in the layout it was set
 // with; transmit or hardware stamps send it to the kernel, said.
 func TestTimestamping(t *testing.T) {
-	_, e, fd := offloaded(t, 9421, false)
+	bed, e, fd := offloaded(t, 9421, false)
 	const rx = unix.SOF_TIMESTAMPING_RX_SOFTWARE | unix.SOF_TIMESTAMPING_SOFTWARE
 	for _, c := range []struct {
 		flags     int
@@ -1032,9 +1032,46 @@ func TestTimestamping(t *testing.T) {
 			t.Errorf("flags %#x: ancillary data %#x, state %d (%q); want %#x, offloaded", c.flags, got, e.State(fd), e.Reason(fd), c.want)
 		}
 	}
-	e.SetTimestamping(fd, rx|unix.SOF_TIMESTAMPING_TX_SOFTWARE, false)
-	if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), "SO_TIMESTAMPING asks for transmit or hardware timestamps (flags 0x2)") {
-		t.Errorf("with SOF_TIMESTAMPING_TX_SOFTWARE: state %d, reason %q; want the kernel's, said", st, e.Reason(fd))
+	// Software transmit stamps without the packet: each send queues one,
+	// with its key, and reading it allocates nothing.
+	e.SetTimestamping(fd, rx|unix.SOF_TIMESTAMPING_TX_SOFTWARE|unix.SOF_TIMESTAMPING_OPT_TSONLY|unix.SOF_TIMESTAMPING_OPT_ID, false)
+	if st := e.State(fd); st != StateOffloaded {
+		t.Fatalf("with software transmit stamps: state %d (%q), want offloaded", st, e.Reason(fd))
+	}
+	to, msg, ctl := netip.AddrPortFrom(bed.Addr(testbed.A), 9), make([]byte, 64), make([]byte, 256)
+	if _, _, ok := e.RecvErrQueue(fd, ctl); ok || e.TxStampPending(fd) {
+		t.Fatal("a stamp before any send")
+	}
+	sends := 0
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+			t.Fatal(errno)
+		}
+		if !e.TxStampPending(fd) {
+			t.Fatal("no stamp pending after a send")
+		}
+		used, cut, ok := e.RecvErrQueue(fd, ctl)
+		// SCM_TIMESTAMPING (16 + 48), then IP_RECVERR (16 + 32) with the key
+		if !ok || cut || used != 112 || binary.NativeEndian.Uint32(ctl[64+16+12:]) != uint32(sends) {
+			t.Fatalf("stamp %d: %d bytes, cut %v, ok %v, key %d", sends, used, cut, ok, binary.NativeEndian.Uint32(ctl[64+16+12:]))
+		}
+		sends++
+	})
+	if allocs >= 0.5 && !raceEnabled {
+		t.Errorf("a send and its stamp: %.2f allocations, want 0", allocs)
+	}
+	for _, c := range []struct {
+		flags int
+		why   string
+	}{
+		{rx | unix.SOF_TIMESTAMPING_TX_SOFTWARE, "with each packet looped back (no SOF_TIMESTAMPING_OPT_TSONLY)"},
+		{rx | unix.SOF_TIMESTAMPING_TX_HARDWARE, "hardware or scheduler timestamps (flags 0x1)"},
+	} {
+		_, e, fd := offloaded(t, 9422, false)
+		e.SetTimestamping(fd, c.flags, false)
+		if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), c.why) {
+			t.Errorf("flags %#x: state %d, reason %q; want the kernel's, saying %q", c.flags, st, e.Reason(fd), c.why)
+		}
 	}
 }
 

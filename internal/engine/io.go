@@ -198,6 +198,9 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 	if err != nil {
 		return 0, errnoOf(err)
 	}
+	if s.tx.Load() != nil {
+		e.stampSend(s)
+	}
 	return len(b), 0
 }
 

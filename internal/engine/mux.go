@@ -370,6 +370,9 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 					if p.Events&unix.POLLOUT != 0 {
 						p.Revents |= unix.POLLOUT
 					}
+					if t := s.tx.Load(); t != nil && t.pending() {
+						p.Revents |= unix.POLLERR // a transmit stamp waits
+					}
 				}
 			} else if l := e.listener(int(p.Fd)); l != nil {
 				setOnce(&l.multiplexed)
@@ -843,7 +846,7 @@ func (set *epollSet) ready(e *Engine, polled *polledStacks) bool {
 				return true
 			}
 		case c != nil:
-			if ev, _ := m.poll(c, polled); ev != 0 {
+			if ev, _ := m.poll(c, polled); ev != 0 || e.TxStampPending(m.fd) {
 				return true
 			}
 		}
@@ -918,7 +921,9 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			var ev uint32
 			var rx uint64
 			if c := e.Conn(m.fd); c != nil {
-				ev, rx = m.poll(c, &polled)
+				if ev, rx = m.poll(c, &polled); !m.disabled && e.TxStampPending(m.fd) {
+					ev |= unix.EPOLLERR // reported whatever the member asked for, as the kernel does
+				}
 			} else if tl := e.listener(m.fd); tl != nil {
 				ev, rx = m.pollListener(tl)
 			} else if m.inner != nil && !m.disabled && m.events&unix.EPOLLIN != 0 && m.inner.ready(e, &polled) {
@@ -975,7 +980,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			var polled polledStacks
 			for _, m := range set.list {
 				if c := e.Conn(m.fd); c != nil {
-					if ev, _ := m.poll(c, &polled); ev&unix.EPOLLIN != 0 {
+					if ev, _ := m.poll(c, &polled); ev&unix.EPOLLIN != 0 || !m.disabled && e.TxStampPending(m.fd) {
 						return true
 					}
 				} else if l := e.listener(m.fd); l != nil {
