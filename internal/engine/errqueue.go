@@ -97,19 +97,11 @@ func setTxStamps(s *Socket, flags int, newAPI bool) {
 	s.tx.Store(t)
 }
 
-// stampSend notes that the stack sent a datagram of s: with transmit
-// stamps on, its send is kicked to the device now, as the kernel stamps
-// in the driver's transmit, and a multiplexer waiting on the socket
-// (POLLERR) is woken.
-func (e *Engine) stampSend(s *Socket) {
-	t := s.tx.Load()
-	if t == nil {
-		return
-	}
-	c := s.conn.Load()
-	if c == nil {
-		return
-	}
+// stampSend notes that the stack sent a datagram through c, whose
+// transmit stamps t are on: its send is kicked to the device now, as the
+// kernel stamps in the driver's transmit, and a multiplexer waiting on
+// the socket (POLLERR) is woken.
+func stampSend(c *stack.UDPConn, t *txStamps) {
 	now := time.Now().UnixNano()
 	c.FlushSends()
 	t.push(now)

@@ -194,12 +194,19 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 			return 0, unix.EDESTADDRREQ
 		}
 	}
+	tx := s.tx.Load()
+	var viaKernel uint64
+	if tx != nil {
+		viaKernel = c.Counters.TxOSPackets.Load()
+	}
 	_, err := c.WriteFromTo(b, src, to)
 	if err != nil {
 		return 0, errnoOf(err)
 	}
-	if s.tx.Load() != nil {
-		e.stampSend(s)
+	// One the stack handed its kernel socket (too long for a frame) the
+	// kernel stamps itself, in its own error queue.
+	if tx != nil && c.Counters.TxOSPackets.Load() == viaKernel {
+		stampSend(c, tx)
 	}
 	return len(b), 0
 }
