@@ -1525,6 +1525,7 @@ func TestRunUpperLinks(t *testing.T) {
 				if moved != 0 {
 					t.Errorf("side B's kernel delivered %d datagrams: not offloaded", moved)
 				}
+				bridgeTCP(t, b, addr)
 			case "macvlan":
 				p.wantSaid(t, "up0 is a macvlan interface on "+link)
 				if moved != count {
@@ -1532,6 +1533,47 @@ func TestRunUpperLinks(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// bridgeTCP: TCP through netstack (VMAXDP_TCP=1) on the bridge of
+// TestRunUpperLinks, whose address is addr: testdata/tcpserver.py echoes
+// 5 connections of a kernel client in side A, and side B's kernel
+// accepts none of them.
+func bridgeTCP(t *testing.T, b *testbed.Bed, addr netip.Addr) {
+	t.Helper()
+	const port, conns = 11449, 5
+	opens := testutil.SNMPStat(t, b, testbed.B, "Tcp", "PassiveOpens")
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "testdata/tcpserver.py", strconv.Itoa(port), strconv.Itoa(conns))
+	if err := p.waitFor("ready\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	err := b.Do(testbed.A, func() error {
+		for i := range conns {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(addr, port).String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			msg := fmt.Sprintf("hello %d", i)
+			if _, err := fmt.Fprintf(c, "echo\n%s", msg); err != nil {
+				c.Close()
+				return err
+			}
+			c.(*net.TCPConn).CloseWrite()
+			got, err := io.ReadAll(c)
+			c.Close()
+			if err != nil || string(got) != msg {
+				return fmt.Errorf("connection %d: echo %q, %v", i, got, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("TCP on the bridge: %v\n%s", err, tail(p.out.String(), 20))
+	}
+	if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "PassiveOpens") - opens; n != 0 {
+		t.Errorf("TCP on the bridge: side B's kernel accepted %d of %d connections: not offloaded", n, conns)
 	}
 }
 
