@@ -143,6 +143,7 @@ type Engine struct {
 	// wildcardSaid: the interface wildcardInterface chose by the default
 	// route was logged.
 	wildcardSaid atomic.Bool
+	cgroup       cgroupCheck // the cgroup's programs that rewrite UDP addresses (cgroup.go)
 	// setuid is the call that gave up root (setuid.go), nil while the
 	// process has not; chroot: the process chrooted; preparing: confine
 	// is opening stacks no socket waits for.
@@ -523,6 +524,9 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	}
 	if s.selects != "" && reusePort(s.fd) {
 		return e.notOffloaded(s, what, selectsCause(s.selects, "datagram"))
+	}
+	if cause := e.udpCgroupCause(); cause != "" {
+		return e.notOffloaded(s, what, cause)
 	}
 	if s.pending != "" {
 		return StateCandidate // its stack is opening: adopt looks at it then
