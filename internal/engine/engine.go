@@ -525,7 +525,7 @@ func (e *Engine) decide(s *Socket, role rules.Role, local, remote netip.AddrPort
 	if s.selects != "" && reusePort(s.fd) {
 		return e.notOffloaded(s, what, selectsCause(s.selects, "datagram"))
 	}
-	if cause := e.udpCgroupCause(); cause != "" {
+	if cause := e.cgroupCause(false); cause != "" {
 		return e.notOffloaded(s, what, cause)
 	}
 	if s.pending != "" {

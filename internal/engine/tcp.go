@@ -747,6 +747,10 @@ func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Si
 		e.tcpNotOffloaded(fd, what, cause)
 		return ErrPassOS
 	}
+	if cause := e.cgroupCause(true); cause != "" {
+		e.tcpNotOffloaded(fd, what, cause)
+		return ErrPassOS
+	}
 	ifname, err := e.pickInterface(local.Addr(), raddr.Addr())
 	if err != nil {
 		e.tcpNotOffloaded(fd, what, err.Error())
