@@ -353,34 +353,32 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 		var polled polledStacks
 		for i := range pfds {
 			p := &pfds[i]
-			if p.Revents&unix.POLLIN != 0 {
+			if p.Revents&pollRead != 0 {
 				os++
 			}
 			if s := e.get(int(p.Fd)); s != nil {
 				setOnce(&s.multiplexed)
 				if c := s.conn.Load(); c != nil {
-					if p.Revents&unix.POLLIN != 0 {
+					if p.Revents&pollRead != 0 {
 						s.osReady.Store(true)
 					}
-					if p.Events&unix.POLLIN != 0 {
+					if p.Events&pollRead != 0 {
 						if polled.poll(c.Stack()); c.Queued() {
-							p.Revents |= unix.POLLIN
+							p.Revents |= p.Events & pollRead
 						}
 					}
-					if p.Events&unix.POLLOUT != 0 {
-						p.Revents |= unix.POLLOUT
-					}
+					p.Revents |= p.Events & pollWrite
 					if t := s.tx.Load(); t != nil && t.pending() {
 						p.Revents |= unix.POLLERR // a transmit stamp waits
 					}
 				}
 			} else if l := e.listener(int(p.Fd)); l != nil {
 				setOnce(&l.multiplexed)
-				if p.Events&unix.POLLIN != 0 && l.nl.Pending() {
-					p.Revents |= unix.POLLIN
+				if p.Events&pollRead != 0 && l.nl.Pending() {
+					p.Revents |= p.Events & pollRead
 				}
-			} else if set := e.epollSetAt(int(p.Fd)); set != nil && p.Events&unix.POLLIN != 0 && set.ready(e, &polled) {
-				p.Revents |= unix.POLLIN
+			} else if set := e.epollSetAt(int(p.Fd)); set != nil && p.Events&pollRead != 0 && set.ready(e, &polled) {
+				p.Revents |= p.Events & pollRead
 			}
 			if p.Revents != 0 {
 				n++
@@ -401,6 +399,19 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 	}
 	return e.spin(kind, timeout, sw, &e.muxSpin[kind], scan, sleep)
 }
+
+// The readiness bits of a datagram socket, as the kernel's datagram_poll
+// sets them and poll masks them with what was asked: a program that asks
+// for POLLRDNORM alone (BSD's way) is told of a datagram as one that asks
+// for POLLIN.
+// poll's bits are epoll's (x/sys/unix names POLLRDNORM and its kin only
+// for epoll).
+const (
+	epollRead  = unix.EPOLLIN | unix.EPOLLRDNORM
+	epollWrite = unix.EPOLLOUT | unix.EPOLLWRNORM | unix.EPOLLWRBAND
+	pollRead   = epollRead
+	pollWrite  = epollWrite
+)
 
 // polledStacks are the stacks a multiplexer's scan has polled: each once
 // per scan, whatever the number of its sockets in the set, which then
@@ -651,12 +662,10 @@ func (m *epollMember) poll(c *stack.UDPConn, polled *polledStacks) (ev uint32, r
 			return 0, rx
 		}
 	}
-	if m.events&unix.EPOLLIN != 0 && c.Queued() {
-		ev |= unix.EPOLLIN
+	if m.events&epollRead != 0 && c.Queued() {
+		ev |= m.events & epollRead
 	}
-	if m.events&unix.EPOLLOUT != 0 {
-		ev |= unix.EPOLLOUT
-	}
+	ev |= m.events & epollWrite
 	return ev, rx
 }
 
@@ -672,8 +681,8 @@ func (m *epollMember) pollListener(l *tcpListener) (ev uint32, rx uint64) {
 			return 0, rx
 		}
 	}
-	if m.events&unix.EPOLLIN != 0 && l.nl.Pending() {
-		ev |= unix.EPOLLIN
+	if m.events&epollRead != 0 && l.nl.Pending() {
+		ev |= m.events & epollRead
 	}
 	return ev, rx
 }
@@ -842,7 +851,7 @@ func (set *epollSet) ready(e *Engine, polled *polledStacks) bool {
 		switch c := e.Conn(m.fd); {
 		case m.disabled:
 		case m.inner != nil:
-			if m.events&unix.EPOLLIN != 0 && m.inner.ready(e, polled) {
+			if m.events&epollRead != 0 && m.inner.ready(e, polled) {
 				return true
 			}
 		case c != nil:
@@ -926,8 +935,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 				}
 			} else if tl := e.listener(m.fd); tl != nil {
 				ev, rx = m.pollListener(tl)
-			} else if m.inner != nil && !m.disabled && m.events&unix.EPOLLIN != 0 && m.inner.ready(e, &polled) {
-				ev = unix.EPOLLIN
+			} else if m.inner != nil && !m.disabled && m.events&epollRead != 0 && m.inner.ready(e, &polled) {
+				ev = m.events & epollRead
 			}
 			if ev != 0 {
 				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
@@ -980,14 +989,14 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			var polled polledStacks
 			for _, m := range set.list {
 				if c := e.Conn(m.fd); c != nil {
-					if ev, _ := m.poll(c, &polled); ev&unix.EPOLLIN != 0 || !m.disabled && e.TxStampPending(m.fd) {
+					if ev, _ := m.poll(c, &polled); ev&epollRead != 0 || !m.disabled && e.TxStampPending(m.fd) {
 						return true
 					}
 				} else if l := e.listener(m.fd); l != nil {
 					if ev, _ := m.pollListener(l); ev != 0 {
 						return true
 					}
-				} else if m.inner != nil && !m.disabled && m.events&unix.EPOLLIN != 0 && m.inner.ready(e, &polled) {
+				} else if m.inner != nil && !m.disabled && m.events&epollRead != 0 && m.inner.ready(e, &polled) {
 					return true
 				}
 			}
@@ -1030,7 +1039,7 @@ func (e *Engine) mergeKernel(set *epollSet, ours, kev []unix.EpollEvent, owed in
 				continue
 			}
 			if s := e.get(m.fd); s != nil && s.conn.Load() != nil {
-				if k.Events&unix.EPOLLIN != 0 {
+				if k.Events&epollRead != 0 {
 					s.osReady.Store(true)
 				}
 			} else if m.inner == nil && e.listener(m.fd) == nil {

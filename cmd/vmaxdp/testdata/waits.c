@@ -15,6 +15,7 @@
  *    before the socket joins it (as an event loop embedded in another's
  *    is): each level reports the one below, beside a pipe, once;
  *  - poll and select on that epoll fd;
+ *  - poll for POLLRDNORM alone, and epoll for EPOLLRDNORM alone;
  * then, with nothing sent, waits that time out (30 ms, the time left
  * written back as 0) and timeouts the kernel refuses (EINVAL); last
  * ("unnested"), a datagram left unread in the nested set, which the sets
@@ -188,6 +189,22 @@ int main(int argc, char **argv)
 	step("select-epfd");
 	check("select-epfd", select(in + 1, &r, NULL, NULL, &tv) == 1 && FD_ISSET(in, &r), "the epoll fd readable");
 	echo("select-epfd");
+
+	/* POLLRDNORM and EPOLLRDNORM asked alone, as BSD's code asks. */
+	pfd.events = POLLRDNORM;
+	step("poll-rdnorm");
+	check("poll-rdnorm", poll(&pfd, 1, 5000) == 1 && pfd.revents == POLLRDNORM, "POLLRDNORM, and nothing else");
+	echo("poll-rdnorm");
+	pfd.events = POLLOUT | POLLWRNORM;
+	check("poll-wrnorm", poll(&pfd, 1, 0) == 1 && pfd.revents == (POLLOUT | POLLWRNORM), "POLLOUT and POLLWRNORM");
+	pfd.events = POLLIN;
+	int eprd = epoll_create1(0);
+	struct epoll_event erd = {.events = EPOLLRDNORM, .data.u64 = 44};
+	check("epoll-rdnorm-add", eprd >= 0 && epoll_ctl(eprd, EPOLL_CTL_ADD, fd, &erd) == 0, "EPOLLRDNORM alone");
+	step("epoll-rdnorm");
+	n = epoll_wait(eprd, got, 4, 5000);
+	check("epoll-rdnorm", n == 1 && got[0].events == EPOLLRDNORM && got[0].data.u64 == 44, "EPOLLRDNORM, and nothing else");
+	echo("epoll-rdnorm");
 
 	/* Nothing is sent from here on, but the last. */
 	tv = (struct timeval){0, 30000};
