@@ -989,13 +989,18 @@ int close(int fd)
 	return REAL(close)(fd);
 }
 
-/* after_dup: newfd now names oldfd's socket; whatever newfd named before
- * (dup2 closes it) is forgotten by the engine's Dup. */
+/* after_dup: newfd now names oldfd's socket or epoll instance; whatever
+ * newfd named before (dup2 closes it) is forgotten by the engine's Dup. */
 static int after_dup(int oldfd, int newfd)
 {
-	if (newfd >= 0 && epfd(newfd))
+	if (newfd < 0)
+		return newfd;
+	if (epfd(newfd))
 		forget(newfd);
-	if (newfd >= 0 && (state(oldfd) != VMX_OS || state(newfd) != VMX_OS))
+	int ep = epfd(oldfd);
+	if (ep)
+		mark_epfd(newfd, 1);
+	if (state(oldfd) != VMX_OS || state(newfd) != VMX_OS || ep)
 		vmx_set_state(newfd, vmxgo_dup(oldfd, newfd));
 	return newfd;
 }

@@ -740,7 +740,9 @@ func TestRunRawSyscalls(t *testing.T) {
 // An epoll fd waited on as a member of another set (an event loop
 // embedded in another's), or with poll or select, is readable while an
 // offloaded socket in it has a datagram, beside what the kernel sees;
-// before, those waits slept to their timeout. So did poll for POLLRDNORM
+// before, those waits slept to their timeout. So did a wait on a
+// duplicate of an epoll fd (dup), which now names the same set. So did
+// poll for POLLRDNORM
 // alone and epoll for EPOLLRDNORM alone (BSD's code asks so), which are
 // told now with the bits asked, as the kernel tells them. Side B's kernel
 // delivers none of the datagrams under vmaxdp.
@@ -758,11 +760,11 @@ func TestRunWaits(t *testing.T) {
 	}
 	defer c.Close()
 	waits := []string{"epoll_pwait2", "sys_epoll_pwait2", "sys_ppoll", "sys_pselect6", "select", "ppoll",
-		"nested", "poll-epfd", "select-epfd", "poll-rdnorm", "epoll-rdnorm", "unnested"}
+		"nested", "poll-epfd", "select-epfd", "dup-epfd", "dup-closed", "poll-rdnorm", "epoll-rdnorm", "unnested"}
 	checks := []string{"epoll_pwait2-kept", "sys_ppoll-left", "sys_pselect6-left", "select-left", "ppoll-kept",
 		"nested-join", "nested-outer", "nested-inner", "nested-pipe", "nested-mixed", "nested-drain",
 		"select-timeout", "sys_ppoll-timeout", "epoll_pwait2-timeout", "epoll_pwait2-einval", "ppoll-einval", "select-einval",
-		"poll-wrnorm", "epoll-rdnorm-add", "unnested-wait", "unnested-del", "unnested-add", "unnested-close"}
+		"dup-close", "poll-wrnorm", "epoll-rdnorm-add", "unnested-wait", "unnested-del", "unnested-add", "unnested-close"}
 	for _, w := range waits {
 		checks = append(checks, w, w+"-echo")
 	}

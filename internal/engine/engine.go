@@ -1163,9 +1163,11 @@ func (e *Engine) Close(fd int) {
 	}
 	var parents []*epollSet
 	if set := e.epolls[fd]; set != nil {
-		parents = set.close()
 		delete(e.epolls, fd)
 		e.sets[fd].Store(nil)
+		if set.dropName(fd) {
+			parents = set.close()
+		}
 	}
 	if s == nil || tcp {
 		e.mu.Unlock()
@@ -1287,6 +1289,9 @@ func (e *Engine) Dup(oldfd, newfd int) State {
 		e.Close(newfd)
 	}
 	if s == nil {
+		if st, ok := e.dupEpoll(oldfd, newfd); ok {
+			return st
+		}
 		st, _ := e.dupTCP(oldfd, newfd)
 		return st
 	}

@@ -457,7 +457,10 @@ type epollSet struct {
 	// writers are its connections registered for EPOLLOUT: their held
 	// ACKs stay held as its waits begin (TCPPoller.Wait).
 	writers []*stack.TCPConn
-	fd      int
+	// fds name its epoll instance: the fd epoll_create gave and its
+	// duplicates (dup, dup2, F_DUPFD), each told of the set's state.
+	// Under mu.
+	fds []int
 	// parents are the sets its epoll fd is nested in (EpollNest), which
 	// the engine tells of its state. The slice is replaced, never changed
 	// in place, so that propagate may read it after mu is let go.
@@ -707,7 +710,7 @@ func (set *epollSet) remove(fd int) {
 func (e *Engine) epollSetLocked(epfd int) *epollSet {
 	set := e.epolls[epfd]
 	if set == nil {
-		set = &epollSet{fd: epfd, members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed}}
+		set = &epollSet{fds: []int{epfd}, members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed}}
 		e.epolls[epfd] = set
 		if epfd >= 0 && epfd < MaxFD {
 			e.sets[epfd].Store(set)
@@ -753,6 +756,7 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 		set.put(fd, ev.Events, [2]int32{ev.Fd, ev.Pad})
 	}
 	st, parents := set.stateLocked(), set.parents
+	set.tellLocked(e, epfd, st)
 	set.mu.Unlock()
 	e.propagate(parents)
 	return st
@@ -784,9 +788,46 @@ func (e *Engine) EpollNest(epfd, op, inner int, ev *unix.EpollEvent) State {
 		set.put(inner, ev.Events, [2]int32{ev.Fd, ev.Pad}).inner = in
 	}
 	st, parents := set.stateLocked(), set.parents
+	set.tellLocked(e, epfd, st)
 	set.mu.Unlock()
 	e.propagate(parents)
 	return st
+}
+
+// tellLocked tells the interposer st for each of the set's fds but
+// except, whose caller takes it back. Caller holds set.mu.
+func (set *epollSet) tellLocked(e *Engine, except int, st State) {
+	for _, fd := range set.fds {
+		if fd != except {
+			e.onState(fd, st)
+		}
+	}
+}
+
+// dupEpoll makes newfd a second name of oldfd's epoll set, if it has one,
+// and returns its state and whether it had.
+func (e *Engine) dupEpoll(oldfd, newfd int) (State, bool) {
+	set := e.epollSetAt(oldfd)
+	if set == nil {
+		return StateOS, false
+	}
+	e.mu.Lock()
+	e.epolls[newfd] = set
+	e.sets[newfd].Store(set)
+	e.mu.Unlock()
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	set.fds = append(set.fds, newfd)
+	return set.stateLocked(), true
+}
+
+// dropName forgets fd, a name of the set, and says whether it was its
+// last. Caller holds e.mu.
+func (set *epollSet) dropName(fd int) bool {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	set.fds = slices.DeleteFunc(set.fds, func(n int) bool { return n == fd })
+	return len(set.fds) == 0
 }
 
 // propagate tells the interposer the state of each of sets, and of the
@@ -796,8 +837,8 @@ func (e *Engine) propagate(sets []*epollSet) {
 	for _, p := range sets {
 		p.mu.Lock()
 		st, parents := p.stateLocked(), p.parents
+		p.tellLocked(e, -1, st)
 		p.mu.Unlock()
-		e.onState(p.fd, st)
 		e.propagate(parents)
 	}
 }

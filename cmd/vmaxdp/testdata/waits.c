@@ -15,6 +15,8 @@
  *    before the socket joins it (as an event loop embedded in another's
  *    is): each level reports the one below, beside a pipe, once;
  *  - poll and select on that epoll fd;
+ *  - epoll_wait on a duplicate of an epoll fd, then on the fd once the
+ *    duplicate is closed;
  *  - poll for POLLRDNORM alone, and epoll for EPOLLRDNORM alone;
  * then, with nothing sent, waits that time out (30 ms, the time left
  * written back as 0) and timeouts the kernel refuses (EINVAL); last
@@ -189,6 +191,19 @@ int main(int argc, char **argv)
 	step("select-epfd");
 	check("select-epfd", select(in + 1, &r, NULL, NULL, &tv) == 1 && FD_ISSET(in, &r), "the epoll fd readable");
 	echo("select-epfd");
+
+	/* A duplicate of an epoll fd names the same set; closing it leaves
+	 * the set to its other name. */
+	int dupped = dup(ep);
+	step("dup-epfd");
+	n = epoll_wait(dupped, got, 4, 5000);
+	check("dup-epfd", n == 1 && got[0].data.u64 == 42, "the duplicate reports the socket");
+	echo("dup-epfd");
+	check("dup-close", close(dupped) == 0, "close the duplicate");
+	step("dup-closed");
+	n = epoll_wait(ep, got, 4, 5000);
+	check("dup-closed", n == 1 && got[0].data.u64 == 42, "the set still reports the socket by its first name");
+	echo("dup-closed");
 
 	/* POLLRDNORM and EPOLLRDNORM asked alone, as BSD's code asks. */
 	pfd.events = POLLRDNORM;
