@@ -1060,6 +1060,21 @@ func TestTimestamping(t *testing.T) {
 	if allocs >= 0.5 && !raceEnabled {
 		t.Errorf("a send and its stamp: %.2f allocations, want 0", allocs)
 	}
+	// Unread, the queue keeps txStampsMax stamps and drops the rest.
+	for range txStampsMax + 10 {
+		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+			t.Fatal(errno)
+		}
+	}
+	kept := 0
+	for ; ; kept++ {
+		if _, _, ok := e.RecvErrQueue(fd, ctl); !ok {
+			break
+		}
+	}
+	if tx := e.get(fd).tx.Load(); kept != txStampsMax || tx.dropped != 10 {
+		t.Errorf("%d sends unread: %d stamps kept, %d dropped; want %d and 10", txStampsMax+10, kept, tx.dropped, txStampsMax)
+	}
 	for _, c := range []struct {
 		flags int
 		why   string

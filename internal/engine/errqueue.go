@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
@@ -38,8 +39,9 @@ type txStamp struct {
 	key uint32
 }
 
-// push queues a stamp of now for one datagram sent.
-func (t *txStamps) push(now int64) {
+// push queues a stamp of now for one datagram sent. It returns the
+// stamps dropped so far: the first drop is logged.
+func (t *txStamps) push(now int64) (dropped uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	key := t.key
@@ -48,10 +50,11 @@ func (t *txStamps) push(now int64) {
 	}
 	if t.n == txStampsMax {
 		t.dropped++
-		return
+		return t.dropped
 	}
 	t.q[(t.head+t.n)%txStampsMax] = txStamp{at: now, key: key}
 	t.n++
+	return t.dropped
 }
 
 // pop takes the oldest stamp.
@@ -97,14 +100,17 @@ func setTxStamps(s *Socket, flags int, newAPI bool) {
 	s.tx.Store(t)
 }
 
-// stampSend notes that the stack sent a datagram through c, whose
+// stampSend notes that the stack sent a datagram of fd through c, whose
 // transmit stamps t are on: its send is kicked to the device now, as the
 // kernel stamps in the driver's transmit, and a multiplexer waiting on
-// the socket (POLLERR) is woken.
-func stampSend(c *stack.UDPConn, t *txStamps) {
+// the socket (POLLERR) is woken. A stamp the full queue has no room for
+// is dropped, as the kernel drops it, and the first is logged.
+func (e *Engine) stampSend(fd int, c *stack.UDPConn, t *txStamps) {
 	now := time.Now().UnixNano()
 	c.FlushSends()
-	t.push(now)
+	if t.push(now) == 1 {
+		e.Log.Printf(params.LevelWarning, "fd %d: a transmit timestamp dropped: its error queue holds %d unread (read them with recvmsg and MSG_ERRQUEUE); later drops are not logged", fd, txStampsMax)
+	}
 	c.Stack().WakeWaiters()
 }
 

@@ -206,7 +206,7 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 	// One the stack handed its kernel socket (too long for a frame) the
 	// kernel stamps itself, in its own error queue.
 	if tx != nil && c.Counters.TxOSPackets.Load() == viaKernel {
-		stampSend(c, tx)
+		e.stampSend(fd, c, tx)
 	}
 	return len(b), 0
 }
