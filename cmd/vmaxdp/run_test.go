@@ -688,14 +688,7 @@ func TestRunRawSyscalls(t *testing.T) {
 	prog := buildC(t, "rawsyscall")
 	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11450
-	var c *net.UDPConn
-	if err := b.Do(testbed.A, func() (err error) {
-		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialB(t, b, port)
 	before := udpInDatagrams(t, b, testbed.B)
 	p := startC(t, b, prog, nil, strconv.Itoa(port))
 	if err := p.waitFor("ready\n"); err != nil {
@@ -741,24 +734,16 @@ func TestRunRawSyscalls(t *testing.T) {
 // embedded in another's), or with poll or select, is readable while an
 // offloaded socket in it has a datagram, beside what the kernel sees;
 // before, those waits slept to their timeout. So did a wait on a
-// duplicate of an epoll fd (dup), which now names the same set. So did
-// poll for POLLRDNORM
-// alone and epoll for EPOLLRDNORM alone (BSD's code asks so), which are
-// told now with the bits asked, as the kernel tells them. Side B's kernel
-// delivers none of the datagrams under vmaxdp.
+// duplicate of an epoll fd (dup), which now names the same set, and poll
+// for POLLRDNORM alone and epoll for EPOLLRDNORM alone (BSD's code asks
+// so), which are told now with the bits asked, as the kernel tells them.
+// Side B's kernel delivers none of the datagrams under vmaxdp.
 func TestRunWaits(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "waits")
 	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
 	const port = 11445
-	var c *net.UDPConn
-	if err := b.Do(testbed.A, func() (err error) {
-		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialB(t, b, port)
 	waits := []string{"epoll_pwait2", "sys_epoll_pwait2", "sys_ppoll", "sys_pselect6", "select", "ppoll",
 		"nested", "poll-epfd", "select-epfd", "dup-epfd", "dup-closed", "poll-rdnorm", "epoll-rdnorm", "unnested"}
 	checks := []string{"epoll_pwait2-kept", "sys_ppoll-left", "sys_pselect6-left", "select-left", "ppoll-kept",
@@ -1004,6 +989,21 @@ func TestRunBindToDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialB is a UDP socket in side A connected to port on side B, closed
+// with the test.
+func dialB(t *testing.T, b *testbed.Bed, port int) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	if err := b.Do(testbed.A, func() (err error) {
+		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // listenA is a kernel UDP socket on side A's address and port, closed
