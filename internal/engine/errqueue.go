@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,11 +28,12 @@ type txStamps struct {
 	mu      sync.Mutex
 	q       [txStampsMax]txStamp
 	head, n int
-	key     uint32 // the next datagram's OPT_ID key
-	optID   bool   // SOF_TIMESTAMPING_OPT_ID: keys count from when it was set
-	report  bool   // SOF_TIMESTAMPING_SOFTWARE: the stamp is reported
-	newAPI  bool   // set with SO_TIMESTAMPING_NEW: SCM_TIMESTAMPING_NEW
-	dropped uint64 // stamps the full queue had no room for
+	key     uint32       // the next datagram's OPT_ID key
+	optID   bool         // SOF_TIMESTAMPING_OPT_ID: keys count from when it was set
+	report  bool         // SOF_TIMESTAMPING_SOFTWARE: the stamp is reported
+	newAPI  bool         // set with SO_TIMESTAMPING_NEW: SCM_TIMESTAMPING_NEW
+	dropped uint64       // stamps the full queue had no room for
+	queued  atomic.Int32 // n, for pending
 }
 
 type txStamp struct {
@@ -54,6 +56,7 @@ func (t *txStamps) push(now int64) (dropped uint64) {
 	}
 	t.q[(t.head+t.n)%txStampsMax] = txStamp{at: now, key: key}
 	t.n++
+	t.queued.Store(int32(t.n))
 	return t.dropped
 }
 
@@ -67,16 +70,14 @@ func (t *txStamps) pop() (txStamp, bool) {
 	s := t.q[t.head]
 	t.head = (t.head + 1) % txStampsMax
 	t.n--
+	t.queued.Store(int32(t.n))
 	return s, true
 }
 
 // pending says whether a stamp waits: POLLERR, as the kernel reports a
-// socket whose error queue holds one.
-func (t *txStamps) pending() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.n > 0
-}
+// socket whose error queue holds one. Without the lock: every scan of a
+// multiplexer asks it for each member.
+func (t *txStamps) pending() bool { return t.queued.Load() > 0 }
 
 // setTxStamps follows SO_TIMESTAMPING's transmit flags on s (TX_SOFTWARE
 // with OPT_TSONLY; flags without TX_SOFTWARE turn them off). Caller

@@ -27,20 +27,9 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "watchdog.h"
 
-static int failed;
-
-static void check(const char *name, int ok, const char *why)
-{
-	if (ok) {
-		printf("ok %s\n", name);
-	} else {
-		printf("FAIL %s: %s (errno %s)\n", name, why, strerror(errno));
-		failed = 1;
-	}
-	fflush(stdout);
-}
 
 int main(int argc, char **argv)
 {

@@ -40,20 +40,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "watchdog.h"
 
-static int failed, fd;
-
-static void check(const char *name, int ok, const char *why)
-{
-	if (ok) {
-		printf("ok %s\n", name);
-	} else {
-		printf("FAIL %s: %s (errno %s)\n", name, why, strerror(errno));
-		failed = 1;
-	}
-	fflush(stdout);
-}
+static int fd;
 
 static void step(const char *name)
 {
