@@ -37,6 +37,17 @@ type Buf struct {
 	CsumStart, CsumOffset uint16
 }
 
+// ArrivalStamper is a Backend whose received frames can carry the time
+// they arrived, taken before the frame reached the queue (the steering
+// program's XDP metadata): a receive timestamp that the wake-up of the
+// thread taking the frame off the queue does not delay.
+type ArrivalStamper interface {
+	// Arrival is the CLOCK_MONOTONIC nanoseconds at which b, a frame
+	// Receive handed out and not yet released, arrived; ok is false when
+	// it carries none.
+	Arrival(b Buf) (monoNs int64, ok bool)
+}
+
 // Backend is one receive/transmit queue of one interface.
 type Backend interface {
 	// Receive fills bufs with up to len(bufs) received frames and returns

@@ -160,6 +160,50 @@ struct {
 	__type(value, struct prog_counters);
 } prog_stats SEC(".maps");
 
+// arrival_stamps[0] is nonzero once a socket of the engine asks for
+// receive timestamps (SO_TIMESTAMP, SO_TIMESTAMPING): from then on each
+// frame redirected carries the time it was redirected in XDP metadata
+// (struct arrival_meta, just before the frame), as the kernel stamps a
+// datagram as it comes off the device; the stack reports it in place of
+// the time it took the frame off its ring, later by the wake-up of the
+// thread that did.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} arrival_stamps SEC(".maps");
+
+// ARRIVAL_MAGIC marks metadata this program wrote, so that a frame whose
+// headroom holds something else (none was written) is told apart.
+#define ARRIVAL_MAGIC 0x766d7873
+
+struct arrival_meta {
+	__u64 mono_ns; // bpf_ktime_get_ns (CLOCK_MONOTONIC) at redirect
+	__u32 magic;   // ARRIVAL_MAGIC
+	__u32 pad;
+};
+
+// stamp_arrival writes the frame's arrival_meta when arrival_stamps asks.
+// The metadata goes with the frame to the AF_XDP socket (copy mode copies
+// it too); a driver without metadata room leaves the frame unstamped.
+static __always_inline void stamp_arrival(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	__u32 *on = bpf_map_lookup_elem(&arrival_stamps, &zero);
+
+	if (!on || !*on)
+		return;
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct arrival_meta)))
+		return;
+	struct arrival_meta *m = (void *)(long)ctx->data_meta;
+	if ((void *)(m + 1) > (void *)(long)ctx->data)
+		return;
+	m->mono_ns = bpf_ktime_get_ns();
+	m->magic = ARRIVAL_MAGIC;
+	m->pad = 0;
+}
+
 struct vlan_hdr {
 	__be16 tci;
 	__be16 proto;
@@ -396,6 +440,7 @@ int vmaxdp_steer(struct xdp_md *ctx)
 		note_stack_syn(ip, l4, data_end);
 	if (ps)
 		ps->redirected++;
+	stamp_arrival(ctx);
 	return bpf_redirect_map(&xsks_map, q, XDP_PASS);
 }
 

@@ -51,6 +51,7 @@ type SteerRuleValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	SteerMapActivePorts   = "active_ports"
+	SteerMapArrivalStamps = "arrival_stamps"
 	SteerMapHandoverFlows = "handover_flows"
 	SteerMapProgStats     = "prog_stats"
 	SteerMapRuleStats     = "rule_stats"
@@ -116,6 +117,7 @@ type SteerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SteerMapSpecs struct {
 	ActivePorts   *ebpf.MapSpec `ebpf:"active_ports"`
+	ArrivalStamps *ebpf.MapSpec `ebpf:"arrival_stamps"`
 	HandoverFlows *ebpf.MapSpec `ebpf:"handover_flows"`
 	ProgStats     *ebpf.MapSpec `ebpf:"prog_stats"`
 	RuleStats     *ebpf.MapSpec `ebpf:"rule_stats"`
@@ -155,6 +157,7 @@ func (o *SteerObjects) Close() error {
 // It can be passed to LoadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SteerMaps struct {
 	ActivePorts   *ebpf.Map `ebpf:"active_ports"`
+	ArrivalStamps *ebpf.Map `ebpf:"arrival_stamps"`
 	HandoverFlows *ebpf.Map `ebpf:"handover_flows"`
 	ProgStats     *ebpf.Map `ebpf:"prog_stats"`
 	RuleStats     *ebpf.Map `ebpf:"rule_stats"`
@@ -169,6 +172,7 @@ type SteerMaps struct {
 func (m *SteerMaps) Close() error {
 	return _SteerClose(
 		m.ActivePorts,
+		m.ArrivalStamps,
 		m.HandoverFlows,
 		m.ProgStats,
 		m.RuleStats,

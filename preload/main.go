@@ -602,27 +602,50 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 }
 
 // recvErrQueue serves recvmsg with MSG_ERRQUEUE from the engine's
-// transmit stamps (no payload: SOF_TIMESTAMPING_OPT_TSONLY), and hands it
-// to the kernel socket, whose error queue holds the rest (ICMP errors,
-// or EAGAIN), once they are read. It never waits, as the kernel's.
+// transmit stamps (with their looped packet, unless
+// SOF_TIMESTAMPING_OPT_TSONLY), and hands it to the kernel socket, whose
+// error queue holds the rest (ICMP errors, or EAGAIN), once they are
+// read. It never waits, as the kernel's. As the kernel's, it returns the
+// bytes copied, MSG_TRUNC when the packet was longer.
 func recvErrQueue(fd C.int, msg *C.struct_msghdr) C.long {
 	var ctl []byte
 	if msg.msg_control != nil {
 		ctl = bytesOf(msg.msg_control, C.size_t(msg.msg_controllen))
 	}
-	used, cut, ok := eng.RecvErrQueue(int(fd), ctl)
+	iov := iovecs(msg)
+	var b []byte
+	var scratch *[]byte
+	switch len(iov) {
+	case 0:
+	case 1:
+		b = bytesOf(unsafe.Pointer(iov[0].Base), C.size_t(iov[0].Len))
+	default:
+		scratch = eng.Scratch()
+		defer eng.PutScratch(scratch)
+		b = (*scratch)[:min(iovLen(iov), len(*scratch))]
+	}
+	m, ok := eng.RecvErrQueue(int(fd), b, ctl)
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
-	msg.msg_controllen = C.size_t(used)
+	if scratch != nil {
+		rest := b[:m.N]
+		for _, v := range iov {
+			rest = rest[copy(bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len)), rest):]
+		}
+	}
+	msg.msg_controllen = C.size_t(m.Ctl)
 	msg.msg_flags = unix.MSG_ERRQUEUE
-	if cut {
+	if m.CtlCut {
 		msg.msg_flags |= unix.MSG_CTRUNC
+	}
+	if m.Full > m.N {
+		msg.msg_flags |= unix.MSG_TRUNC
 	}
 	if msg.msg_name != nil {
 		msg.msg_namelen = 0 // a stamp names no address
 	}
-	return 0
+	return C.long(m.N)
 }
 
 func iovLen(iov []unix.Iovec) int {

@@ -164,6 +164,8 @@ func (c *Counters) Zero() {
 type queue struct {
 	idx int // the interface's queue number
 	be  backend.Backend
+	// arrivals is be's arrival stamps, nil when it has none.
+	arrivals backend.ArrivalStamper
 	// canTx: the interface runs a TX queue of that number too, so the
 	// queue's socket has a TX ring.
 	canTx bool
@@ -234,6 +236,9 @@ type Stack struct {
 	ns      netns.NsHandle
 	nsInode uint32
 	prog    *steer.Program
+	// arrivalClock is set once a socket asks for receive stamps and the
+	// steering program stamps arrivals (stampArrivals).
+	arrivalClock atomic.Pointer[kernelMono]
 	// queues are the queues served, in the order opened; the slice is
 	// replaced (under mu), never changed, so readers load it without a lock.
 	queues   atomic.Pointer[[]*queue]
@@ -566,7 +571,9 @@ func (st *Stack) openQueues(qs []int, ch xsk.Channels) error {
 			st.unserved = append(st.unserved, QueueError{qi, err})
 			continue
 		}
-		next = append(next, &queue{idx: qi, be: be, canTx: !rxOnly, sendGen: math.MaxUint32, rel: make([]backend.Buf, 0, 2*rxBatch)})
+		q := &queue{idx: qi, be: be, canTx: !rxOnly, sendGen: math.MaxUint32, rel: make([]backend.Buf, 0, 2*rxBatch)}
+		q.arrivals, _ = be.(backend.ArrivalStamper)
+		next = append(next, q)
 	}
 	if len(next) == 0 {
 		errs := make([]error, len(st.unserved))

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -664,7 +665,12 @@ func (c *UDPConn) SetRxBytesLimit(n int) {
 
 // SetRecvStamp makes the stack note each datagram's arrival time for
 // RecvMeta.Stamp (SO_TIMESTAMP); it costs a clock read per datagram.
-func (c *UDPConn) SetRecvStamp(on bool) { c.stamp.Store(on) }
+func (c *UDPConn) SetRecvStamp(on bool) {
+	if on {
+		c.st.stampArrivals()
+	}
+	c.stamp.Store(on)
+}
 
 // SetRecvFilter installs (or, with nil, removes) the receive filter.
 func (c *UDPConn) SetRecvFilter(f RecvFilter) {
@@ -698,7 +704,7 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	off := cap(b.Data) - cap(p.Payload) // Payload and IP are subslices of the frame
 	it := rxItem{buf: b, q: q, off: uint16(off), n: uint16(n), ipOff: uint8(cap(b.Data) - cap(p.IP)), from: from}
 	if c.stamp.Load() {
-		it.stamp = time.Now().UnixNano()
+		it.stamp = c.st.arrival(q, b)
 	}
 	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = it
 	c.rxLen++
@@ -718,6 +724,40 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 		c.queuedNow = true
 		c.st.queuedNow = append(c.st.queuedNow, c)
 	}
+}
+
+// stampArrivals has the steering program stamp each frame's arrival,
+// for the receive stamps a socket asked for, once. Where it cannot, a
+// datagram is stamped as it comes off the ring.
+func (st *Stack) stampArrivals() {
+	if st.arrivalClock.Load() != nil || st.prog == nil {
+		return
+	}
+	k, err := calibrateMono()
+	if err == nil {
+		err = st.prog.StampArrivals()
+	}
+	if err != nil {
+		slog.Debug(fmt.Sprintf("stack %s: receive stamps taken as datagrams come off the ring, not as they arrive: %v", st.ifname, err))
+		return
+	}
+	st.arrivalClock.CompareAndSwap(nil, &k)
+}
+
+// arrival is the receive stamp, in unix nanoseconds, of frame b of q:
+// when the steering program redirected it, where the frame says so, as
+// the kernel stamps a datagram as it comes off the device; else now, as
+// the stack takes it off the ring.
+func (st *Stack) arrival(q *queue, b backend.Buf) int64 {
+	now := time.Now()
+	if k := st.arrivalClock.Load(); k != nil && q.arrivals != nil {
+		if mono, ok := q.arrivals.Arrival(b); ok {
+			if age := k.at(now) - mono; age > 0 {
+				return now.UnixNano() - age
+			}
+		}
+	}
+	return now.UnixNano()
 }
 
 func (c *UDPConn) wake() {
@@ -1201,17 +1241,43 @@ func (c *UDPConn) WriteFromTo(b []byte, src netip.Addr, addr netip.AddrPort) (in
 		return 0, c.sendErr(addr, unix.EINVAL)
 	}
 	msgs := [1][]byte{b}
-	if _, err := c.sendBatch(msgs[:], addr, src); err != nil {
+	if _, err := c.sendBatch(msgs[:], addr, src, nil); err != nil {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// TxStamp is what WriteStamped reports of the datagram it sent: At, the
+// unix nanoseconds read just before its frame went on the ring, and, when
+// Frame was given, a copy of that frame (Ethernet, IPv4 and UDP headers
+// and the payload, cut to len(Frame)) and its whole length, Looped.
+// Looped and At are 0 when the datagram went through the kernel socket,
+// which stamps (and loops) its own.
+type TxStamp struct {
+	Frame  []byte
+	Looped int
+	At     int64
+}
+
+// WriteStamped sends b as WriteFromTo does and fills ts for a transmit
+// timestamp (SO_TIMESTAMPING), with the frame as the kernel loops a sent
+// packet back to its socket's error queue when ts.Frame is set. It does
+// not allocate.
+func (c *UDPConn) WriteStamped(b []byte, src netip.Addr, addr netip.AddrPort, ts *TxStamp) error {
+	if src.IsValid() && !src.IsUnspecified() && !c.st.HasAddr(src) {
+		return c.sendErr(addr, unix.EINVAL)
+	}
+	ts.Looped, ts.At = 0, 0
+	msgs := [1][]byte{b}
+	_, err := c.sendBatch(msgs[:], addr, src, ts)
+	return err
 }
 
 // WriteBatchToUDPAddrPort sends each of msgs to addr as one datagram, with
 // one wakeup of the kernel for the whole batch (sendmmsg's counterpart). It
 // returns how many were sent; it does not allocate.
 func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (int, error) {
-	return c.sendBatch(msgs, addr, netip.Addr{})
+	return c.sendBatch(msgs, addr, netip.Addr{}, nil)
 }
 
 // hopTo returns the next hop to to at now (monoNow).
@@ -1258,7 +1324,9 @@ func (c *UDPConn) SetSegment(size int) { c.segment.Store(int32(size)) }
 // metadata (BenchmarkEcho, 4 interleaved runs each).
 const txSoftSumMax = 256
 
-func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (int, error) {
+// sendBatch sends msgs to to from from (zero: the socket's address); a
+// non-nil ts is filled for the last frame put on the ring.
+func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, ts *TxStamp) (sent int, err error) {
 	if !c.enter() {
 		return 0, net.ErrClosed
 	}
@@ -1306,7 +1374,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 	}
 	q := c.txq
 	q.txMu.Lock()
-	sent, err := c.sendLocked(q, msgs, to, &f, maxPayload, now)
+	sent, err = c.sendLocked(q, msgs, to, &f, maxPayload, now, ts)
 	if kerr := c.st.unlockTx(q); err == nil && kerr != nil {
 		err = c.sendErr(to, kerr)
 	}
@@ -1315,9 +1383,8 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr) (
 
 // sendLocked is sendBatch's part under q.txMu: msgs on q's TX ring, or
 // to the kernel when they are too long.
-func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *header.UDPFields, maxPayload int, now int64) (int, error) {
+func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *header.UDPFields, maxPayload int, now int64, ts *TxStamp) (sent int, err error) {
 	st := c.st
-	sent := 0
 	for sent < len(msgs) {
 		if len(msgs[sent]) > maxPayload {
 			// Larger than the MTU or a transmit frame: the kernel sends it
@@ -1327,6 +1394,9 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 				return sent, err
 			}
 			sent++
+			if ts != nil {
+				ts.Looped, ts.At = 0, 0
+			}
 			continue
 		}
 		run := 1
@@ -1355,7 +1425,17 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 			if f.PartialChecksum {
 				tb.CsumStart, tb.CsumOffset = header.UDPChecksumStart, header.UDPChecksumOffset
 			}
+			if ts != nil && ts.Frame != nil {
+				ts.Looped = len(tb.Data)
+				copy(ts.Frame, tb.Data)
+			}
 			bytes += len(b)
+		}
+		if ts != nil {
+			// As close to the device as the stack sees: the transmit may
+			// kick, and the kick may bring the peer's answer back before
+			// it returns.
+			ts.At = time.Now().UnixNano()
 		}
 		k, err := st.transmit(q, q.txBufs[:got], now)
 		c.Counters.TxOffloadPackets.Add(uint64(k))

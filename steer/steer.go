@@ -744,6 +744,16 @@ func (p *Program) installedLocked(id RuleID) (Rule, vbpf.SteerFlowKey, error) {
 	return r, k, err
 }
 
+// StampArrivals makes the program stamp every frame it redirects from now
+// on with the time it redirected it, in XDP metadata (bpf.ArrivalMetaLen
+// bytes just before the frame), for receive timestamps. It stays on.
+func (p *Program) StampArrivals() error {
+	if err := p.objs.ArrivalStamps.Put(uint32(0), uint32(1)); err != nil {
+		return fmt.Errorf("steer %s: arrival stamps: %w", p.ifname, err)
+	}
+	return nil
+}
+
 // ruleHandover and ruleKernel are steer.c's enum rule_flags.
 const (
 	ruleHandover = 1

@@ -1,6 +1,7 @@
 package xsk
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/backend"
+	vbpf "github.com/vmaxdp/vmaxdp/bpf"
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 )
 
@@ -361,6 +363,20 @@ func (s *Socket) Receive(bufs []backend.Buf) int {
 	return int(n)
 }
 
+// Arrival implements backend.ArrivalStamper: the steering program's
+// arrival stamp (steer.Program.StampArrivals) in the metadata just before the
+// frame, which copy mode copies with it.
+func (s *Socket) Arrival(b backend.Buf) (monoNs int64, ok bool) {
+	if b.ID < vbpf.ArrivalMetaLen || b.ID > uint64(len(s.umem)) {
+		return 0, false
+	}
+	m := s.umem[b.ID-vbpf.ArrivalMetaLen : b.ID]
+	if binary.NativeEndian.Uint32(m[8:]) != vbpf.ArrivalMagic {
+		return 0, false
+	}
+	return int64(binary.NativeEndian.Uint64(m[0:])), true
+}
+
 // Release implements backend.Backend: frames go back on the fill ring.
 // The fill ring has a slot for every RX frame, but the kernel publishes
 // its consumer index lazily (copy mode takes frames before it says so), so
@@ -626,4 +642,7 @@ func (s *Socket) Close() error {
 	return err
 }
 
-var _ backend.Backend = (*Socket)(nil)
+var (
+	_ backend.Backend        = (*Socket)(nil)
+	_ backend.ArrivalStamper = (*Socket)(nil)
+)

@@ -1685,18 +1685,21 @@ func TestRunWildcardTwoLinks(t *testing.T) {
 
 // TestRunTxStamps: software transmit timestamps without the packet
 // (SO_TIMESTAMPING with TX_SOFTWARE, SOFTWARE, OPT_TSONLY and OPT_ID), as
-// a trading application times its sends, on an offloaded socket: the
-// error queue gives what the kernel's does (testdata/txstamps.c, on the
-// kernel and under vmaxdp, line by line: POLLERR, EPOLLERR and select's
-// readable, each stamp's SCM_TIMESTAMPING and IP_RECVERR with its key,
-// EAGAIN once read, nothing once turned off), and side B's kernel sends
-// none of the datagrams under vmaxdp. Before, such a socket went back to
-// the kernel.
+// a trading application times its sends, and with the packet looped back
+// (chrony's: no OPT_TSONLY, OPT_CMSG with IP_PKTINFO, SO_SELECT_ERR_QUEUE),
+// on an offloaded socket: the error queue gives what the kernel's does
+// (testdata/txstamps.c, on the kernel and under vmaxdp, line by line:
+// POLLERR, EPOLLERR and select's readable, each stamp's SCM_TIMESTAMPING
+// and IP_RECVERR with its key, EAGAIN once read, nothing once turned off;
+// select's exceptfds and POLLPRI, the looped frame whole and cut with
+// MSG_TRUNC, IP_PKTINFO and the offender), and side B's kernel sends none
+// of the datagrams under vmaxdp. Before, such a socket went back to the
+// kernel.
 func TestRunTxStamps(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "txstamps")
 	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
-	const port, sent = 11448, 7
+	const port, sent = 11448, 9
 	c := listenA(t, b, port)
 	out := 0
 	said := sideBySide(t, b, nil, []string{prog, b.Addr(testbed.A).String(), strconv.Itoa(port)}, func(i int, p *cProgram) {

@@ -122,6 +122,7 @@ var intOptions = []struct {
 	{sockOpt{unix.IPPROTO_IP, unix.IP_MULTICAST_LOOP}, false, func(e *Engine, fd, v int) { e.SetMulticastLoop(fd, v != 0) }},
 	{sockOpt{unix.IPPROTO_UDP, unix.UDP_CORK}, false, func(e *Engine, fd, v int) { e.SetCork(fd, v != 0) }},
 	{sockOpt{unix.IPPROTO_UDP, unix.UDP_SEGMENT}, false, func(e *Engine, fd, v int) { e.SetSegment(fd, v) }},
+	{sockOpt{unix.SOL_SOCKET, unix.SO_SELECT_ERR_QUEUE}, false, func(e *Engine, fd, v int) { e.SetSelectErrQueue(fd, v != 0) }},
 }
 
 // SetIntOption follows an int option (intOptions) that the kernel socket
@@ -193,10 +194,11 @@ const (
 // gets SCM_TIMESTAMPING with the time its datagram came off the ring in
 // its first timespec, as the kernel's has the time it came off the
 // device, and the other two zero. One that asks for software transmit
-// stamps without the packet (SOF_TIMESTAMPING_OPT_TSONLY) gets them in
-// its error queue (errqueue.go). One that asks for them with the packet
-// looped back, or for hardware or scheduler stamps, goes back to the
-// kernel, which makes them, with the flags named in the reason. As the
+// stamps gets them in its error queue, with the packet looped back unless
+// SOF_TIMESTAMPING_OPT_TSONLY is on (errqueue.go). One that asks for
+// hardware or scheduler stamps, or an AF_INET6 socket that asks for
+// transmit stamps, goes back to the kernel, which makes them, with the
+// flags named in the reason. As the
 // kernel, it reports a received datagram's software stamp when
 // SOF_TIMESTAMPING_SOFTWARE is on and either SOF_TIMESTAMPING_RX_SOFTWARE
 // is too or SOF_TIMESTAMPING_OPT_RX_FILTER is off.
@@ -209,10 +211,7 @@ func (e *Engine) SetTimestamping(fd, flags int, newLayout bool) {
 		e.toKernel(s, fmt.Sprintf("option SO_TIMESTAMPING asks for hardware or scheduler timestamps (flags %#x), which vmaxdp does not make", extra))
 		return
 	}
-	if tx := flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE != 0; tx && flags&unix.SOF_TIMESTAMPING_OPT_TSONLY == 0 {
-		e.toKernel(s, "option SO_TIMESTAMPING asks for software transmit timestamps with each packet looped back (no SOF_TIMESTAMPING_OPT_TSONLY), which vmaxdp does not make")
-		return
-	} else if tx && s.v6 {
+	if flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE != 0 && s.v6 {
 		e.toKernel(s, "option SO_TIMESTAMPING asks an AF_INET6 socket for transmit timestamps, whose error queue speaks IPv6 (IPV6_RECVERR), which vmaxdp does not make")
 		return
 	}

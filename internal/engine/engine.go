@@ -172,6 +172,9 @@ type Socket struct {
 	// tx is its software transmit stamps' error queue, nil: none asked
 	// (errqueue.go).
 	tx atomic.Pointer[txStamps]
+	// selectErr: SO_SELECT_ERR_QUEUE, a stamp waiting in tx polls
+	// POLLPRI too (select's exceptfds).
+	selectErr atomic.Bool
 	// The kernel socket sends for it, as the kernel would: cork, UDP_CORK
 	// is on; corked, a MSG_MORE send left the start of a datagram in the
 	// kernel socket's cork, which the next send ends; shutWr, shutdown

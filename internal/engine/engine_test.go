@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -1039,7 +1040,7 @@ func TestTimestamping(t *testing.T) {
 		t.Fatalf("with software transmit stamps: state %d (%q), want offloaded", st, e.Reason(fd))
 	}
 	to, msg, ctl := netip.AddrPortFrom(bed.Addr(testbed.A), 9), make([]byte, 64), make([]byte, 256)
-	if _, _, ok := e.RecvErrQueue(fd, ctl); ok || e.TxStampPending(fd) {
+	if _, ok := e.RecvErrQueue(fd, nil, ctl); ok || e.TxStampPending(fd) {
 		t.Fatal("a stamp before any send")
 	}
 	sends := 0
@@ -1050,10 +1051,10 @@ func TestTimestamping(t *testing.T) {
 		if !e.TxStampPending(fd) {
 			t.Fatal("no stamp pending after a send")
 		}
-		used, cut, ok := e.RecvErrQueue(fd, ctl)
+		m, ok := e.RecvErrQueue(fd, nil, ctl)
 		// SCM_TIMESTAMPING (16 + 48), then IP_RECVERR (16 + 32) with the key
-		if !ok || cut || used != 112 || binary.NativeEndian.Uint32(ctl[64+16+12:]) != uint32(sends) {
-			t.Fatalf("stamp %d: %d bytes, cut %v, ok %v, key %d", sends, used, cut, ok, binary.NativeEndian.Uint32(ctl[64+16+12:]))
+		if !ok || m.CtlCut || m.Ctl != 112 || m.Full != 0 || binary.NativeEndian.Uint32(ctl[64+16+12:]) != uint32(sends) {
+			t.Fatalf("stamp %d: %+v, ok %v, key %d", sends, m, ok, binary.NativeEndian.Uint32(ctl[64+16+12:]))
 		}
 		sends++
 	})
@@ -1068,25 +1069,95 @@ func TestTimestamping(t *testing.T) {
 	}
 	kept := 0
 	for ; ; kept++ {
-		if _, _, ok := e.RecvErrQueue(fd, ctl); !ok {
+		if _, ok := e.RecvErrQueue(fd, nil, ctl); !ok {
 			break
 		}
 	}
 	if tx := e.get(fd).tx.Load(); kept != txStampsMax || tx.dropped != 10 {
 		t.Errorf("%d sends unread: %d stamps kept, %d dropped; want %d and 10", txStampsMax+10, kept, tx.dropped, txStampsMax)
 	}
-	for _, c := range []struct {
-		flags int
-		why   string
-	}{
-		{rx | unix.SOF_TIMESTAMPING_TX_SOFTWARE, "with each packet looped back (no SOF_TIMESTAMPING_OPT_TSONLY)"},
-		{rx | unix.SOF_TIMESTAMPING_TX_HARDWARE, "hardware or scheduler timestamps (flags 0x1)"},
-	} {
-		_, e, fd := offloaded(t, 9422, false)
-		e.SetTimestamping(fd, c.flags, false)
-		if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), c.why) {
-			t.Errorf("flags %#x: state %d, reason %q; want the kernel's, saying %q", c.flags, st, e.Reason(fd), c.why)
+	_, e2, fd2 := offloaded(t, 9422, false)
+	e2.SetTimestamping(fd2, rx|unix.SOF_TIMESTAMPING_TX_HARDWARE, false)
+	if st, why := e2.State(fd2), "hardware or scheduler timestamps (flags 0x1)"; st != StateKernel || !strings.Contains(e2.Reason(fd2), why) {
+		t.Errorf("hardware transmit stamps: state %d, reason %q; want the kernel's, saying %q", st, e2.Reason(fd2), why)
+	}
+}
+
+// TestTimestampingLooped: software transmit stamps without
+// SOF_TIMESTAMPING_OPT_TSONLY (chrony's) come with the frame as it left,
+// cut to the buffer and MSG_TRUNC'd as the kernel's, and with
+// SOF_TIMESTAMPING_OPT_CMSG with the IP ancillary data the socket asked
+// for and the packet's source as offender, in the kernel's order
+// (SCM_TIMESTAMPING, IP_PKTINFO, IP_RECVERR; 144 bytes, as strace shows
+// chrony's); SO_SELECT_ERR_QUEUE adds EPOLLPRI. Once the queue's slots
+// hold buffers, a send and its stamp allocate nothing.
+func TestTimestampingLooped(t *testing.T) {
+	bed, e, fd := offloaded(t, 9423, false)
+	e.SetCmsgOption(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, true)
+	e.SetTimestamping(fd, unix.SOF_TIMESTAMPING_TX_SOFTWARE|unix.SOF_TIMESTAMPING_RX_SOFTWARE|unix.SOF_TIMESTAMPING_SOFTWARE|unix.SOF_TIMESTAMPING_OPT_CMSG, false)
+	if st := e.State(fd); st != StateOffloaded {
+		t.Fatalf("state %d (%q), want offloaded", st, e.Reason(fd))
+	}
+	if !e.SetIntOption(fd, unix.SOL_SOCKET, unix.SO_SELECT_ERR_QUEUE, 1) {
+		t.Fatal("SO_SELECT_ERR_QUEUE not followed")
+	}
+	to := netip.AddrPortFrom(bed.Addr(testbed.A), 123)
+	msg, frame, ctl := make([]byte, 48), make([]byte, 1500), make([]byte, 256)
+	msg[0] = 0x23
+	if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	if ev := e.get(fd).errQueueEvents(); ev != unix.EPOLLERR|unix.EPOLLPRI {
+		t.Errorf("a stamp waits with SO_SELECT_ERR_QUEUE: events %#x, want EPOLLERR|EPOLLPRI", ev)
+	}
+	m, ok := e.RecvErrQueue(fd, frame, ctl)
+	const frameLen = header.UDPHeadersLen + 48
+	if !ok || m.N != frameLen || m.Full != frameLen || m.Ctl != 144 || m.CtlCut {
+		t.Fatalf("the stamp: %+v, ok %v; want the %d-byte frame and 144 bytes of ancillary data", m, ok, frameLen)
+	}
+	ip := header.IPv4(frame[header.EthernetLen:])
+	if ip.Dst() != to.Addr() || header.UDP(ip[header.IPv4MinLen:]).DstPort() != 123 || frame[header.UDPHeadersLen] != 0x23 {
+		t.Errorf("the looped frame % x: not the datagram sent to %v", frame[:m.N], to)
+	}
+	cms, err := unix.ParseSocketControlMessage(ctl[:m.Ctl])
+	if err != nil || len(cms) != 3 {
+		t.Fatalf("%d control messages, %v; want 3", len(cms), err)
+	}
+	want := [][2]int32{{unix.SOL_SOCKET, unix.SO_TIMESTAMPING_OLD}, {unix.IPPROTO_IP, unix.IP_PKTINFO}, {unix.IPPROTO_IP, unix.IP_RECVERR}}
+	for i, c := range cms {
+		if [2]int32{c.Header.Level, c.Header.Type} != want[i] {
+			t.Errorf("control message %d: level %d type %d, want %v", i, c.Header.Level, c.Header.Type, want[i])
 		}
+	}
+	pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&cms[1].Data[0]))
+	src := e.Conn(fd).LocalAddrPort().Addr().As4()
+	if int(pi.Ifindex) != e.Conn(fd).Stack().Ifindex() || pi.Spec_dst != src || pi.Addr != to.Addr().As4() {
+		t.Errorf("IP_PKTINFO %+v: want ifindex %d, spec_dst %v, addr %v", *pi, e.Conn(fd).Stack().Ifindex(), src, to.Addr())
+	}
+	if off := cms[2].Data[16:24]; binary.NativeEndian.Uint16(off) != unix.AF_INET || [4]byte(off[4:8]) != src {
+		t.Errorf("offender % x: want AF_INET %v", off, src)
+	}
+	// A buffer shorter than the frame: cut, MSG_TRUNC.
+	if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	if m, ok := e.RecvErrQueue(fd, frame[:10], ctl); !ok || m.N != 10 || m.Full != frameLen {
+		t.Errorf("a 10-byte buffer: %+v, ok %v; want 10 of %d", m, ok, frameLen)
+	}
+	for range txStampsMax {
+		e.Send(fd, msg, to, netip.Addr{}, 0)
+		e.RecvErrQueue(fd, frame, ctl)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+			t.Fatal(errno)
+		}
+		if m, ok := e.RecvErrQueue(fd, frame, ctl); !ok || m.N != frameLen {
+			t.Fatalf("%+v, ok %v", m, ok)
+		}
+	})
+	if allocs >= 0.5 && !raceEnabled {
+		t.Errorf("a send and its looped stamp: %.2f allocations, want 0", allocs)
 	}
 }
 

@@ -2,14 +2,15 @@ package engine
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stack"
+	"github.com/vmaxdp/vmaxdp/stack/header"
 )
 
 // txStampsMax bounds a socket's queue of transmit stamps, as the kernel's
@@ -18,12 +19,13 @@ import (
 const txStampsMax = 256
 
 // txStamps is the error queue of an offloaded socket that asked for
-// software transmit timestamps without the packet looped back
-// (SO_TIMESTAMPING with SOF_TIMESTAMPING_TX_SOFTWARE and
-// SOF_TIMESTAMPING_OPT_TSONLY): for each datagram the stack sent, the
-// time its send was kicked to the device and its SOF_TIMESTAMPING_OPT_ID
-// key, which recvmsg with MSG_ERRQUEUE reads as the kernel's
-// sock_extended_err.
+// software transmit timestamps (SO_TIMESTAMPING with
+// SOF_TIMESTAMPING_TX_SOFTWARE): for each datagram the stack sent, the
+// time its send was kicked to the device, its SOF_TIMESTAMPING_OPT_ID key
+// and, unless SOF_TIMESTAMPING_OPT_TSONLY is on, the frame as it left
+// (chrony reads the packet back out of it to match stamp and request),
+// which recvmsg with MSG_ERRQUEUE reads as the kernel's sock_extended_err
+// and looped packet.
 type txStamps struct {
 	mu      sync.Mutex
 	q       [txStampsMax]txStamp
@@ -32,6 +34,8 @@ type txStamps struct {
 	optID   bool         // SOF_TIMESTAMPING_OPT_ID: keys count from when it was set
 	report  bool         // SOF_TIMESTAMPING_SOFTWARE: the stamp is reported
 	newAPI  bool         // set with SO_TIMESTAMPING_NEW: SCM_TIMESTAMPING_NEW
+	loop    bool         // no SOF_TIMESTAMPING_OPT_TSONLY: the packet comes with its stamp
+	optCmsg bool         // SOF_TIMESTAMPING_OPT_CMSG: a looped packet's IP ancillary data too
 	dropped uint64       // stamps the full queue had no room for
 	queued  atomic.Int32 // n, for pending
 }
@@ -39,11 +43,15 @@ type txStamps struct {
 type txStamp struct {
 	at  int64 // unix nanoseconds
 	key uint32
+	// frame is the looped packet (loop), in a buffer the slot keeps from
+	// one stamp to the next.
+	frame []byte
 }
 
-// push queues a stamp of now for one datagram sent. It returns the
-// stamps dropped so far: the first drop is logged.
-func (t *txStamps) push(now int64) (dropped uint64) {
+// push queues a stamp of now for one datagram sent, with its frame when
+// the packet is looped back. It returns the stamps dropped so far: the
+// first drop is logged.
+func (t *txStamps) push(now int64, frame []byte) (dropped uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	key := t.key
@@ -54,24 +62,30 @@ func (t *txStamps) push(now int64) (dropped uint64) {
 		t.dropped++
 		return t.dropped
 	}
-	t.q[(t.head+t.n)%txStampsMax] = txStamp{at: now, key: key}
+	s := &t.q[(t.head+t.n)%txStampsMax]
+	s.at, s.key, s.frame = now, key, append(s.frame[:0], frame...)
 	t.n++
 	t.queued.Store(int32(t.n))
 	return t.dropped
 }
 
-// pop takes the oldest stamp.
-func (t *txStamps) pop() (txStamp, bool) {
+// pop takes the oldest stamp and copies its looped packet into b: n
+// bytes, of full, and what the packet's IP ancillary data reports into
+// meta (ip: there is a packet). The stamp returned holds no frame.
+func (t *txStamps) pop(b []byte, meta *stack.RecvMeta) (st txStamp, n, full int, ip, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n == 0 {
-		return txStamp{}, false
+		return txStamp{}, 0, 0, false, false
 	}
-	s := t.q[t.head]
+	s := &t.q[t.head]
+	n, full = copy(b, s.frame), len(s.frame)
+	ip = loopedMeta(s.frame, meta)
+	st = txStamp{at: s.at, key: s.key}
 	t.head = (t.head + 1) % txStampsMax
 	t.n--
 	t.queued.Store(int32(t.n))
-	return s, true
+	return st, n, full, ip, true
 }
 
 // pending says whether a stamp waits: POLLERR, as the kernel reports a
@@ -79,9 +93,9 @@ func (t *txStamps) pop() (txStamp, bool) {
 // multiplexer asks it for each member.
 func (t *txStamps) pending() bool { return t.queued.Load() > 0 }
 
-// setTxStamps follows SO_TIMESTAMPING's transmit flags on s (TX_SOFTWARE
-// with OPT_TSONLY; flags without TX_SOFTWARE turn them off). Caller
-// checked that the engine serves flags.
+// setTxStamps follows SO_TIMESTAMPING's transmit flags on s (flags
+// without TX_SOFTWARE turn them off). Caller checked that the engine
+// serves flags.
 func setTxStamps(s *Socket, flags int, newAPI bool) {
 	if flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE == 0 {
 		s.tx.Store(nil)
@@ -97,74 +111,146 @@ func setTxStamps(s *Socket, flags int, newAPI bool) {
 		t.key = 0 // the kernel counts a UDP socket's keys from 0 as OPT_ID comes
 	}
 	t.optID, t.report, t.newAPI = optID, flags&unix.SOF_TIMESTAMPING_SOFTWARE != 0, newAPI
+	t.loop, t.optCmsg = flags&unix.SOF_TIMESTAMPING_OPT_TSONLY == 0, flags&unix.SOF_TIMESTAMPING_OPT_CMSG != 0
 	t.mu.Unlock()
 	s.tx.Store(t)
 }
 
-// stampSend notes that the stack sent a datagram of fd through c, whose
-// transmit stamps t are on: its send is kicked to the device now, as the
-// kernel stamps in the driver's transmit, and a multiplexer waiting on
-// the socket (POLLERR) is woken. A stamp the full queue has no room for
-// is dropped, as the kernel drops it, and the first is logged.
-func (e *Engine) stampSend(fd int, c *stack.UDPConn, t *txStamps) {
-	now := time.Now().UnixNano()
+// looped says whether t's stamps come with their packet.
+func (t *txStamps) looped() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.loop
+}
+
+// stampSend notes that the stack sent a datagram of fd through c at
+// unix nanoseconds at, whose transmit stamps t are on (frame: the packet
+// to loop back, nil for none): its send is kicked to the device now, as
+// the kernel stamps in the driver's transmit, and a multiplexer waiting on
+// the socket (POLLERR) is woken. A stamp the full queue has no room for is
+// dropped, as the kernel drops it, and the first is logged.
+func (e *Engine) stampSend(fd int, c *stack.UDPConn, t *txStamps, at int64, frame []byte) {
 	c.FlushSends()
-	if t.push(now) == 1 {
+	if t.push(at, frame) == 1 {
 		e.Log.Printf(params.LevelWarning, "fd %d: a transmit timestamp dropped: its error queue holds %d unread (read them with recvmsg and MSG_ERRQUEUE); later drops are not logged", fd, txStampsMax)
 	}
 	c.Stack().WakeWaiters()
+}
+
+// SetSelectErrQueue follows SO_SELECT_ERR_QUEUE: a transmit stamp
+// waiting in fd's error queue polls POLLPRI beside POLLERR, so that
+// select's exceptfds sees it (chrony waits so).
+func (e *Engine) SetSelectErrQueue(fd int, on bool) {
+	if s := e.get(fd); s != nil {
+		s.selectErr.Store(on)
+	}
+}
+
+// errQueueEvents are the events a transmit stamp waiting in s's error
+// queue adds to a poll of it: POLLERR (EPOLLERR, reported whatever was
+// asked for, as the kernel does), and POLLPRI with SO_SELECT_ERR_QUEUE;
+// 0 when none waits.
+func (s *Socket) errQueueEvents() uint32 {
+	if t := s.tx.Load(); t == nil || !t.pending() {
+		return 0
+	}
+	if s.selectErr.Load() {
+		return unix.EPOLLERR | unix.EPOLLPRI
+	}
+	return unix.EPOLLERR
 }
 
 // TxStampPending says whether fd's error queue holds a transmit stamp of
 // the engine's (POLLERR, EPOLLERR).
 func (e *Engine) TxStampPending(fd int) bool {
 	if s := e.get(fd); s != nil {
-		if t := s.tx.Load(); t != nil {
-			return t.pending()
-		}
+		return s.errQueueEvents() != 0
 	}
 	return false
 }
 
+// ErrQueueMsg is what RecvErrQueue read: N bytes of the looped packet
+// into the buffer, of Full; Ctl bytes of ancillary data, CtlCut when some
+// did not fit (MSG_CTRUNC).
+type ErrQueueMsg struct {
+	N, Full, Ctl int
+	CtlCut       bool
+}
+
 // RecvErrQueue serves recvmsg with MSG_ERRQUEUE on fd from the engine's
-// transmit stamps: it writes into ctl the ancillary data the kernel
-// writes for a stamp without its packet (the socket's SCM_TIMESTAMP or
-// SCM_TIMESTAMPNS if it asked for them, SCM_TIMESTAMPING with the stamp
-// in its first timespec when SOF_TIMESTAMPING_SOFTWARE is on, then
-// IP_RECVERR: ENOMSG, SO_EE_ORIGIN_TIMESTAMPING, SCM_TSTAMP_SND, the key,
-// no offender). ok is false when it holds none: the kernel socket's
-// error queue is next (an ICMP error, or EAGAIN).
-func (e *Engine) RecvErrQueue(fd int, ctl []byte) (used int, cut, ok bool) {
+// transmit stamps. Into b it copies the packet looped back (none with
+// SOF_TIMESTAMPING_OPT_TSONLY); into ctl the ancillary data the kernel
+// writes for a stamp: the socket's SCM_TIMESTAMP or SCM_TIMESTAMPNS if
+// it asked for them, SCM_TIMESTAMPING with the stamp in its first
+// timespec when SOF_TIMESTAMPING_SOFTWARE is on, for a looped packet with
+// SOF_TIMESTAMPING_OPT_CMSG the IP ancillary data the socket asked for
+// (IP_PKTINFO with the interface and the packet's source and
+// destination, ...), then IP_RECVERR: ENOMSG, SO_EE_ORIGIN_TIMESTAMPING,
+// SCM_TSTAMP_SND, the key, and as offender the packet's source with
+// SOF_TIMESTAMPING_OPT_CMSG. ok is false when it holds none: the kernel
+// socket's error queue is next (an ICMP error, or EAGAIN). It does not
+// allocate.
+func (e *Engine) RecvErrQueue(fd int, b, ctl []byte) (m ErrQueueMsg, ok bool) {
 	s := e.get(fd)
 	if s == nil {
-		return 0, false, false
+		return m, false
 	}
 	t := s.tx.Load()
 	if t == nil {
-		return 0, false, false
+		return m, false
 	}
-	st, ok := t.pop()
+	var meta stack.RecvMeta
+	st, n, full, ip, ok := t.pop(b, &meta)
 	if !ok {
-		return 0, false, false
+		return m, false
 	}
+	m.N, m.Full, meta.Stamp = n, full, st.at
 	t.mu.Lock()
-	report, newAPI := t.report, t.newAPI
+	report, newAPI, optCmsg := t.report, t.newAPI, t.optCmsg
 	t.mu.Unlock()
-	cm := Cmsg(s.cmsg.Load()) & (CmsgTimestamp | CmsgTimestampNew | CmsgTimestampNS | CmsgTimestampNSNew)
+	sock := Cmsg(s.cmsg.Load())
+	cm := sock & (CmsgTimestamp | CmsgTimestampNew | CmsgTimestampNS | CmsgTimestampNSNew)
 	if report {
 		cm |= CmsgTimestamping
 		if newAPI {
 			cm = cm&^CmsgTimestamping | CmsgTimestampingNew
 		}
 	}
-	used, cut = PutCmsgs(ctl, cm, &stack.RecvMeta{Stamp: st.at})
-	// struct sock_extended_err, then the offender's struct sockaddr_in
-	// (zero: a stamp has none).
+	// struct sock_extended_err, then the offender's struct sockaddr_in.
 	var ee [32]byte
+	if ip && optCmsg {
+		cm |= sock & (CmsgPktinfo | CmsgTTL | CmsgTOS | CmsgOrigDstAddr)
+		if c := s.conn.Load(); c != nil {
+			meta.Ifindex = c.Stack().Ifindex()
+		}
+		binary.NativeEndian.PutUint16(ee[16:], unix.AF_INET)
+		src := meta.SpecDst.As4()
+		copy(ee[20:24], src[:])
+	}
+	m.Ctl, m.CtlCut = PutCmsgs(ctl, cm, &meta)
 	binary.NativeEndian.PutUint32(ee[0:], uint32(unix.ENOMSG))
 	ee[4] = unix.SO_EE_ORIGIN_TIMESTAMPING
 	binary.NativeEndian.PutUint32(ee[8:], unix.SCM_TSTAMP_SND)
 	binary.NativeEndian.PutUint32(ee[12:], st.key)
-	n, c := putCmsg(ctl, used, unix.IPPROTO_IP, unix.IP_RECVERR, ee[:])
-	return n, cut || c, true
+	var cut bool
+	m.Ctl, cut = putCmsg(ctl, m.Ctl, unix.IPPROTO_IP, unix.IP_RECVERR, ee[:])
+	m.CtlCut = m.CtlCut || cut
+	return m, true
+}
+
+// loopedMeta reads into m what the IP ancillary data of a looped packet
+// reports: its destination, its source as the address a reply leaves
+// from (ipi_spec_dst, as the kernel reports it for a packet it sent), its
+// TTL and TOS. It is false for no packet (OPT_TSONLY).
+func loopedMeta(frame []byte, m *stack.RecvMeta) bool {
+	if len(frame) < header.UDPHeadersLen {
+		return false
+	}
+	ip := header.IPv4(frame[header.EthernetLen:])
+	if ip.HeaderLen() < header.IPv4MinLen || len(ip) < ip.HeaderLen()+header.UDPLen {
+		return false
+	}
+	udp := header.UDP(ip[ip.HeaderLen():])
+	m.Dst, m.SpecDst, m.TOS, m.TTL = netip.AddrPortFrom(ip.Dst(), udp.DstPort()), ip.Src(), ip[1], ip.TTL()
+	return true
 }

@@ -195,18 +195,31 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 		}
 	}
 	tx := s.tx.Load()
-	var viaKernel uint64
-	if tx != nil {
-		viaKernel = c.Counters.TxOSPackets.Load()
+	if tx == nil {
+		if _, err := c.WriteFromTo(b, src, to); err != nil {
+			return 0, errnoOf(err)
+		}
+		return len(b), 0
 	}
-	_, err := c.WriteFromTo(b, src, to)
-	if err != nil {
+	return e.sendStamped(fd, c, tx, b, src, to)
+}
+
+// sendStamped is Send for a socket with transmit stamps on: the stack's
+// send is stamped as its frame goes on the ring (with the frame, when the
+// packet is looped back); one the stack handed its kernel socket (too
+// long for a frame) the kernel stamps itself, in its own error queue.
+func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, b []byte, src netip.Addr, to netip.AddrPort) (int, unix.Errno) {
+	var ts stack.TxStamp
+	if tx.looped() {
+		frame := e.Scratch()
+		defer e.PutScratch(frame)
+		ts.Frame = *frame
+	}
+	if err := c.WriteStamped(b, src, to, &ts); err != nil {
 		return 0, errnoOf(err)
 	}
-	// One the stack handed its kernel socket (too long for a frame) the
-	// kernel stamps itself, in its own error queue.
-	if tx != nil && c.Counters.TxOSPackets.Load() == viaKernel {
-		e.stampSend(fd, c, tx)
+	if ts.At != 0 {
+		e.stampSend(fd, c, tx, ts.At, ts.Frame[:ts.Looped])
 	}
 	return len(b), 0
 }

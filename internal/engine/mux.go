@@ -368,8 +368,10 @@ func (e *Engine) poll(kind Mux, pfds []unix.PollFd, timeout time.Duration, sw *s
 						}
 					}
 					p.Revents |= p.Events & pollWrite
-					if t := s.tx.Load(); t != nil && t.pending() {
-						p.Revents |= unix.POLLERR // a transmit stamp waits
+					// A transmit stamp waits: POLLERR whatever was asked,
+					// POLLPRI if asked.
+					if ev := int16(s.errQueueEvents()); ev != 0 {
+						p.Revents |= ev & (unix.POLLERR | p.Events)
 					}
 				}
 			} else if l := e.listener(int(p.Fd)); l != nil {
@@ -971,8 +973,11 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			var ev uint32
 			var rx uint64
 			if c := e.Conn(m.fd); c != nil {
-				if ev, rx = m.poll(c, &polled); !m.disabled && e.TxStampPending(m.fd) {
-					ev |= unix.EPOLLERR // reported whatever the member asked for, as the kernel does
+				if ev, rx = m.poll(c, &polled); !m.disabled {
+					if s := e.get(m.fd); s != nil {
+						// EPOLLERR reported whatever the member asked for, as the kernel does
+						ev |= s.errQueueEvents() & (unix.EPOLLERR | m.events)
+					}
 				}
 			} else if tl := e.listener(m.fd); tl != nil {
 				ev, rx = m.pollListener(tl)
