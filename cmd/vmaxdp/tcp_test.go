@@ -550,7 +550,7 @@ func testForkKeep(t *testing.T, b *testbed.Bed, prog, proto, mode string, port i
 		t.Fatalf("forkkeep: %v\n%s", err, p.out.String())
 	}
 	out := p.out.String()
-	p.wantSaid(t, "stays offloaded across fork", "\nok\n")
+	p.wantSaid(t, "stays offloaded across fork", "\nok\n", "fork: a child of this process (forked, not exec'd) uses the sockets it opens through the kernel")
 	if mode != "keep" {
 		p.wantSaid(t, ", a child of fork: the kernel serves it to both processes")
 	}

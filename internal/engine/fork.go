@@ -160,6 +160,12 @@ const forkedCause = "shared with a child process after fork: the child cannot us
 // (going to the kernel already) keeps them for this process's accepts.
 // Candidates are decided for the kernel at once.
 func (e *Engine) Forked() {
+	if !e.fork.told.Swap(true) {
+		// tftpd-hpa, nsd and inetd's way serve each request or share of
+		// the load in a child, whose traffic the kernel serves: the log
+		// must say why, as the child cannot.
+		e.Log.Printf(params.LevelInfo, "fork: a child of this process (forked, not exec'd) uses the sockets it opens through the kernel: vmaxdp serves this process, its threads and the programs its children exec")
+	}
 	e.fork.mu.Lock()
 	kept, closing := e.fork.atFork, e.fork.closing
 	e.fork.mu.Unlock()
@@ -201,6 +207,7 @@ const forkKept = -1
 
 // forkState is what the engine keeps of its forks.
 type forkState struct {
+	told atomic.Bool // the first fork was logged
 	mu   sync.Mutex
 	page *ForkPage
 	// kept maps each fd kept offloaded at the last fork, and not claimed
