@@ -87,6 +87,10 @@ var foreignCmsgOptions = []struct {
 	{sockOpt{unix.IPPROTO_IP, unix.IP_PASSSEC}, "IP_PASSSEC"},
 	{sockOpt{unix.IPPROTO_IP, unix.IP_CHECKSUM}, "IP_CHECKSUM"},
 	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE}, "IP_RECVFRAGSIZE"},
+	// What reaches the socket through its kernel socket (another link's
+	// traffic, a physical NIC's GRO) may come coalesced, its boundaries
+	// in a UDP_GRO message the stack's reads do not carry.
+	{sockOpt{unix.IPPROTO_UDP, unix.UDP_GRO}, "UDP_GRO (datagrams the kernel coalesces, with their segment size)"},
 }
 
 // foreignCmsgOption names an option whose ancillary data or behaviour the

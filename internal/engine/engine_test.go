@@ -995,6 +995,11 @@ func TestForeignCmsgOptions(t *testing.T) {
 	if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), "IP_RECVOPTS") {
 		t.Errorf("IP_RECVOPTS: state %d, reason %q; want the kernel's, said", st, e.Reason(fd))
 	}
+	_, e2, fd2 := offloaded(t, 9419, false)
+	e2.SetCmsgOption(fd2, unix.IPPROTO_UDP, unix.UDP_GRO, true)
+	if st := e2.State(fd2); st != StateKernel || !strings.Contains(e2.Reason(fd2), "UDP_GRO") {
+		t.Errorf("UDP_GRO: state %d, reason %q; want the kernel's, said", st, e2.Reason(fd2))
+	}
 
 	var fd6 int
 	err := bed.Do(testbed.B, func() (err error) {

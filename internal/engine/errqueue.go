@@ -21,7 +21,7 @@ const txStampsMax = 256
 // txStamps is the error queue of an offloaded socket that asked for
 // software transmit timestamps (SO_TIMESTAMPING with
 // SOF_TIMESTAMPING_TX_SOFTWARE): for each datagram the stack sent, the
-// time its send was kicked to the device, its SOF_TIMESTAMPING_OPT_ID key
+// time its frame went on the ring, its SOF_TIMESTAMPING_OPT_ID key
 // and, unless SOF_TIMESTAMPING_OPT_TSONLY is on, the frame as it left
 // (chrony reads the packet back out of it to match stamp and request),
 // which recvmsg with MSG_ERRQUEUE reads as the kernel's sock_extended_err
@@ -48,10 +48,10 @@ type txStamp struct {
 	frame []byte
 }
 
-// push queues a stamp of now for one datagram sent, with its frame when
-// the packet is looped back. It returns the stamps dropped so far: the
+// push queues a stamp of at (unix nanoseconds) for one datagram sent,
+// with its frame when the packet is looped back. It returns the stamps dropped so far: the
 // first drop is logged.
-func (t *txStamps) push(now int64, frame []byte) (dropped uint64) {
+func (t *txStamps) push(at int64, frame []byte) (dropped uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	key := t.key
@@ -63,7 +63,7 @@ func (t *txStamps) push(now int64, frame []byte) (dropped uint64) {
 		return t.dropped
 	}
 	s := &t.q[(t.head+t.n)%txStampsMax]
-	s.at, s.key, s.frame = now, key, append(s.frame[:0], frame...)
+	s.at, s.key, s.frame = at, key, append(s.frame[:0], frame...)
 	t.n++
 	t.queued.Store(int32(t.n))
 	return t.dropped
@@ -123,11 +123,12 @@ func (t *txStamps) looped() bool {
 	return t.loop
 }
 
-// stampSend notes that the stack sent a datagram of fd through c at
-// unix nanoseconds at, whose transmit stamps t are on (frame: the packet
-// to loop back, nil for none): its send is kicked to the device now, as
-// the kernel stamps in the driver's transmit, and a multiplexer waiting on
-// the socket (POLLERR) is woken. A stamp the full queue has no room for is
+// stampSend notes that the stack sent a datagram of fd through c, whose
+// transmit stamps t are on, its frame going on the ring at unix
+// nanoseconds at (frame: the packet to loop back, nil for none): its send
+// is kicked to the device now, the kernel's stamp being taken in the
+// driver's transmit, and a multiplexer waiting on the socket (POLLERR) is
+// woken. A stamp the full queue has no room for is
 // dropped, as the kernel drops it, and the first is logged.
 func (e *Engine) stampSend(fd int, c *stack.UDPConn, t *txStamps, at int64, frame []byte) {
 	c.FlushSends()
