@@ -645,8 +645,7 @@ type epollMember struct {
 	// the socket's count of queued datagrams then.
 	reported bool
 	seenRx   uint64
-	// inner is the set of the epoll fd this member is (EpollNest). It is
-	// reported level-triggered, EPOLLET or not.
+	// inner is the set of the epoll fd this member is (EpollNest).
 	inner *epollSet
 }
 
@@ -690,6 +689,48 @@ func (m *epollMember) pollListener(l *tcpListener) (ev uint32, rx uint64) {
 		ev |= m.events & epollRead
 	}
 	return ev, rx
+}
+
+// pollInner is what m, an epoll fd nested in the set (m.inner), would
+// report now, and the count of datagrams queued on the engine's sockets
+// in it for mark, as poll does for a socket: readable while an epoll_wait
+// on it would report one of them; with EPOLLET only when one was queued
+// since the last report, as the kernel reports a nested epoll fd when an
+// event joins its ready list.
+func (m *epollMember) pollInner(e *Engine, polled *polledStacks) (ev uint32, rx uint64) {
+	if m.disabled || m.events&epollRead == 0 {
+		return 0, 0
+	}
+	// ready first: it polls the stacks, and what came counts once it
+	// left the ring.
+	ready := m.inner.ready(e, polled)
+	if m.events&unix.EPOLLET != 0 {
+		rx = m.inner.arrivals(e)
+		if m.reported && rx == m.seenRx {
+			return 0, rx
+		}
+	}
+	if ready {
+		ev = m.events & epollRead
+	}
+	return ev, rx
+}
+
+// arrivals counts the datagrams queued so far on the engine's sockets in
+// the set and in the sets nested in it: what an edge-triggered nesting
+// compares (pollInner).
+func (set *epollSet) arrivals(e *Engine) uint64 {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	var n uint64
+	for _, m := range set.list {
+		if m.inner != nil {
+			n += m.inner.arrivals(e)
+		} else if c := e.Conn(m.fd); c != nil {
+			n += c.Counters.RxOffloadPackets.Load()
+		}
+	}
+	return n
 }
 
 // mark records that m was reported.
@@ -894,7 +935,7 @@ func (set *epollSet) ready(e *Engine, polled *polledStacks) bool {
 		switch c := e.Conn(m.fd); {
 		case m.disabled:
 		case m.inner != nil:
-			if m.events&epollRead != 0 && m.inner.ready(e, polled) {
+			if ev, _ := m.pollInner(e, polled); ev != 0 {
 				return true
 			}
 		case c != nil:
@@ -981,8 +1022,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 				}
 			} else if tl := e.listener(m.fd); tl != nil {
 				ev, rx = m.pollListener(tl)
-			} else if m.inner != nil && !m.disabled && m.events&epollRead != 0 && m.inner.ready(e, &polled) {
-				ev = m.events & epollRead
+			} else if m.inner != nil {
+				ev, rx = m.pollInner(e, &polled)
 			}
 			if ev != 0 {
 				out[n] = unix.EpollEvent{Events: ev, Fd: m.data[0], Pad: m.data[1]}
@@ -1042,8 +1083,10 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 					if ev, _ := m.pollListener(l); ev != 0 {
 						return true
 					}
-				} else if m.inner != nil && !m.disabled && m.events&epollRead != 0 && m.inner.ready(e, &polled) {
-					return true
+				} else if m.inner != nil {
+					if ev, _ := m.pollInner(e, &polled); ev != 0 {
+						return true
+					}
 				}
 			}
 			return false

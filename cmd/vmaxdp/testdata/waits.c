@@ -18,6 +18,7 @@
  *  - epoll_wait on a duplicate of an epoll fd, then on the fd once the
  *    duplicate is closed;
  *  - poll for POLLRDNORM alone, and epoll for EPOLLRDNORM alone;
+ *  - a set nested edge-triggered, reported once for the datagram;
  * then, with nothing sent, waits that time out (30 ms, the time left
  * written back as 0) and timeouts the kernel refuses (EINVAL); last
  * ("unnested"), a datagram left unread in the nested set, which the sets
@@ -210,6 +211,22 @@ int main(int argc, char **argv)
 	n = epoll_wait(eprd, got, 4, 5000);
 	check("epoll-rdnorm", n == 1 && got[0].events == EPOLLRDNORM && got[0].data.u64 == 44, "EPOLLRDNORM, and nothing else");
 	echo("epoll-rdnorm");
+
+	/* A set nested edge-triggered (EPOLLET on the nested epoll fd) is
+	 * reported when a datagram joins it, and not again until another
+	 * does, though the one it has is still unread. */
+	int etin = epoll_create1(0), etout = epoll_create1(0);
+	struct epoll_event e45 = {.events = EPOLLIN, .data.u64 = 45}, e46 = {.events = EPOLLIN | EPOLLET, .data.u64 = 46};
+	check("nested-et-add", etin >= 0 && etout >= 0 && epoll_ctl(etin, EPOLL_CTL_ADD, fd, &e45) == 0 &&
+		epoll_ctl(etout, EPOLL_CTL_ADD, etin, &e46) == 0, "a set nested with EPOLLET");
+	step("nested-et");
+	n = epoll_wait(etout, got, 4, 5000);
+	check("nested-et", n == 1 && got[0].data.u64 == 46, "reported as the datagram comes");
+	n = epoll_wait(etout, got, 4, 30);
+	check("nested-et-once", n == 0, "not again while nothing new comes, the datagram unread");
+	echo("nested-et");
+	close(etout);
+	close(etin);
 
 	/* Nothing is sent from here on, but the last. */
 	tv = (struct timeval){0, 30000};
