@@ -662,7 +662,7 @@ func vmxgo_sendto(fd C.int, buf unsafe.Pointer, n C.size_t, flags C.int, sa *C.s
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
-	sent, errno := eng.Send(int(fd), bytesOf(buf, n), to, netip.Addr{}, int(flags))
+	sent, errno := eng.Send(int(fd), bytesOf(buf, n), to, engine.SendCmsg{}, int(flags))
 	if errno != 0 {
 		return -C.long(errno)
 	}
@@ -675,11 +675,12 @@ func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
-	var src netip.Addr
+	var m engine.SendCmsg
 	if msg.msg_control != nil && msg.msg_controllen != 0 {
-		// IP_PKTINFO is served (the source a DNS server answers from);
-		// other ancillary data is the kernel's to apply.
-		if src, ok = engine.SendSource(bytesOf(msg.msg_control, C.size_t(msg.msg_controllen)), eng.Ifindex(int(fd))); !ok {
+		// IP_PKTINFO (the source a DNS server answers from) and a software
+		// transmit stamp are served; other ancillary data is the
+		// kernel's to apply.
+		if m, ok = engine.ParseSendCmsg(bytesOf(msg.msg_control, C.size_t(msg.msg_controllen)), eng.Ifindex(int(fd))); !ok {
 			eng.FlushSends(int(fd))
 			return -C.long(engine.ErrPassOS)
 		}
@@ -701,7 +702,7 @@ func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 			b = append(b, bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len))...)
 		}
 	}
-	sent, errno := eng.Send(int(fd), b, to, src, int(flags))
+	sent, errno := eng.Send(int(fd), b, to, m, int(flags))
 	if errno != 0 {
 		return -C.long(errno)
 	}

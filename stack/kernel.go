@@ -73,7 +73,7 @@ func KernelRecvMsg(fd int, b []byte, flags int, meta *RecvMeta) (int, netip.Addr
 func parseControl(b []byte, meta *RecvMeta) {
 	for len(b) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
-		if h.Len < unix.SizeofCmsghdr || int(h.Len) > len(b) {
+		if h.Len < unix.SizeofCmsghdr || h.Len > uint64(len(b)) {
 			return
 		}
 		data := b[unix.CmsgLen(0):h.Len]

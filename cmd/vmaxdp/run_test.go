@@ -1695,14 +1695,15 @@ func TestRunWildcardTwoLinks(t *testing.T) {
 // POLLERR, EPOLLERR and select's readable, each stamp's SCM_TIMESTAMPING
 // and IP_RECVERR with its key, EAGAIN once read, nothing once turned off;
 // select's exceptfds and POLLPRI, the looped frame whole and cut with
-// MSG_TRUNC, IP_PKTINFO and the offender), and side B's kernel sends none
-// of the datagrams under vmaxdp. Before, such a socket went back to the
+// MSG_TRUNC, IP_PKTINFO and the offender; a stamp one sendmsg asks for in
+// its ancillary data, as chrony's server does in interleaved mode), and
+// side B's kernel sends none of the datagrams under vmaxdp. Before, such a socket went back to the
 // kernel.
 func TestRunTxStamps(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "txstamps")
 	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
-	const port, sent = 11448, 9
+	const port, sent = 11448, 11
 	c := listenA(t, b, port)
 	out := 0
 	said := sideBySide(t, b, nil, []string{prog, b.Addr(testbed.A).String(), strconv.Itoa(port)}, func(i int, p *cProgram) {

@@ -318,32 +318,53 @@ func putCmsg(b []byte, used int, level, typ int32, data []byte) (int, bool) {
 	return min(used+unix.CmsgSpace(len(data)), len(b)), false
 }
 
-// SendSource reads the ancillary data of a sendmsg: the source address an
-// IP_PKTINFO asks for (ipi_spec_dst; zero: the socket's own), and whether
-// the engine can send it at all: only IP_PKTINFO is served, and only for
-// ifindex, the socket's interface (0: any). Anything else is the kernel's.
-func SendSource(ctl []byte, ifindex int) (src netip.Addr, ok bool) {
+// SendCmsg is what a sendmsg's ancillary data asks of a send the engine
+// serves.
+type SendCmsg struct {
+	// Src is IP_PKTINFO's ipi_spec_dst, the address a DNS server answers
+	// from; zero: the socket's own.
+	Src netip.Addr
+	// StampSet: an SO_TIMESTAMPING message gave this send's transmit
+	// stamp flags, which Stamp says (SOF_TIMESTAMPING_TX_SOFTWARE, or
+	// none), in place of the socket's.
+	Stamp, StampSet bool
+}
+
+// ParseSendCmsg reads the ancillary data of a sendmsg, and says whether
+// the engine can send it at all: IP_PKTINFO is served for ifindex, the
+// socket's interface (0: any), and SO_TIMESTAMPING for software transmit
+// stamps (or none). Anything else is the kernel's: other flags, which it
+// makes or refuses, and every other kind.
+func ParseSendCmsg(ctl []byte, ifindex int) (m SendCmsg, ok bool) {
 	for len(ctl) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
-		if h.Len < unix.SizeofCmsghdr || int(h.Len) > len(ctl) {
-			return src, false
+		if h.Len < unix.SizeofCmsghdr || h.Len > uint64(len(ctl)) {
+			return m, false
 		}
 		data := ctl[unix.CmsgLen(0):h.Len]
-		if h.Level != unix.IPPROTO_IP || h.Type != unix.IP_PKTINFO || len(data) < unix.SizeofInet4Pktinfo {
-			return src, false
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
+			if pi.Ifindex != 0 && int(pi.Ifindex) != ifindex {
+				return m, false
+			}
+			m.Src = netip.AddrFrom4(pi.Spec_dst)
+		case h.Level == unix.SOL_SOCKET && (h.Type == unix.SO_TIMESTAMPING_OLD || h.Type == unix.SO_TIMESTAMPING_NEW) && len(data) >= 4:
+			flags := binary.NativeEndian.Uint32(data)
+			if flags&^unix.SOF_TIMESTAMPING_TX_SOFTWARE != 0 {
+				return m, false
+			}
+			m.Stamp, m.StampSet = flags != 0, true
+		default:
+			return m, false
 		}
-		pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
-		if pi.Ifindex != 0 && int(pi.Ifindex) != ifindex {
-			return src, false
-		}
-		src = netip.AddrFrom4(pi.Spec_dst)
 		next := unix.CmsgSpace(len(data))
 		if next >= len(ctl) {
 			break
 		}
 		ctl = ctl[next:]
 	}
-	return src, true
+	return m, true
 }
 
 // Ifindex is the index of the interface serving fd (0: none).

@@ -175,6 +175,11 @@ type Socket struct {
 	// selectErr: SO_SELECT_ERR_QUEUE, a stamp waiting in tx polls
 	// POLLPRI too (select's exceptfds).
 	selectErr atomic.Bool
+	// tsflags are the flags SO_TIMESTAMPING last set (tsNew: as
+	// SO_TIMESTAMPING_NEW), which a stamp a send's own ancillary data asks
+	// for is reported by.
+	tsflags atomic.Uint32
+	tsNew   atomic.Bool
 	// The kernel socket sends for it, as the kernel would: cork, UDP_CORK
 	// is on; corked, a MSG_MORE send left the start of a datagram in the
 	// kernel socket's cork, which the next send ends; shutWr, shutdown

@@ -304,7 +304,7 @@ func BenchmarkSend(b *testing.B) {
 	msg := make([]byte, 64)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+		if _, errno := e.Send(fd, msg, to, SendCmsg{}, 0); errno != 0 {
 			b.Fatal(errno)
 		}
 	}
@@ -528,7 +528,7 @@ func TestMulticastLoopback(t *testing.T) {
 	c := e.Conn(fd)
 	sendOne := func() {
 		t.Helper()
-		if _, errno := e.Send(fd, make([]byte, 64), netip.AddrPortFrom(group, 9421), netip.Addr{}, 0); errno != 0 {
+		if _, errno := e.Send(fd, make([]byte, 64), netip.AddrPortFrom(group, 9421), SendCmsg{}, 0); errno != 0 {
 			t.Fatal(errno)
 		}
 	}
@@ -696,7 +696,7 @@ func TestCloseCandidate(t *testing.T) {
 	if c := e.Conn(dup); c == nil || c.FD() != dup {
 		t.Fatalf("the first send offloaded %v, want the socket on fd %d", c, dup)
 	}
-	if _, errno := e.Send(dup, make([]byte, 64), to, netip.Addr{}, 0); errno != 0 {
+	if _, errno := e.Send(dup, make([]byte, 64), to, SendCmsg{}, 0); errno != 0 {
 		t.Fatalf("send on the offloaded dup: %v", errno)
 	}
 }
@@ -1050,7 +1050,7 @@ func TestTimestamping(t *testing.T) {
 	}
 	sends := 0
 	allocs := testing.AllocsPerRun(100, func() {
-		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+		if _, errno := e.Send(fd, msg, to, SendCmsg{}, 0); errno != 0 {
 			t.Fatal(errno)
 		}
 		if !e.TxStampPending(fd) {
@@ -1068,7 +1068,7 @@ func TestTimestamping(t *testing.T) {
 	}
 	// Unread, the queue keeps txStampsMax stamps and drops the rest.
 	for range txStampsMax + 10 {
-		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+		if _, errno := e.Send(fd, msg, to, SendCmsg{}, 0); errno != 0 {
 			t.Fatal(errno)
 		}
 	}
@@ -1109,7 +1109,7 @@ func TestTimestampingLooped(t *testing.T) {
 	to := netip.AddrPortFrom(bed.Addr(testbed.A), 123)
 	msg, frame, ctl := make([]byte, 48), make([]byte, 1500), make([]byte, 256)
 	msg[0] = 0x23
-	if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+	if _, errno := e.Send(fd, msg, to, SendCmsg{}, 0); errno != 0 {
 		t.Fatal(errno)
 	}
 	if ev := e.get(fd).errQueueEvents(); ev != unix.EPOLLERR|unix.EPOLLPRI {
@@ -1143,18 +1143,18 @@ func TestTimestampingLooped(t *testing.T) {
 		t.Errorf("offender % x: want AF_INET %v", off, src)
 	}
 	// A buffer shorter than the frame: cut, MSG_TRUNC.
-	if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+	if _, errno := e.Send(fd, msg, to, SendCmsg{}, 0); errno != 0 {
 		t.Fatal(errno)
 	}
 	if m, ok := e.RecvErrQueue(fd, frame[:10], ctl); !ok || m.N != 10 || m.Full != frameLen {
 		t.Errorf("a 10-byte buffer: %+v, ok %v; want 10 of %d", m, ok, frameLen)
 	}
 	for range txStampsMax {
-		e.Send(fd, msg, to, netip.Addr{}, 0)
+		e.Send(fd, msg, to, SendCmsg{}, 0)
 		e.RecvErrQueue(fd, frame, ctl)
 	}
 	allocs := testing.AllocsPerRun(100, func() {
-		if _, errno := e.Send(fd, msg, to, netip.Addr{}, 0); errno != 0 {
+		if _, errno := e.Send(fd, msg, to, SendCmsg{}, 0); errno != 0 {
 			t.Fatal(errno)
 		}
 		if m, ok := e.RecvErrQueue(fd, frame, ctl); !ok || m.N != frameLen {

@@ -34,6 +34,7 @@ type txStamps struct {
 	optID   bool         // SOF_TIMESTAMPING_OPT_ID: keys count from when it was set
 	report  bool         // SOF_TIMESTAMPING_SOFTWARE: the stamp is reported
 	newAPI  bool         // set with SO_TIMESTAMPING_NEW: SCM_TIMESTAMPING_NEW
+	all     atomic.Bool  // SOF_TIMESTAMPING_TX_SOFTWARE set on the socket: every send is stamped
 	loop    bool         // no SOF_TIMESTAMPING_OPT_TSONLY: the packet comes with its stamp
 	optCmsg bool         // SOF_TIMESTAMPING_OPT_CMSG: a looped packet's IP ancillary data too
 	dropped uint64       // stamps the full queue had no room for
@@ -54,8 +55,9 @@ type txStamp struct {
 func (t *txStamps) push(at int64, frame []byte) (dropped uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	key := t.key
+	var key uint32 // ee_data: 0 without SOF_TIMESTAMPING_OPT_ID, as the kernel's
 	if t.optID {
+		key = t.key
 		t.key++
 	}
 	if t.n == txStampsMax {
@@ -93,27 +95,51 @@ func (t *txStamps) pop(b []byte, meta *stack.RecvMeta) (st txStamp, n, full int,
 // multiplexer asks it for each member.
 func (t *txStamps) pending() bool { return t.queued.Load() > 0 }
 
-// setTxStamps follows SO_TIMESTAMPING's transmit flags on s (flags
-// without TX_SOFTWARE turn them off). Caller checked that the engine
-// serves flags.
+// setTxStamps follows SO_TIMESTAMPING's flags on s: with
+// SOF_TIMESTAMPING_TX_SOFTWARE every send is stamped; without, only a
+// send whose own ancillary data asks (txQueue), reported as the flags
+// say. Caller checked that the engine serves flags.
 func setTxStamps(s *Socket, flags int, newAPI bool) {
-	if flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE == 0 {
-		s.tx.Store(nil)
-		return
-	}
+	s.tsflags.Store(uint32(flags))
+	s.tsNew.Store(newAPI)
 	t := s.tx.Load()
 	if t == nil {
+		if flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE == 0 {
+			return // made at the first send that asks (txQueue)
+		}
 		t = new(txStamps)
 	}
+	t.configure(flags, newAPI)
+	s.tx.Store(t)
+}
+
+// configure sets what t makes and reports from SO_TIMESTAMPING's flags.
+func (t *txStamps) configure(flags int, newAPI bool) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	optID := flags&unix.SOF_TIMESTAMPING_OPT_ID != 0
 	if optID && !t.optID {
 		t.key = 0 // the kernel counts a UDP socket's keys from 0 as OPT_ID comes
 	}
 	t.optID, t.report, t.newAPI = optID, flags&unix.SOF_TIMESTAMPING_SOFTWARE != 0, newAPI
 	t.loop, t.optCmsg = flags&unix.SOF_TIMESTAMPING_OPT_TSONLY == 0, flags&unix.SOF_TIMESTAMPING_OPT_CMSG != 0
-	t.mu.Unlock()
-	s.tx.Store(t)
+	t.all.Store(flags&unix.SOF_TIMESTAMPING_TX_SOFTWARE != 0)
+}
+
+// txQueue is s's error queue of transmit stamps, made for a send whose
+// ancillary data asks for a stamp (SO_TIMESTAMPING with
+// SOF_TIMESTAMPING_TX_SOFTWARE: chrony's server so stamps its answers in
+// interleaved mode), reported as the socket's flags say.
+func (s *Socket) txQueue() *txStamps {
+	if t := s.tx.Load(); t != nil {
+		return t
+	}
+	t := new(txStamps)
+	t.configure(int(s.tsflags.Load()), s.tsNew.Load())
+	if !s.tx.CompareAndSwap(nil, t) {
+		return s.tx.Load()
+	}
+	return t
 }
 
 // looped says whether t's stamps come with their packet.

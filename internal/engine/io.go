@@ -165,15 +165,20 @@ func (e *Engine) Pending(fd int) (int, unix.Errno) {
 	return 0, ErrPassOS // the kernel socket may hold one
 }
 
-// Send serves a send of b on fd to to (zero: the connected peer), from
-// the source address src (zero: the socket's; IP_PKTINFO's ipi_spec_dst).
-// The first send of a candidate socket decides its offload.
-func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags int) (int, unix.Errno) {
+// Send serves a send of b on fd to to (zero: the connected peer), with
+// what its ancillary data asks (m: the source address, a transmit
+// stamp). The first send of a candidate socket decides its offload.
+func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, m SendCmsg, flags int) (int, unix.Errno) {
 	s := e.get(fd)
 	if s == nil {
 		return 0, ErrPassOS
 	}
 	c := s.conn.Load()
+	if m.Stamp && s.v6 {
+		// Its stamp would be read as IPV6_RECVERR, which the engine
+		// does not make (SetTimestamping).
+		return 0, passSend(c)
+	}
 	if flags&unix.MSG_MORE != 0 {
 		// The kernel socket keeps the start of the datagram (its cork)
 		// until a send without MSG_MORE, which must be its too.
@@ -195,13 +200,20 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, src netip.Addr, flags
 		}
 	}
 	tx := s.tx.Load()
-	if tx == nil {
-		if _, err := c.WriteFromTo(b, src, to); err != nil {
+	stamp := tx != nil && tx.all.Load()
+	if m.StampSet {
+		stamp = m.Stamp // the message's flags stand for the socket's, as in the kernel
+	}
+	if !stamp {
+		if _, err := c.WriteFromTo(b, m.Src, to); err != nil {
 			return 0, errnoOf(err)
 		}
 		return len(b), 0
 	}
-	return e.sendStamped(fd, c, tx, b, src, to)
+	if tx == nil {
+		tx = s.txQueue()
+	}
+	return e.sendStamped(fd, c, tx, b, m.Src, to)
 }
 
 // sendStamped is Send for a socket with transmit stamps on: the stack's

@@ -6,13 +6,14 @@
  * (POLLERR), and turned off again; then with the packet looped back, as
  * chrony asks for them (no OPT_TSONLY; OPT_CMSG with IP_PKTINFO, and
  * SO_SELECT_ERR_QUEUE for select's exceptfds), read whole and into a
- * short buffer. It prints what it sees in lines that hold no time or
+ * short buffer; last, a stamp asked for by one send's ancillary data (as
+ * chrony's server asks in interleaved mode). It prints what it sees in lines that hold no time or
  * address, so that the kernel's run and vmaxdp's compare line by line; a
  * stamp's age and the looped packet's addresses are checked, not printed.
  *
  *   txstamps ADDR PORT
  *
- * It connects a UDP socket to ADDR:PORT and sends 9 datagrams in all.
+ * It connects a UDP socket to ADDR:PORT and sends 11 datagrams in all.
  * "done" ends the output; a watchdog ends the program after 20 s.
  */
 #define _GNU_SOURCE
@@ -195,6 +196,33 @@ int main(int argc, char **argv)
 	p.revents = 0;
 	poll(&p, 1, 2000);
 	stampInto("looped into 20 bytes", 20);
+
+	/* chrony's server in interleaved mode: the socket reports software
+	 * stamps but makes none, and each answer asks for its own in its
+	 * ancillary data; a send without it is not stamped. */
+	setflags(SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_CMSG);
+	sendone();
+	p.revents = 0;
+	printf("per message, a send without: poll %d\n", poll(&p, 1, 100));
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	memset(&u, 0, sizeof u);
+	struct iovec iov = {.iov_base = "stamp me", .iov_len = 8};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SO_TIMESTAMPING;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	*(int *)CMSG_DATA(cm) = SOF_TIMESTAMPING_TX_SOFTWARE;
+	if (sendmsg(fd, &mh, 0) != 8)
+		printf("sendmsg: errno %s\n", errname(errno));
+	p.revents = 0;
+	n = poll(&p, 1, 2000);
+	printf("per message, a send that asks: poll %d, revents%s\n", n, p.revents & POLLERR ? " POLLERR" : "");
+	stampInto("per message", 2048);
+	stamp("per message, then");
 	printf("done\n");
 	return 0;
 }
