@@ -45,6 +45,7 @@ type SocketCounters struct {
 	TxOSBytes         atomic.Uint64
 	TxNoBufs          atomic.Uint64 // sends that found no transmit frame
 	TxErrors          atomic.Uint64
+	TxStampDrops      atomic.Uint64 // transmit stamps its full error queue had no room for (SO_TIMESTAMPING; the engine's)
 }
 
 // RecvFilter decides whether a datagram is queued (true) or dropped and

@@ -131,6 +131,7 @@ type SocketCounters struct {
 	TxOSBytes         uint64 `json:"tx_os_bytes"`
 	TxNoBufs          uint64 `json:"tx_no_bufs"`
 	TxErrors          uint64 `json:"tx_errors"`
+	TxStampDrops      uint64 `json:"tx_stamp_drops"`
 }
 
 // Queue is one AF_XDP socket: one interface queue, its rings and its

@@ -256,6 +256,9 @@ func writeSocketBlock(w io.Writer, s *Socket, group []*Socket, deltas bool) {
 	fmt.Fprintf(w, "Rx OS info: %d / %d / %d [kilobytes/packets/errors]%s\n", kb(c.RxOSBytes), c.RxOSPackets, c.RxErrors, per)
 	fmt.Fprintf(w, "Tx Offload: %d / %d / %d / %d [kilobytes/packets/drops/errors]%s\n", kb(c.TxOffloadBytes), c.TxOffloadPackets, c.TxNoBufs, c.TxErrors, per)
 	fmt.Fprintf(w, "Tx OS info: %d / %d / %d [kilobytes/packets/errors]%s\n", kb(c.TxOSBytes), c.TxOSPackets, 0, per)
+	if c.TxStampDrops > 0 {
+		fmt.Fprintf(w, "Tx stamps dropped: %d%s (its error queue was full: the application reads it with recvmsg and MSG_ERRQUEUE)\n", c.TxStampDrops, per)
+	}
 	if s.Proto == "tcp" {
 		tc := &s.TCP
 		if tc.State == "LISTEN" {

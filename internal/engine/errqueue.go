@@ -37,7 +37,6 @@ type txStamps struct {
 	all     atomic.Bool  // SOF_TIMESTAMPING_TX_SOFTWARE set on the socket: every send is stamped
 	loop    bool         // no SOF_TIMESTAMPING_OPT_TSONLY: the packet comes with its stamp
 	optCmsg bool         // SOF_TIMESTAMPING_OPT_CMSG: a looped packet's IP ancillary data too
-	dropped uint64       // stamps the full queue had no room for
 	queued  atomic.Int32 // n, for pending
 }
 
@@ -50,9 +49,9 @@ type txStamp struct {
 }
 
 // push queues a stamp of at (unix nanoseconds) for one datagram sent,
-// with its frame when the packet is looped back. It returns the stamps dropped so far: the
-// first drop is logged.
-func (t *txStamps) push(at int64, frame []byte) (dropped uint64) {
+// with its frame when the packet is looped back. It is false when the
+// full queue had no room for it.
+func (t *txStamps) push(at int64, frame []byte) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var key uint32 // ee_data: 0 without SOF_TIMESTAMPING_OPT_ID, as the kernel's
@@ -61,14 +60,13 @@ func (t *txStamps) push(at int64, frame []byte) (dropped uint64) {
 		t.key++
 	}
 	if t.n == txStampsMax {
-		t.dropped++
-		return t.dropped
+		return false
 	}
 	s := &t.q[(t.head+t.n)%txStampsMax]
 	s.at, s.key, s.frame = at, key, append(s.frame[:0], frame...)
 	t.n++
 	t.queued.Store(int32(t.n))
-	return t.dropped
+	return true
 }
 
 // pop takes the oldest stamp and copies its looped packet into b: n
@@ -155,10 +153,11 @@ func (t *txStamps) looped() bool {
 // is kicked to the device now, the kernel's stamp being taken in the
 // driver's transmit, and a multiplexer waiting on the socket (POLLERR) is
 // woken. A stamp the full queue has no room for is
-// dropped, as the kernel drops it, and the first is logged.
+// dropped, as the kernel drops it, counted (TxStampDrops, which vmaxdp
+// stats shows) and the first is logged.
 func (e *Engine) stampSend(fd int, c *stack.UDPConn, t *txStamps, at int64, frame []byte) {
 	c.FlushSends()
-	if t.push(at, frame) == 1 {
+	if !t.push(at, frame) && c.Counters.TxStampDrops.Add(1) == 1 {
 		e.Log.Printf(params.LevelWarning, "fd %d: a transmit timestamp dropped: its error queue holds %d unread (read them with recvmsg and MSG_ERRQUEUE); later drops are not logged", fd, txStampsMax)
 	}
 	c.Stack().WakeWaiters()
