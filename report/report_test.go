@@ -373,3 +373,21 @@ func FuzzBuild(f *testing.F) {
 		}
 	})
 }
+
+// TestVmaxdpSocketRules: the counters of vmaxdp's sockets that count
+// drops no kernel event shows each give a finding that names the socket.
+func TestVmaxdpSocketRules(t *testing.T) {
+	for name, rule := range map[string]string{
+		"rx_queue_drops": "vmaxdp_socket_queue_full",
+		"tx_no_bufs":     "vmaxdp_tx_no_bufs",
+		"tx_stamp_drops": "vmaxdp_tx_stamp_drops",
+	} {
+		b := &builder{counters: map[counterKey]*counterState{
+			{source: "vmaxdp_socket", device: "vmxb/udp 198.18.0.2:123 pid 7", name: name}: {total: 3},
+		}}
+		out := b.ruleVmaxdpSocket(nil, nil)
+		if len(out) != 1 || out[0].Rule != rule || out[0].Count != 3 || !strings.Contains(out[0].Title, "vmxb/udp 198.18.0.2:123") {
+			t.Errorf("%s +3: findings %+v, want one %s naming the socket", name, out, rule)
+		}
+	}
+}

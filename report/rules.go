@@ -435,7 +435,8 @@ func (b *builder) ruleNotOffloaded(rep *Report, _ map[string]bool) []Finding {
 
 // ruleVmaxdpSocket reads the counters of the sockets vmaxdp served (its
 // processes' counters files): drops in vmaxdp's own receive queues, which
-// no kernel event shows, and sends that found no transmit frame.
+// no kernel event shows, sends that found no transmit frame, and
+// transmit stamps its error queues had no room for.
 func (b *builder) ruleVmaxdpSocket(rep *Report, _ map[string]bool) []Finding {
 	var out []Finding
 	last := func(k counterKey, name string) uint64 {
@@ -469,6 +470,14 @@ func (b *builder) ruleVmaxdpSocket(rep *Report, _ map[string]bool) []Finding {
 				Evidence:    []string{fmt.Sprintf("vmaxdp_socket tx_no_bufs +%d on %s", s.total, where)},
 				Explanation: "Every transmit frame of the AF_XDP queue was on the TX or completion ring: the application sent faster than the interface took the frames back.",
 				Fix:         "Give the queue more frames (VMAXDP_RX_BUFS: half the UMEM serves transmit), send in batches (sendmmsg), or retry on ENOBUFS.",
+			})
+		case "tx_stamp_drops":
+			out = append(out, Finding{
+				Rule: "vmaxdp_tx_stamp_drops", Severity: "warning", Count: s.total,
+				Title:       fmt.Sprintf("%d transmit timestamps dropped by vmaxdp: the error queue of %s was full", s.total, where),
+				Evidence:    []string{fmt.Sprintf("vmaxdp_socket tx_stamp_drops +%d on %s", s.total, where)},
+				Explanation: "The socket asked for software transmit timestamps (SO_TIMESTAMPING). vmaxdp keeps at most 256 unread in the socket's error queue, as the kernel's receive buffer bounds its own, and drops the next: the application reads its error queue (recvmsg with MSG_ERRQUEUE) slower than it sends. The datagrams themselves were sent.",
+				Fix:         "Read the error queue after each send or batch (poll reports POLLERR while a stamp waits), or turn SOF_TIMESTAMPING_TX_SOFTWARE off where the stamps are not read.",
 			})
 		}
 	}
