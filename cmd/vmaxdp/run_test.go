@@ -1697,12 +1697,15 @@ func TestRunWildcardTwoLinks(t *testing.T) {
 // select's exceptfds and POLLPRI, the looped frame whole and cut with
 // MSG_TRUNC, IP_PKTINFO and the offender; a stamp one sendmsg asks for in
 // its ancillary data, as chrony's server does in interleaved mode), and
-// side B's kernel sends none of the datagrams under vmaxdp. Before, such a socket went back to the
-// kernel.
+// side B's kernel sends none of the datagrams under vmaxdp, on both beds.
+// Before, such a socket went back to the kernel.
 func TestRunTxStamps(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "txstamps")
-	b := testutil.Bed(t, &testbed.Options{Plain: true}) // as ip link add makes it
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) { testTxStamps(t, b, prog) })
+}
+
+func testTxStamps(t *testing.T, b *testbed.Bed, prog string) {
 	const port, sent = 11448, 11
 	c := listenA(t, b, port)
 	out := 0
