@@ -85,3 +85,7 @@ func HoldShrink(on bool) { shrinkOff.Store(on) }
 
 // ShrinkMSS shrinks netstack's segments to the MTU now.
 func ShrinkMSS(st *Stack) { st.shrinkMSS() }
+
+// StopArrivalStamps has st's steering program stop writing arrival
+// stamps, as a driver without XDP metadata room never writes them.
+func StopArrivalStamps(st *Stack) error { return st.prog.StampArrivals(false) }

@@ -238,7 +238,8 @@ type Stack struct {
 	prog    *steer.Program
 	// arrivalClock is set once a socket asks for receive stamps and the
 	// steering program stamps arrivals (stampArrivals).
-	arrivalClock atomic.Pointer[kernelMono]
+	arrivalClock    atomic.Pointer[kernelMono]
+	arrivalMissTold atomic.Bool // a frame without an arrival stamp was logged
 	// queues are the queues served, in the order opened; the slice is
 	// replaced (under mu), never changed, so readers load it without a lock.
 	queues   atomic.Pointer[[]*queue]

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -1030,4 +1032,65 @@ func testArrivalStamp(t *testing.T, b *testbed.Bed, generic bool) {
 	if got := c.Counters.RxOffloadPackets.Load(); got != 3 {
 		t.Errorf("RxOffloadPackets = %d, want 3: not offloaded", got)
 	}
+}
+
+// TestArrivalStampMissing: frames that carry no arrival stamp a second
+// after the program began writing them (a driver that gives XDP no
+// metadata room) are stamped as they come off the ring, and the stack
+// says so once.
+func TestArrivalStampMissing(t *testing.T) {
+	var log lockedBuffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, &stack.Options{ProgressInterval: stack.ProgressNever})
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9002"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetRecvStamp(true)
+	if err := stack.StopArrivalStamps(st); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	dst := netip.AddrPortFrom(bed.Addr(testbed.B), 9002)
+	buf := make([]byte, 128)
+	for i := range 2 {
+		sent := time.Now()
+		if _, err := k.WriteToUDPAddrPort(payload(i, 64), dst); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		var meta stack.RecvMeta
+		if _, _, _, err := c.RecvFrom(buf, 0, time.Now().Add(time.Second), nil, &meta); err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if age := time.Duration(meta.Stamp - sent.UnixNano()); age < 100*time.Millisecond {
+			t.Errorf("datagram %d: stamped %v after its send with no arrival stamp: want the time it was read", i, age)
+		}
+	}
+	if n := strings.Count(log.String(), "carry no arrival stamp"); n != 1 {
+		t.Errorf("the stack said %d times that frames carry no arrival stamp, want once:\n%s", n, log.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that log handlers on several goroutines
+// may write.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -736,7 +736,7 @@ func (st *Stack) stampArrivals() {
 	}
 	k, err := calibrateMono()
 	if err == nil {
-		err = st.prog.StampArrivals()
+		err = st.prog.StampArrivals(true)
 	}
 	if err != nil {
 		slog.Debug(fmt.Sprintf("stack %s: receive stamps taken as datagrams come off the ring, not as they arrive: %v", st.ifname, err))
@@ -748,15 +748,26 @@ func (st *Stack) stampArrivals() {
 // arrival is the receive stamp, in unix nanoseconds, of frame b of q:
 // when the steering program redirected it, where the frame says so, as
 // the kernel stamps a datagram as it comes off the device; else now, as
-// the stack takes it off the ring.
+// the stack takes it off the ring. A frame without the stamp a second
+// after the program began writing them (frames in flight then have none)
+// means the driver gives XDP no metadata room: said once, as the stamps
+// are later by the wake-up of the thread that reads them.
 func (st *Stack) arrival(q *queue, b backend.Buf) int64 {
 	now := time.Now()
-	if k := st.arrivalClock.Load(); k != nil && q.arrivals != nil {
+	k := st.arrivalClock.Load()
+	if k == nil {
+		return now.UnixNano()
+	}
+	if q.arrivals != nil {
 		if mono, ok := q.arrivals.Arrival(b); ok {
 			if age := k.at(now) - mono; age > 0 {
 				return now.UnixNano() - age
 			}
+			return now.UnixNano()
 		}
+	}
+	if now.Sub(k.base) > time.Second && !st.arrivalMissTold.Swap(true) {
+		slog.Warn(fmt.Sprintf("stack %s: receive timestamps are taken as datagrams come off the ring, not as they arrive: frames on queue %d carry no arrival stamp (the driver gives XDP no metadata room)", st.ifname, q.idx))
 	}
 	return now.UnixNano()
 }

@@ -746,9 +746,13 @@ func (p *Program) installedLocked(id RuleID) (Rule, vbpf.SteerFlowKey, error) {
 
 // StampArrivals makes the program stamp every frame it redirects from now
 // on with the time it redirected it, in XDP metadata (bpf.ArrivalMetaLen
-// bytes just before the frame), for receive timestamps. It stays on.
-func (p *Program) StampArrivals() error {
-	if err := p.objs.ArrivalStamps.Put(uint32(0), uint32(1)); err != nil {
+// bytes just before the frame), for receive timestamps; off, it stops.
+func (p *Program) StampArrivals(on bool) error {
+	var v uint32
+	if on {
+		v = 1
+	}
+	if err := p.objs.ArrivalStamps.Put(uint32(0), v); err != nil {
 		return fmt.Errorf("steer %s: arrival stamps: %w", p.ifname, err)
 	}
 	return nil
