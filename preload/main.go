@@ -709,6 +709,16 @@ func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 	return C.long(sent)
 }
 
+//export vmxgo_gettstamp
+func vmxgo_gettstamp(fd C.int, ns *C.longlong) C.long {
+	t, errno := eng.GetTimestamp(int(fd))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	*ns = C.longlong(t)
+	return 0
+}
+
 //export vmxgo_fionread
 func vmxgo_fionread(fd C.int) C.long {
 	n, errno := eng.Pending(int(fd))

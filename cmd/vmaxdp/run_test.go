@@ -1145,11 +1145,14 @@ func TestRunBroadcastSend(t *testing.T) {
 // disconnect, a send after shutdown(SHUT_WR) (EPIPE), IP_TOS, IP_TTL and
 // IP_MTU_DISCOVER (the DF bit) as the receiver sees them, in order with a send with ancillary data
 // (the kernel's), and the receive stamps of SO_TIMESTAMPNS and
-// SO_TIMESTAMPING (software) beside IP_PKTINFO, in the kernel's order. Before, under vmaxdp, MSG_MORE and UDP_CORK sent two
-// datagrams and left bytes in the kernel socket's cork, a shut down
-// socket sent, IP_TOS was not applied, DF was set whatever
-// IP_MTU_DISCOVER said, and a send through the kernel socket overtook the
-// stack's coalesced ones.
+// SO_TIMESTAMPING (software) beside IP_PKTINFO, in the kernel's order,
+// and SIOCGSTAMP and SIOCGSTAMPNS (ENOENT before any datagram, the time
+// of the first call after an unstamped read, then a datagram's arrival).
+// Before, under vmaxdp, MSG_MORE and UDP_CORK sent two datagrams and left
+// bytes in the kernel socket's cork, a shut down socket sent, IP_TOS was
+// not applied, DF was set whatever IP_MTU_DISCOVER said, a send through
+// the kernel socket overtook the stack's coalesced ones, and SIOCGSTAMP
+// answered ENOENT, from the kernel socket, which read no datagram.
 func TestRunUDPSemantics(t *testing.T) {
 	b := pythonBed(t)
 	const port = 11456

@@ -179,8 +179,14 @@ func setCmsg(s *Socket, mask, set Cmsg) {
 		}
 	}
 	if c := s.conn.Load(); c != nil {
-		c.SetRecvStamp(Cmsg(s.cmsg.Load())&cmsgStamps != 0)
+		c.SetRecvStamp(s.wantsStamps())
 	}
+}
+
+// wantsStamps says whether s's datagrams need their arrival time: for
+// ancillary data, or for SIOCGSTAMP.
+func (s *Socket) wantsStamps() bool {
+	return Cmsg(s.cmsg.Load())&cmsgStamps != 0 || s.ioctlStamp.Load()
 }
 
 // timestampingServed are the SO_TIMESTAMPING flags the engine serves:

@@ -180,6 +180,12 @@ type Socket struct {
 	// for is reported by.
 	tsflags atomic.Uint32
 	tsNew   atomic.Bool
+	// ioctlStamp: SIOCGSTAMP was asked, which turns stamps on as the
+	// kernel's sock_gettstamp does; lastStamp is what it reads: 0, no
+	// datagram read yet (ENOENT); -1, one read unstamped (the time of
+	// the call, kept); else the last one's arrival, unix nanoseconds.
+	ioctlStamp atomic.Bool
+	lastStamp  atomic.Int64
 	// The kernel socket sends for it, as the kernel would: cork, UDP_CORK
 	// is on; corked, a MSG_MORE send left the start of a datagram in the
 	// kernel socket's cork, which the next send ends; shutWr, shutdown
@@ -846,7 +852,7 @@ func (e *Engine) applyMulticast(s *Socket, c *stack.UDPConn) {
 
 func (e *Engine) applyOptions(s *Socket, c *stack.UDPConn) {
 	e.applyMulticast(s, c)
-	c.SetRecvStamp(Cmsg(s.cmsg.Load())&cmsgStamps != 0)
+	c.SetRecvStamp(s.wantsStamps())
 	if s.rcvbuf > 0 {
 		c.SetRxBytesLimit(s.rcvbuf)
 	}

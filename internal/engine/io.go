@@ -50,7 +50,20 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 	if s.osReady.Load() && s.osReady.CompareAndSwap(true, false) {
 		rf |= stack.RecvCheckOS
 	}
+	stamped := s.ioctlStamp.Load()
+	var own stack.RecvMeta
+	if stamped && meta == nil {
+		meta = &own // SIOCGSTAMP reads the arrival the receive reports
+	}
 	n, full, from, err := c.RecvFrom(b, rf, deadline, sig, meta)
+	if err == nil {
+		switch {
+		case stamped && meta.Stamp > 0:
+			s.lastStamp.Store(meta.Stamp)
+		case s.lastStamp.Load() == 0:
+			s.lastStamp.Store(-1)
+		}
+	}
 	if s.draining.Load() {
 		e.endDrain(s)
 	}
@@ -67,6 +80,34 @@ func (e *Engine) Recv(fd int, b []byte, flags int, deadline time.Time, sig *stac
 		}
 	}
 	return n, full, from, errnoOf(err)
+}
+
+// GetTimestamp serves SIOCGSTAMP and SIOCGSTAMPNS on fd, an offloaded
+// socket, as the kernel's sock_gettstamp: the arrival of the last
+// datagram read, in unix nanoseconds; ENOENT before any; for one read
+// before stamps were on, the time of the call, which later calls keep
+// until a stamped one is read. The first call turns stamps on.
+func (e *Engine) GetTimestamp(fd int) (int64, unix.Errno) {
+	s := e.get(fd)
+	if s == nil {
+		return 0, ErrPassOS
+	}
+	c := s.conn.Load()
+	if c == nil {
+		return 0, ErrPassOS
+	}
+	if !s.ioctlStamp.Swap(true) {
+		c.SetRecvStamp(true)
+	}
+	switch ts := s.lastStamp.Load(); ts {
+	case 0:
+		return 0, unix.ENOENT
+	case -1:
+		s.lastStamp.CompareAndSwap(-1, time.Now().UnixNano())
+		return s.lastStamp.Load(), 0
+	default:
+		return ts, 0
+	}
 }
 
 // candidateSlice bounds each sleep of a wait that involves a candidate

@@ -178,4 +178,40 @@ def stamps():
 
 
 note("receive stamps", stamps)
+
+SIOCGSTAMP, SIOCGSTAMPNS = 0x8906, 0x8907
+g = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+g.settimeout(2)
+
+
+def stamp_of(req):
+    """SIOCGSTAMP (a timeval) or SIOCGSTAMPNS (a timespec), in seconds."""
+    v = struct.unpack("qq", fcntl.ioctl(g.fileno(), req, bytes(16)))
+    return v[0] + v[1] / (1e9 if req == SIOCGSTAMPNS else 1e6)
+
+
+def first_stamp():
+    """After the first datagram read, with stamps off until this call:
+    the time of the call, which a second call gives again."""
+    g.sendto(b"first", A)
+    g.recv(100)
+    a = stamp_of(SIOCGSTAMP)
+    time.sleep(0.05)
+    b = stamp_of(SIOCGSTAMP)
+    return f"{'fresh' if abs(a - time.time()) < 5 else 'stale'}, {'kept' if abs(a - b) < 1e-6 else 'not kept'}"
+
+
+def later_stamp():
+    """After a datagram read 0.3 s after it came: its arrival."""
+    g.sendto(b"later", A)
+    time.sleep(0.3)
+    g.recv(100)
+    read = time.time()
+    age = read - stamp_of(SIOCGSTAMPNS)
+    return "its arrival, before the read" if 0.2 < age < 5 else f"not its arrival ({age:.3f} s before the read)"
+
+
+note("SIOCGSTAMP before any datagram", lambda: stamp_of(SIOCGSTAMP))
+note("SIOCGSTAMP after one read", first_stamp)
+note("SIOCGSTAMPNS after a later read", later_stamp)
 say("\n".join(out))
