@@ -52,7 +52,7 @@ lint: ## gofmt and go vet
 test: $(STAMP) lint check-generate ## all tests, privileged ones on real veth test beds (root)
 	$(GO) test -count=1 -timeout 18m ./...
 	$(MAKE) --no-print-directory test-race
-	$(MAKE) --no-print-directory fuzz FUZZTIME=10s
+	$(MAKE) --no-print-directory fuzz FUZZTIME=6s
 
 # The packages whose calls run concurrently on one socket (the engine serves
 # every thread of an application) run again under the race detector.
