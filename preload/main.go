@@ -543,18 +543,8 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 	if flags&unix.MSG_ERRQUEUE != 0 {
 		return recvErrQueue(fd, msg)
 	}
-	iov := iovecs(msg)
-	var b []byte
-	var scratch *[]byte
-	switch len(iov) {
-	case 0:
-	case 1:
-		b = bytesOf(unsafe.Pointer(iov[0].Base), C.size_t(iov[0].Len))
-	default:
-		scratch = eng.Scratch()
-		defer eng.PutScratch(scratch)
-		b = *scratch
-	}
+	r := newRecvBuf(msg)
+	defer r.release()
 	var meta *stack.RecvMeta
 	var m stack.RecvMeta
 	cm := engine.Cmsg(0)
@@ -563,19 +553,11 @@ func recvmsg(fd C.int, msg *C.struct_msghdr, flags C.int, deadline time.Time, si
 			meta = &m
 		}
 	}
-	got, full, from, errno := eng.Recv(int(fd), b, int(flags), deadline, signals(sig), meta)
+	got, full, from, errno := eng.Recv(int(fd), r.b, int(flags), deadline, signals(sig), meta)
 	if errno != 0 {
 		return -C.long(errno)
 	}
-	if scratch != nil {
-		rest := b[:got]
-		for _, v := range iov {
-			rest = rest[copy(bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len)), rest):]
-		}
-		if total := iovLen(iov); got > total {
-			got = total
-		}
-	}
+	got = r.scatter(got)
 	alen := msg.msg_namelen
 	putAddr((*C.struct_sockaddr)(msg.msg_name), &alen, from, eng.IPv6(int(fd)))
 	if msg.msg_name != nil {
@@ -612,28 +594,13 @@ func recvErrQueue(fd C.int, msg *C.struct_msghdr) C.long {
 	if msg.msg_control != nil {
 		ctl = bytesOf(msg.msg_control, C.size_t(msg.msg_controllen))
 	}
-	iov := iovecs(msg)
-	var b []byte
-	var scratch *[]byte
-	switch len(iov) {
-	case 0:
-	case 1:
-		b = bytesOf(unsafe.Pointer(iov[0].Base), C.size_t(iov[0].Len))
-	default:
-		scratch = eng.Scratch()
-		defer eng.PutScratch(scratch)
-		b = (*scratch)[:min(iovLen(iov), len(*scratch))]
-	}
-	m, ok := eng.RecvErrQueue(int(fd), b, ctl)
+	r := newRecvBuf(msg)
+	defer r.release()
+	m, ok := eng.RecvErrQueue(int(fd), r.b, ctl)
 	if !ok {
 		return -C.long(engine.ErrPassOS)
 	}
-	if scratch != nil {
-		rest := b[:m.N]
-		for _, v := range iov {
-			rest = rest[copy(bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len)), rest):]
-		}
-	}
+	m.N = r.scatter(m.N)
 	msg.msg_controllen = C.size_t(m.Ctl)
 	msg.msg_flags = unix.MSG_ERRQUEUE
 	if m.CtlCut {
@@ -646,6 +613,46 @@ func recvErrQueue(fd C.int, msg *C.struct_msghdr) C.long {
 		msg.msg_namelen = 0 // a stamp names no address
 	}
 	return C.long(m.N)
+}
+
+// recvBuf is where a receive into a msghdr's iovecs lands: the one iovec
+// itself, or a scratch buffer that scatter then copies into several.
+type recvBuf struct {
+	iov     []unix.Iovec
+	b       []byte
+	scratch *[]byte
+}
+
+func newRecvBuf(msg *C.struct_msghdr) recvBuf {
+	r := recvBuf{iov: iovecs(msg)}
+	switch len(r.iov) {
+	case 0:
+	case 1:
+		r.b = bytesOf(unsafe.Pointer(r.iov[0].Base), C.size_t(r.iov[0].Len))
+	default:
+		r.scratch = eng.Scratch()
+		r.b = *r.scratch
+	}
+	return r
+}
+
+// scatter puts the n bytes received into the iovecs and returns how many
+// they held.
+func (r *recvBuf) scatter(n int) int {
+	if r.scratch == nil {
+		return min(n, len(r.b))
+	}
+	rest := r.b[:min(n, len(r.b))]
+	for _, v := range r.iov {
+		rest = rest[copy(bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len)), rest):]
+	}
+	return min(n, iovLen(r.iov))
+}
+
+func (r *recvBuf) release() {
+	if r.scratch != nil {
+		eng.PutScratch(r.scratch)
+	}
 }
 
 func iovLen(iov []unix.Iovec) int {

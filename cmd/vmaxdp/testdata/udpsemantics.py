@@ -179,6 +179,20 @@ def stamps():
 
 note("receive stamps", stamps)
 
+
+def scattered():
+    """A datagram read into two buffers, then one too long for both."""
+    a, b = bytearray(5), bytearray(10)
+    s.sendto(b"0123456789ab", A)
+    n, _, flags, _ = s.recvmsg_into([a, b])
+    first = f"{n} {bytes(a)!r} {bytes(b[:n - 5])!r} truncated {bool(flags & socket.MSG_TRUNC)}"
+    s.sendto(b"x" * 20, A)
+    n, _, flags, _ = s.recvmsg_into([a, b])
+    return f"{first}; {n} truncated {bool(flags & socket.MSG_TRUNC)}"
+
+
+note("scattered", scattered)
+
 SIOCGSTAMP, SIOCGSTAMPNS = 0x8906, 0x8907
 g = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 g.settimeout(2)
