@@ -12,12 +12,12 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stack/header"
@@ -1013,19 +1013,8 @@ func testArrivalStamp(t *testing.T, b *testbed.Bed, generic bool) {
 	defer c.Close()
 	c.SetRecvStamp(true)
 	k := kernelConn(t, bed, "198.18.0.1:0")
-	dst := netip.AddrPortFrom(bed.Addr(testbed.B), 9001)
-	buf := make([]byte, 128)
 	for i := range 3 {
-		sent := time.Now()
-		if _, err := k.WriteToUDPAddrPort(payload(i, 64), dst); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-		var meta stack.RecvMeta
-		if _, _, _, err := c.RecvFrom(buf, 0, time.Now().Add(time.Second), nil, &meta); err != nil {
-			t.Fatalf("datagram %d: %v", i, err)
-		}
-		if age := time.Duration(meta.Stamp - sent.UnixNano()); age < -time.Millisecond || age > 50*time.Millisecond {
+		if age := stampAge(t, k, c, netip.AddrPortFrom(bed.Addr(testbed.B), 9001), i, 200*time.Millisecond); age < -time.Millisecond || age > 50*time.Millisecond {
 			t.Errorf("datagram %d: stamped %v after its send, read 200 ms after it: want the arrival (within 50 ms)", i, age)
 		}
 	}
@@ -1039,7 +1028,7 @@ func testArrivalStamp(t *testing.T, b *testbed.Bed, generic bool) {
 // metadata room) are stamped as they come off the ring, and the stack
 // says so once.
 func TestArrivalStampMissing(t *testing.T) {
-	var log lockedBuffer
+	var log sockperf.SyncBuffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
@@ -1055,19 +1044,8 @@ func TestArrivalStampMissing(t *testing.T) {
 	}
 	time.Sleep(1100 * time.Millisecond)
 	k := kernelConn(t, bed, "198.18.0.1:0")
-	dst := netip.AddrPortFrom(bed.Addr(testbed.B), 9002)
-	buf := make([]byte, 128)
 	for i := range 2 {
-		sent := time.Now()
-		if _, err := k.WriteToUDPAddrPort(payload(i, 64), dst); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-		var meta stack.RecvMeta
-		if _, _, _, err := c.RecvFrom(buf, 0, time.Now().Add(time.Second), nil, &meta); err != nil {
-			t.Fatalf("datagram %d: %v", i, err)
-		}
-		if age := time.Duration(meta.Stamp - sent.UnixNano()); age < 100*time.Millisecond {
+		if age := stampAge(t, k, c, netip.AddrPortFrom(bed.Addr(testbed.B), 9002), i, 100*time.Millisecond); age < 100*time.Millisecond {
 			t.Errorf("datagram %d: stamped %v after its send with no arrival stamp: want the time it was read", i, age)
 		}
 	}
@@ -1076,21 +1054,18 @@ func TestArrivalStampMissing(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer that log handlers on several goroutines
-// may write.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// stampAge sends datagram i from k to dst, reads it on c wait later and
+// returns how long after the send its receive stamp is.
+func stampAge(t *testing.T, k *net.UDPConn, c *stack.UDPConn, dst netip.AddrPort, i int, wait time.Duration) time.Duration {
+	t.Helper()
+	sent := time.Now()
+	if _, err := k.WriteToUDPAddrPort(payload(i, 64), dst); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(wait)
+	var meta stack.RecvMeta
+	if _, _, _, err := c.RecvFrom(make([]byte, 128), 0, time.Now().Add(time.Second), nil, &meta); err != nil {
+		t.Fatalf("datagram %d: %v", i, err)
+	}
+	return time.Duration(meta.Stamp - sent.UnixNano())
 }
