@@ -220,6 +220,145 @@ static int orphan(int fd)
 	return 1;
 }
 
+/* Connections handed off at fork (engine.Handoff): netstack had completed
+ * them on a listener that went back to the kernel at the fork, whose
+ * backlog would have kept them for the first accept in any of the
+ * processes. An accept takes one from the listener's queue before it asks
+ * the kernel: through the engine in its own process (which closes its end
+ * of the queue), here in a child, which closes its end once the queue is
+ * empty. */
+static unsigned char vmx_handoff_gone[VMX_MAXHANDOFF]; /* a child's end is closed */
+static int vmx_handoff_users[VMX_MAXHANDOFF];         /* a child's takes under way */
+
+/* handoff_recv takes one connection off the queue chan, with accept4's
+ * flags; -1 if none. */
+static int handoff_recv(int chan, int flags)
+{
+	char b;
+	struct iovec iov = {.iov_base = &b, .iov_len = 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	if (sys(SYS_recvmsg, chan, &m, MSG_DONTWAIT | ((flags & SOCK_CLOEXEC) ? MSG_CMSG_CLOEXEC : 0)) <= 0)
+		return -1;
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int)))
+		return -1;
+	int nfd;
+	memcpy(&nfd, CMSG_DATA(c), sizeof nfd);
+	long fl = sys(SYS_fcntl, nfd, F_GETFL);
+	if (fl >= 0)
+		sys(SYS_fcntl, nfd, F_SETFL, (flags & SOCK_NONBLOCK) ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+	return nfd;
+}
+
+/* handoff_retire closes a child's end of slot i, once no take of its
+ * threads uses it. */
+static void handoff_retire(int i, int chan)
+{
+	unsigned char no = 0;
+	if (!__atomic_compare_exchange_n(&vmx_handoff_gone[i], &no, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+		return;
+	while (__atomic_load_n(&vmx_handoff_users[i], __ATOMIC_SEQ_CST) > 0)
+		sched_yield();
+	sys(SYS_close, chan);
+}
+
+/* handoff_child serves a child's accept on fd from a queue for fd's
+ * listener; -1 if none waits. */
+static int handoff_child(int fd, int flags)
+{
+	struct vmx_fork_page *p = vmx_fork_page;
+	unsigned n = __atomic_load_n(&p->handoffs, __ATOMIC_ACQUIRE);
+	unsigned long long ino = 0;
+	for (unsigned i = 0; i < n && i < VMX_MAXHANDOFF; i++) {
+		struct vmx_handoff *h = &p->handoff[i];
+		if (__atomic_load_n(&vmx_handoff_gone[i], __ATOMIC_ACQUIRE))
+			continue;
+		__atomic_add_fetch(&vmx_handoff_users[i], 1, __ATOMIC_SEQ_CST);
+		int nfd = -1, retire = 0;
+		struct stat cst;
+		if (__atomic_load_n(&vmx_handoff_gone[i], __ATOMIC_SEQ_CST)) {
+			/* retired by another thread meanwhile */
+		} else if (__atomic_load_n(&h->left, __ATOMIC_ACQUIRE) <= 0) {
+			retire = !__atomic_load_n(&h->open, __ATOMIC_ACQUIRE); /* empty for good */
+		} else if (sys(SYS_fstat, h->chan, &cst) < 0 || cst.st_ino != h->chan_inode) {
+			/* the child closed its end: the number is not the queue's */
+			__atomic_store_n(&vmx_handoff_gone[i], 1, __ATOMIC_RELEASE);
+		} else {
+			struct stat st;
+			if (!ino && sys(SYS_fstat, fd, &st) == 0)
+				ino = st.st_ino;
+			if (ino == h->inode && (nfd = handoff_recv(h->chan, flags)) >= 0)
+				__atomic_sub_fetch(&h->left, 1, __ATOMIC_SEQ_CST);
+		}
+		__atomic_sub_fetch(&vmx_handoff_users[i], 1, __ATOMIC_SEQ_CST);
+		if (retire)
+			handoff_retire((int)i, h->chan);
+		if (nfd >= 0)
+			return nfd;
+	}
+	return -1;
+}
+
+/* handoff serves an accept on fd, a kernel listener, with a connection
+ * handed off at fork, and fills addr as accept does; -1 if none waits
+ * (then the kernel's accept goes on). */
+static int handoff(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
+{
+	struct vmx_fork_page *p = vmx_fork_page;
+	if (!p || !__atomic_load_n(&p->handoffs, __ATOMIC_ACQUIRE) || (flags & ~(SOCK_NONBLOCK | SOCK_CLOEXEC)))
+		return -1;
+	int nfd = -1, saved = errno;
+	if (vmx_forked) {
+		nfd = handoff_child(fd, flags);
+	} else if (vmx_ready) {
+		int live = 0;
+		for (unsigned i = 0; i < VMX_MAXHANDOFF; i++)
+			live |= __atomic_load_n(&p->handoff[i].left, __ATOMIC_ACQUIRE) > 0;
+		if (live) {
+			long r = vmxgo_take_handoff(fd, flags);
+			nfd = r >= 0 ? (int)r : -1;
+		}
+	}
+	if (nfd >= 0 && addr && alen)
+		sys(SYS_getpeername, nfd, addr, alen);
+	errno = saved;
+	return nfd;
+}
+
+unsigned int vmx_knock_addr;
+
+/* knocked: nfd, just accepted on a kernel listener, is the engine's knock
+ * for a handed connection (engine.Handoff), which the caller takes
+ * instead; nfd is closed. */
+static int knocked(int nfd)
+{
+	struct vmx_fork_page *p = vmx_fork_page;
+	if (!p || __atomic_load_n(&p->knocks, __ATOMIC_ACQUIRE) <= 0)
+		return 0;
+	struct sockaddr_in6 sa;
+	socklen_t n = sizeof sa;
+	int saved = errno;
+	if (sys(SYS_getpeername, nfd, &sa, &n) < 0) {
+		errno = saved;
+		return 0;
+	}
+	const unsigned char *a = NULL;
+	if (sa.sin6_family == AF_INET)
+		a = (const unsigned char *)&((struct sockaddr_in *)&sa)->sin_addr;
+	else if (sa.sin6_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&sa.sin6_addr))
+		a = &sa.sin6_addr.s6_addr[12];
+	if (!a || ((unsigned)a[0] << 24 | (unsigned)a[1] << 16 | (unsigned)a[2] << 8 | a[3]) != vmx_knock_addr)
+		return 0;
+	__atomic_sub_fetch(&p->knocks, 1, __ATOMIC_SEQ_CST);
+	sys(SYS_close, nfd);
+	errno = saved;
+	return 1;
+}
+
 /* forget_in_child: a child's close or dup2 over fd ends what the parent's
  * table said of it. */
 static inline void forget_in_child(int fd)
@@ -294,6 +433,14 @@ DECLARE(int, sigaction, int, const struct sigaction *, struct sigaction *);
 static void vmx_child(void)
 {
 	vmx_forked = 1;
+	struct vmx_fork_page *p = vmx_fork_page;
+	unsigned n = p ? __atomic_load_n(&p->handoffs, __ATOMIC_ACQUIRE) : 0;
+	for (unsigned h = 0; h < n && h < VMX_MAXHANDOFF; h++) /* the child's end of a live handoff queue stays */
+		if (__atomic_load_n(&p->handoff[h].left, __ATOMIC_ACQUIRE) > 0 ||
+		    __atomic_load_n(&p->handoff[h].open, __ATOMIC_ACQUIRE))
+			vmx_set_internal(p->handoff[h].chan, 0);
+		else
+			vmx_handoff_gone[h] = 1;
 	for (int i = 0; i < VMX_MAXFD / 8; i++) {
 		unsigned char bits = __atomic_load_n(&vmx_internal[i], __ATOMIC_ACQUIRE);
 		for (int b = 0; bits; b++, bits >>= 1)
@@ -899,7 +1046,14 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *alen, int flags)
 		if (r != -VMX_PASS)
 			return (int)ret(r);
 	}
-	return REAL(accept4)(fd, addr, alen, flags);
+	for (;;) {
+		int h = handoff(fd, addr, alen, flags);
+		if (h >= 0)
+			return h;
+		int r = REAL(accept4)(fd, addr, alen, flags);
+		if (r < 0 || !knocked(r))
+			return r;
+	}
 }
 
 int accept(int fd, struct sockaddr *addr, socklen_t *alen)
@@ -907,7 +1061,14 @@ int accept(int fd, struct sockaddr *addr, socklen_t *alen)
 	claim(fd);
 	if (state(fd) == VMX_OFFLOADED)
 		return accept4(fd, addr, alen, 0);
-	return REAL(accept)(fd, addr, alen);
+	for (;;) {
+		int h = handoff(fd, addr, alen, 0);
+		if (h >= 0)
+			return h;
+		int r = REAL(accept)(fd, addr, alen);
+		if (r < 0 || !knocked(r))
+			return r;
+	}
 }
 
 int shutdown(int fd, int how)

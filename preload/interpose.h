@@ -17,12 +17,31 @@ enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };
 
 #define VMX_MAXFD 65536
 
+/* One listener's connections handed off at fork, queued on chan (a
+ * SOCK_SEQPACKET socket, the same fd in every process): engine.Handoff. */
+#define VMX_MAXHANDOFF 64
+/* The source of the engine's knocks on a listener with handed connections
+ * (stack.KnockAddr, host order, set as the library loads): an accept that
+ * gets one closes it and takes a handed connection instead. */
+extern unsigned int vmx_knock_addr;
+struct vmx_handoff {
+	unsigned long long inode;      /* the listener's socket */
+	unsigned long long chan_inode; /* chan's socket */
+	int chan;
+	int left; /* connections on chan */
+	int open; /* 1 while the engine may queue more */
+	int pad;
+};
+
 /* The page a process under vmaxdp shares with its children of fork:
  * engine.ForkPage. fd[i]: 0, not kept; -1, kept offloaded and claimable;
  * > 0, claimed by that child, which waits for the engine to set 0. */
 struct vmx_fork_page {
 	unsigned int seq;
 	int engine_pid;
+	unsigned int handoffs;
+	int knocks;
+	struct vmx_handoff handoff[VMX_MAXHANDOFF];
 	int fd[VMX_MAXFD];
 };
 

@@ -74,6 +74,10 @@ var (
 	_ = [1]struct{}{}[unsafe.Sizeof(stack.Signals{})-C.sizeof_struct_vmx_signals]
 	_ = [1]struct{}{}[unsafe.Sizeof(engine.ForkPage{})-C.sizeof_struct_vmx_fork_page]
 	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.FD)-unsafe.Offsetof(C.struct_vmx_fork_page{}.fd)]
+	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.Handoff)-unsafe.Offsetof(C.struct_vmx_fork_page{}.handoff)]
+	_ = [1]struct{}{}[unsafe.Sizeof(engine.Handoff{})-C.sizeof_struct_vmx_handoff]
+	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.Knocks)-unsafe.Offsetof(C.struct_vmx_fork_page{}.knocks)]
+	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.Handoffs)-unsafe.Offsetof(C.struct_vmx_fork_page{}.handoffs)]
 	_ = [1]struct{}{}[unsafe.Offsetof(stack.Signals{}.Intr)-unsafe.Offsetof(C.struct_vmx_signals{}.intr)]
 	_ = [1]struct{}{}[unsafe.Offsetof(stack.Signals{}.Cancel)-unsafe.Offsetof(C.struct_vmx_signals{}.cancel)]
 )
@@ -141,6 +145,8 @@ func vmxgo_init(nofile *C.struct_rlimit) C.int {
 		}
 		C.vmx_set_internal(C.int(fd), v)
 	}
+	knock := stack.KnockAddr.As4()
+	C.vmx_knock_addr = C.uint(binary.BigEndian.Uint32(knock[:]))
 	var err error
 	onState := func(fd int, s engine.State) { C.vmx_set_state(C.int(fd), C.int(s)) }
 	owed := (*atomic.Int32)(unsafe.Pointer(&C.vmx_tcp_owed))
@@ -238,6 +244,18 @@ func vmxgo_before_chroot(dir *C.char) { eng.BeforeChroot(C.GoString(dir)) }
 func vmxgo_forking() unsafe.Pointer {
 	eng.Forking()
 	return unsafe.Pointer(eng.ForkPage())
+}
+
+// vmxgo_take_handoff serves an accept on fd, a kernel listener, with a
+// connection handed off at fork if one waits for it; -VMX_PASS if none.
+//
+//export vmxgo_take_handoff
+func vmxgo_take_handoff(fd, flags C.int) C.long {
+	nfd, errno := eng.TakeHandoff(int(fd), int(flags))
+	if errno != 0 {
+		return -C.long(errno)
+	}
+	return C.long(nfd)
 }
 
 //export vmxgo_socket

@@ -18,6 +18,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
+	"github.com/vmaxdp/vmaxdp/internal/netnsutil"
 	"github.com/vmaxdp/vmaxdp/steer"
 )
 
@@ -209,6 +210,73 @@ func (l *NetstackListener) Accept() (*TCPConn, error) {
 	}
 	return c, nil
 }
+
+// AcceptToKernel takes a connection netstack has established and moves
+// it to a new kernel socket (TCPConn.ToKernel), made in the stack's
+// network namespace with the options o (nil: none) and as AF_INET6 when
+// mapped, for a process that accepts on the kernel listener instead of
+// this one; unix.EAGAIN when none waits. One that cannot move is reset,
+// and the error (ErrNotMoved) says why.
+func (l *NetstackListener) AcceptToKernel(o *KernelOptions, mapped bool) (int, error) {
+	c, err := l.Accept()
+	if err != nil {
+		return -1, err
+	}
+	if o != nil {
+		c.InheritOptions(o)
+	}
+	if mapped {
+		c.SetMapped()
+	}
+	kfd := -1
+	err = netnsutil.Do(l.st.ns, func() (err error) {
+		kfd, err = c.ToKernel()
+		return err
+	})
+	if err != nil {
+		c.Abort()
+		err = fmt.Errorf("%w: %w", ErrNotMoved, err)
+	}
+	c.Close()
+	return kfd, err
+}
+
+// KnockAddr is the source address of Knock's connections: an accept that
+// gets one knows it is no client's (the preload library).
+var KnockAddr = netip.AddrFrom4([4]byte{127, 86, 88, 83})
+
+// Knock makes a connection from KnockAddr to the kernel listener on l's
+// address, in the stack's network namespace, and closes it: it wakes a
+// process waiting to accept there (in accept, poll, select or epoll),
+// which takes a connection AcceptToKernel moved instead of it.
+func (l *NetstackListener) Knock() error {
+	dst := l.local
+	if dst.Addr().IsUnspecified() {
+		dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), dst.Port())
+	}
+	err := netnsutil.Do(l.st.ns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		// Over loopback the handshake is done within connect; the bound
+		// is for a backlog that is full.
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &unix.Timeval{Sec: 1})
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: KnockAddr.As4()}); err != nil {
+			return err
+		}
+		return unix.Connect(fd, &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())})
+	})
+	if err != nil {
+		return fmt.Errorf("tcp listener %s: knock from %s: %w", l.local, KnockAddr, err)
+	}
+	return nil
+}
+
+// ErrNotMoved: AcceptToKernel accepted a connection that could not move
+// to the kernel, and reset it.
+var ErrNotMoved = errors.New("accepted, and reset: it could not move to a kernel socket")
 
 // Pending says whether a connection waits to be accepted.
 func (l *NetstackListener) Pending() bool {

@@ -376,63 +376,115 @@ func echoRequests(raddr string, n int) error {
 
 // TestRunTCPPrefork: a master that listens, accepts a connection, then
 // forks workers that accept (testdata/prefork, as prefork servers do)
-// serves every request under vmaxdp: the listener goes back to the
-// kernel at the fork, which the log says, and a worker that uses the
+// serves every request under vmaxdp, its workers blocked in accept or
+// waiting in epoll: the listener goes back to the kernel at the fork,
+// which the log says; a connection netstack completed before the fork
+// reaches a worker's accept, as the kernel's backlog would give it
+// (before, it was reset); and a worker that uses the
 // master's offloaded connection it inherited gets ENOTCONN, said on its
 // stderr, while the master goes on serving it.
 func TestRunTCPPrefork(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "prefork")
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
-		const port, workers, requests = 11195, 3, 60
-		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, strconv.Itoa(port), strconv.Itoa(workers), strconv.Itoa(requests))
-		if err := p.waitFor("listening\n"); err != nil {
-			t.Fatalf("%v\n%s", err, p.out.String())
-		}
-		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
-		var first net.Conn
-		err := b.Do(testbed.A, func() (err error) {
-			if first, err = net.DialTimeout("tcp4", raddr, 5*time.Second); err != nil {
-				return err
-			}
-			first.SetDeadline(time.Now().Add(20 * time.Second))
-			if _, err := first.Write([]byte("hi")); err != nil {
-				return err
-			}
-			if err := p.waitFor("master read 2\n"); err != nil {
-				return err
-			}
-			if err := echoRequests(raddr, requests); err != nil {
-				return err
-			}
-			got, err := io.ReadAll(first)
-			first.Close()
-			if err != nil || string(got) != "master ok\n" {
-				return fmt.Errorf("the master's connection: got %q, %v", got, err)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatalf("%v\n%s", err, p.out.String())
-		}
-		if err := p.exited(); err != nil {
-			t.Fatalf("prefork: %v\n%s", err, p.out.String())
-		}
-		out := p.out.String()
-		p.wantSaid(t,
-			"fd 3: offloaded on "+b.Link(testbed.B)+" (tcp_server",
-			"tcp listener 0.0.0.0:"+strconv.Itoa(port)+": shared with a child process after fork",
-			"a child cannot use it (ENOTCONN)",
-			fmt.Sprintf("ok served %d by %d workers", requests, workers))
-		for i := range workers {
-			if !strings.Contains(out, fmt.Sprintf("ok worker %d: inherited connection ENOTCONN", i)) {
-				t.Errorf("worker %d did not get ENOTCONN on the inherited connection", i)
-			}
-		}
-		if t.Failed() {
-			t.Logf("output:\n%s", out)
+		for i, mode := range []string{"accept", "epoll"} {
+			t.Run(mode, func(t *testing.T) { testPrefork(t, b, prog, mode, uint16(11195+i)) })
 		}
 	})
+}
+
+// testPrefork runs testdata/prefork with its workers waiting in mode:
+// blocked in accept, or in epoll_wait. The connection made before the
+// fork is read first with epoll: nothing but the engine's knock wakes
+// the workers then. With accept, the requests begin as the master forks,
+// so some complete in netstack as it does.
+func testPrefork(t *testing.T, b *testbed.Bed, prog, mode string, port uint16) {
+	const workers, requests = 3, 60
+	argv := []string{tools(t), "run", "--", prog, strconv.Itoa(int(port)), strconv.Itoa(workers), strconv.Itoa(requests)}
+	if mode == "epoll" {
+		argv = append(argv, mode)
+	}
+	p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, argv...)
+	if err := p.waitFor("listening\n"); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+	var first net.Conn
+	err := b.Do(testbed.A, func() (err error) {
+		if first, err = net.DialTimeout("tcp4", raddr, 5*time.Second); err != nil {
+			return err
+		}
+		first.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := first.Write([]byte("hi")); err != nil {
+			return err
+		}
+		if err := p.waitFor("master read 2\n"); err != nil {
+			return err
+		}
+		// Connected and sent before the fork: netstack holds it, not
+		// accepted, as the master forks.
+		early, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer early.Close()
+		early.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := early.Write([]byte("early")); err != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond) // for netstack to take it all
+		if _, err := first.Write([]byte("g")); err != nil {
+			return err
+		}
+		readEarly := func() error {
+			if got, err := io.ReadAll(early); err != nil || string(got) != "early" {
+				return fmt.Errorf("the connection made before the fork: got %q, %v", got, err)
+			}
+			return nil
+		}
+		if mode == "epoll" {
+			if err := readEarly(); err != nil {
+				return err
+			}
+		}
+		if err := echoRequests(raddr, requests-1); err != nil {
+			return err
+		}
+		if mode != "epoll" {
+			if err := readEarly(); err != nil {
+				return err
+			}
+		}
+		got, err := io.ReadAll(first)
+		first.Close()
+		if err != nil || string(got) != "master ok\n" {
+			return fmt.Errorf("the master's connection: got %q, %v", got, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	if err := p.exited(); err != nil {
+		t.Fatalf("prefork: %v\n%s", err, p.out.String())
+	}
+	out := p.out.String()
+	p.wantSaid(t,
+		"fd 3: offloaded on "+b.Link(testbed.B)+" (tcp_server",
+		fmt.Sprintf("tcp listener 0.0.0.0:%d: shared with a child process after fork", port),
+		"a child cannot use it (ENOTCONN)",
+		fmt.Sprintf("ok served %d by %d workers", requests, workers))
+	if !regexp.MustCompile(`the connections netstack completed before fork \(\d+; 0 lost\) go to kernel sockets`).MatchString(out) {
+		t.Errorf("the log says nothing of the connection made before the fork going to a kernel socket")
+	}
+	for i := range workers {
+		if !strings.Contains(out, fmt.Sprintf("ok worker %d: inherited connection ENOTCONN", i)) {
+			t.Errorf("worker %d did not get ENOTCONN on the inherited connection", i)
+		}
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
+	}
 }
 
 // TestRunTCPForkServe: a server that accepts each connection and forks a

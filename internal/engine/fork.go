@@ -41,6 +41,8 @@ import (
 // Then it chooses the listeners and UDP sockets kept offloaded across
 // the fork (keepAtFork), before the child can claim one.
 func (e *Engine) Forking() {
+	e.fork.gate.Lock()
+	e.fork.gated.Store(true)
 	moved := map[uint16]bool{} // local ports of the connections moved
 	for t, named := range e.namedConns() {
 		if t.used.Load() {
@@ -73,7 +75,7 @@ func (e *Engine) namedConns() map[*tcpConn][]int {
 // Forked closed its listener: the first request after a prefork
 // server's fork failed, refused or reset, in 4 runs of 8 of
 // TestRunTCPPrefork beside make test. The connections netstack completed
-// before are still reset at Forked.
+// before wait for an accept on kernel sockets (openHandoff).
 func (e *Engine) handoverAtFork() {
 	e.fork.mu.Lock()
 	defer e.fork.mu.Unlock()
@@ -87,6 +89,15 @@ func (e *Engine) handoverAtFork() {
 			l.forking.Store(true)
 			e.fork.closing[l] = true
 		}
+	}
+	for l := range e.fork.closing {
+		var fds []int
+		for fd := range e.listeners {
+			if e.listeners[fd].Load() == l {
+				fds = append(fds, fd)
+			}
+		}
+		e.openHandoff(l, fds)
 	}
 }
 
@@ -155,11 +166,16 @@ const forkedCause = "shared with a child process after fork: the child cannot us
 // or accepts on the socket (a server that forks its workers after opening
 // its sockets, as nsd and prefork servers do). A socket's datagrams
 // already queued are still served to this process's reads; once they
-// are, the kernel serves it. netstack's connections not yet accepted on a
-// listener are reset, as a closed listener's are; a listener in handover
-// (going to the kernel already) keeps them for this process's accepts.
-// Candidates are decided for the kernel at once.
+// are, the kernel serves it. netstack's connections not yet accepted on
+// a listener go to kernel sockets for the first accepts in any of the
+// processes (openHandoff; without a slot for them, they are reset, as a
+// closed listener's are); a listener in handover (going to the kernel
+// already) keeps them for this process's accepts. Candidates are decided
+// for the kernel at once.
 func (e *Engine) Forked() {
+	if e.fork.gated.Swap(false) {
+		e.fork.gate.Unlock()
+	}
 	if !e.fork.told.Swap(true) {
 		// tftpd-hpa, nsd and inetd's way serve each request or share of
 		// the load in a child, whose traffic the kernel serves: the log
@@ -196,6 +212,13 @@ type ForkPage struct {
 	// EnginePID is this process: a child stops waiting for an answer
 	// once it is gone.
 	EnginePID int32
+	// Handoffs counts the slots of Handoff ever used (handoff.go): 0
+	// spares an accept the look.
+	Handoffs uint32
+	// Knocks counts the knocks on listeners (handoff.go) no accept has
+	// taken yet: 0 spares an accept the look at its connection's peer.
+	Knocks  int32
+	Handoff [maxHandoffs]Handoff
 	// FD says, per fd: 0, not kept (the kernel's already); forkKept,
 	// kept, and a child may claim it; > 0, the pid of the child that
 	// claimed it, which waits (futex) for the engine to set 0.
@@ -222,6 +245,11 @@ type forkState struct {
 	// serving: serveClaims runs; stop ends it (Shutdown).
 	serving bool
 	stop    atomic.Bool
+	// gate is held from Forking to Forked (gated says it is): the fds
+	// the engine opens for a moment off the forking thread (handOn)
+	// must not go to the child.
+	gate  sync.RWMutex
+	gated atomic.Bool
 }
 
 // ForkPage is the page shared with children of fork, nil before the

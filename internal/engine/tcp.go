@@ -53,6 +53,9 @@ type tcpListener struct {
 	// multiplexed: the process waited for it in poll, select or epoll
 	// (keepAtFork).
 	multiplexed atomic.Bool
+	// handoff is the queue of the connections netstack completed as the
+	// process forked, set then (handoff.go).
+	handoff *handoff
 	// wake is an eventfd readable while netstack may have a connection
 	// waiting (marked), for the multiplexers' sleeps; arrivals counts
 	// netstack's notices, for EPOLLET.
@@ -1458,7 +1461,7 @@ func (e *Engine) closeTCP(fd int) bool {
 				e.writeCloseReport(&rec)
 			}
 			l.cancel()
-			l.nl.Close()
+			e.closeNetstackListener(fd, l)
 			highfd.Close(l.wake)
 		}
 		return true
@@ -1571,7 +1574,7 @@ func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 	l.mark() // wakes the accepts waiting on fd: they go on in the kernel
 	if l.refs.Add(-1) == 0 {
 		l.cancel()
-		l.nl.Close()
+		e.closeNetstackListener(fd, l)
 		highfd.Close(l.wake)
 		if l.nl.InHandover() && !l.forking.Load() {
 			e.Log.Printf(params.LevelInfo, "fd %d: tcp listener %s: handed over to the kernel", fd, l.nl.Addr())

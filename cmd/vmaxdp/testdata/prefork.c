@@ -1,8 +1,14 @@
 /* prefork: a master that listens, accepts a first connection itself, and
  * then forks WORKERS workers that accept and echo, as prefork servers do.
  *
- *   prefork PORT WORKERS REQUESTS
+ *   prefork PORT WORKERS REQUESTS [epoll]
  *
+ * With epoll, each worker waits for the listener in epoll_wait and then
+ * accepts without blocking until EAGAIN, as nginx's workers do; else it
+ * blocks in accept.
+ * After its first read the master waits for one more byte on its
+ * connection before it forks: a client connects meanwhile, and its
+ * connection must reach a worker as the kernel's backlog would give it.
  * Each worker first tries the master's connection it inherited (under
  * vmaxdp an offloaded one, which a child cannot use: ENOTCONN, said on
  * stderr), then serves connections, one line each, until the workers
@@ -11,10 +17,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -25,11 +33,12 @@
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: prefork PORT WORKERS REQUESTS\n");
+	if (argc != 4 && !(argc == 5 && strcmp(argv[4], "epoll") == 0)) {
+		fprintf(stderr, "usage: prefork PORT WORKERS REQUESTS [epoll]\n");
 		return 2;
 	}
 	int port = atoi(argv[1]), workers = atoi(argv[2]), requests = atoi(argv[3]);
+	int use_epoll = argc == 5;
 	start_watchdog();
 	int *served = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	int l = tcp_listen(port, 64);
@@ -42,6 +51,11 @@ int main(int argc, char **argv)
 	ssize_t n = read(first, b, sizeof b);
 	printf("master read %zd\n", n);
 	fflush(stdout);
+	char go;
+	if (read(first, &go, 1) != 1) {
+		printf("FAIL master: no go\n");
+		return 1;
+	}
 	pid_t pids[64];
 	if (workers > 64)
 		workers = 64;
@@ -55,10 +69,22 @@ int main(int argc, char **argv)
 			printf("FAIL worker %d: inherited connection readable\n", i);
 		fflush(stdout);
 		close(first);
+		int ep = -1;
+		struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
+		if (use_epoll && ((ep = epoll_create1(0)) < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev) < 0))
+			_exit(1);
 		for (;;) {
-			int c = accept(l, NULL, NULL);
+			if (use_epoll && epoll_wait(ep, &ev, 1, -1) < 0 && errno != EINTR)
+				_exit(1);
+			int c = use_epoll ? accept4(l, NULL, NULL, SOCK_NONBLOCK) : accept(l, NULL, NULL);
+			if (c < 0 && use_epoll && (errno == EAGAIN || errno == ECONNABORTED))
+				continue;
 			if (c < 0)
 				_exit(1);
+			if (use_epoll) { /* the request is there: the client sends first */
+				struct pollfd pfd = {.fd = c, .events = POLLIN};
+				poll(&pfd, 1, 5000);
+			}
 			n = read(c, b, sizeof b);
 			if (n > 0 && write(c, b, (size_t)n) != n)
 				_exit(1);
