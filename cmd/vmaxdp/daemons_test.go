@@ -70,7 +70,7 @@ func TestRunCoturn(t *testing.T) {
 // TestRunKamailio: the Kamailio SIP proxy, as telephony runs it: a main
 // process binds the UDP socket and forks the processes that serve it.
 // Under vmaxdp it keeps working (SIPp's calls through it all complete,
-// with no retransmission) and its log says why the kernel serves the
+// and no datagram is dropped) and its log says why the kernel serves the
 // socket. One receiving process, so that the proxy itself never swaps
 // a call's 180 and 200, which SIPp counts as a failed call.
 func TestRunKamailio(t *testing.T) {
@@ -108,7 +108,16 @@ request_route {
 	if err := p.waitFor(reason); err != nil {
 		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
 	}
+	drops := func() (n int) {
+		for _, side := range []testbed.Side{testbed.A, testbed.B} {
+			for _, c := range []string{"InErrors", "RcvbufErrors", "NoPorts"} {
+				n += testutil.SNMPStat(t, b, side, "Udp", c)
+			}
+		}
+		return n
+	}
 	uas := startOn(t, b, testbed.A, nil, "sipp", "-sn", "uas", "-i", a, "-p", "5070", "-nostdin")
+	dropsBefore := drops()
 	const calls = 300
 	stat := filepath.Join(dir, "uac.csv")
 	out, err := exec.Command("timeout", "60", "ip", "netns", "exec", b.NSName(testbed.A), "sipp", "-sn", "uac", "-i", a, "-p", "5080",
@@ -117,8 +126,19 @@ request_route {
 		t.Errorf("sipp uac: %v\n%s", err, tail(string(out), 10))
 	}
 	got := sippStat(t, stat)
-	if got["SuccessfulCall(C)"] != calls || got["FailedCall(C)"] != 0 || got["Retransmissions(C)"] != 0 {
+	if got["SuccessfulCall(C)"] != calls || got["FailedCall(C)"] != 0 {
 		t.Errorf("SIPp: %d of %d calls successful, %d failed, %d retransmissions", got["SuccessfulCall(C)"], calls, got["FailedCall(C)"], got["Retransmissions(C)"])
+	}
+	// A retransmission is SIPp's timer (500 ms) running out: a lost
+	// datagram, or a process that did not run for that long, which a
+	// loaded 2-core machine does now and then. The kernels' UDP drop
+	// counters tell them apart.
+	if n := got["Retransmissions(C)"]; n > 0 {
+		if d := drops() - dropsBefore; d > 0 {
+			t.Errorf("SIPp retransmitted %d times, and the kernels dropped %d UDP datagrams (Udp InErrors, RcvbufErrors, NoPorts)", n, d)
+		} else {
+			t.Logf("SIPp retransmitted %d times with no UDP datagram dropped: late, not lost", n)
+		}
 	}
 	syscall.Kill(uas.pid, syscall.SIGTERM)
 	syscall.Kill(p.pid, syscall.SIGTERM)
