@@ -68,8 +68,9 @@ type handoff struct {
 
 // openHandoff gives l, named by fds, a Handoff slot and moves to it the
 // connections netstack holds for l. Caller holds e.fork.mu and has put l
-// in handover: no new connection comes to netstack. Without a slot, l's
-// connections are reset when it closes, as before there were handoffs.
+// in handover: no new handshake begins in netstack (closeHandoff queues
+// those under way as they complete). Without a slot, l's connections are
+// reset when it closes, as before there were handoffs.
 func (e *Engine) openHandoff(l *tcpListener, fds []int) {
 	p := e.fork.page
 	if p == nil {
