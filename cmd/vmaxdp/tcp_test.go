@@ -517,6 +517,65 @@ func TestRunTCPForkServe(t *testing.T) {
 	})
 }
 
+// TestRunTCPForkServeBacklog: the server of TestRunTCPForkServe pauses
+// between its first accept and its first fork, and a second client
+// connects and sends meanwhile: netstack holds that connection, not yet
+// accepted, as the server forks. It goes to a kernel socket for the
+// server's next accept (Engine.TakeHandoff), and its request is answered
+// as the kernel's backlog would have kept it; before, it was reset.
+func TestRunTCPForkServeBacklog(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "forkserve")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, requests = 11197, 4
+		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", prog, strconv.Itoa(port), strconv.Itoa(requests), "300")
+		if err := p.waitFor("listening\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		raddr := netip.AddrPortFrom(b.Addr(testbed.B), port).String()
+		err := b.Do(testbed.A, func() error {
+			var conns []net.Conn
+			defer func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			}()
+			for i, wait := range []string{"accepted, pausing\n", ""} {
+				c, err := net.DialTimeout("tcp4", raddr, 5*time.Second)
+				if err != nil {
+					return err
+				}
+				conns = append(conns, c)
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := fmt.Fprintf(c, "request %d", i); err != nil {
+					return err
+				}
+				if wait != "" {
+					if err := p.waitFor(wait); err != nil {
+						return err
+					}
+				}
+			}
+			for i, c := range conns {
+				if got, err := io.ReadAll(c); err != nil || string(got) != fmt.Sprintf("request %d", i) {
+					return fmt.Errorf("request %d: got %q, %v", i, got, err)
+				}
+			}
+			return echoRequests(raddr, requests-2)
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if err := p.exited(); err != nil {
+			t.Fatalf("forkserve: %v\n%s", err, p.out.String())
+		}
+		p.wantSaid(t,
+			"handed to a kernel socket before fork (TCP_REPAIR)",
+			"the connections netstack completed before fork (1; 0 lost) go to kernel sockets",
+			fmt.Sprintf("ok served %d of %d", requests, requests))
+	})
+}
+
 // TestRunForkKeep: a server that serves its socket itself and forks a
 // child in the middle (testdata/forkkeep, as redis forks for BGSAVE and
 // dnsmasq for a TCP query), TCP listener and UDP socket, kernel clients,

@@ -3,7 +3,11 @@
  * do: the child reads a request and echoes it, then exits; the parent
  * closes its copy of the connection and accepts the next.
  *
- *   forkserve PORT REQUESTS
+ *   forkserve PORT REQUESTS [PAUSE_MS]
+ *
+ * With PAUSE_MS, the server waits that long between its first accept and
+ * its first fork: a client that connects meanwhile is one the listener
+ * holds, not yet accepted, as the server forks.
  *
  * Under vmaxdp the first connection is offloaded (the listener is, until
  * the first fork hands it back to the kernel), and it must move to the
@@ -21,11 +25,11 @@
 
 int main(int argc, char **argv)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: forkserve PORT REQUESTS\n");
+	if (argc != 3 && argc != 4) {
+		fprintf(stderr, "usage: forkserve PORT REQUESTS [PAUSE_MS]\n");
 		return 2;
 	}
-	int port = atoi(argv[1]), requests = atoi(argv[2]);
+	int port = atoi(argv[1]), requests = atoi(argv[2]), pause_ms = argc == 4 ? atoi(argv[3]) : 0;
 	start_watchdog();
 	int l = tcp_listen(port, 64);
 	if (l < 0)
@@ -38,6 +42,11 @@ int main(int argc, char **argv)
 		if (c < 0) {
 			perror("accept");
 			return 1;
+		}
+		if (i == 0 && pause_ms > 0) {
+			printf("accepted, pausing\n");
+			fflush(stdout);
+			usleep((useconds_t)pause_ms * 1000);
 		}
 		pid_t pid = fork();
 		if (pid < 0) {
