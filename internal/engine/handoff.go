@@ -184,19 +184,21 @@ func (e *Engine) closeHandoff(fd int, l *tcpListener) {
 	})
 	grace := time.NewTimer(handoverGrace)
 	before, lostBefore := ho.handed, ho.lost
-	handOn := func(n int) {
+	// queue hands on what netstack completed, and knocks for it and for
+	// n more.
+	queue := func(n int) {
 		e.fork.gate.RLock()
 		defer e.fork.gate.RUnlock()
 		e.knock(l, fd, n+e.handOn(l, fd))
 	}
-	handOn(ho.handed) // and knock for those Forking queued: a child may wait in epoll
+	queue(ho.handed) // those Forking queued too: a child may wait in epoll
 	for done := false; !done; {
 		select {
 		case <-came:
 		case <-grace.C:
 			done = true
 		}
-		handOn(0)
+		queue(0)
 	}
 	cancel()
 	l.nl.Close()
