@@ -120,10 +120,8 @@ func installed(t *testing.T, list []*apps.App) []*apps.App {
 func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placement) {
 	before := [2]int{udpInDatagrams(t, b, testbed.A), udpInDatagrams(t, b, testbed.B)}
 	overflows := kernelOverflows(t, b, p)
-	// Each offloaded socket's counters as it closes (both sides append).
-	closeReport := filepath.Join(t.TempDir(), "close-report")
 	run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: p.server, ClientOffload: p.client,
-		Duration: time.Second, Paced: true, Env: []string{"VMAXDP_TRACELEVEL=4", "VMAXDP_STATS_FILE=" + closeReport}}
+		Duration: time.Second, Paced: true, Env: []string{"VMAXDP_TRACELEVEL=4"}}
 	res, srvLog, err := run.Do(context.Background())
 	if errors.Is(err, apps.ErrNotInstalled) {
 		t.Skip(err)
@@ -145,12 +143,11 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 		// program gets less of them): on the kernel, its receive buffer
 		// (Udp RcvbufErrors); offloaded, its queue, over a limit no
 		// lower than SO_RCVBUF's (the close report's "Rx pkt" drops).
-		report, _ := os.ReadFile(closeReport)
-		own, queued := kernelOverflows(t, b, p)-overflows, queueDrops(string(report))
-		if own+queued >= int(res.Lost) {
-			t.Logf("%d of %d lost by full sockets: %d receive buffer overflows on the kernel's side, %d datagrams over an offloaded socket's limit", res.Lost, res.Sent, own, queued)
+		own := kernelOverflows(t, b, p) - overflows
+		if own+int(res.QueueDrops) >= int(res.Lost) {
+			t.Logf("%d of %d lost by full sockets: %d receive buffer overflows on the kernel's side, %d datagrams over an offloaded socket's limit", res.Lost, res.Sent, own, res.QueueDrops)
 		} else {
-			t.Errorf("%d of %d lost (the kernel side's sockets overflowed %d times, the offloaded ones dropped %d over their limit); the offloaded sockets as they closed:\n%s", res.Lost, res.Sent, own, queued, report)
+			t.Errorf("%d of %d lost (the kernel side's sockets overflowed %d times, the offloaded ones dropped %d over their limit); the offloaded sockets as they closed:\n%s", res.Lost, res.Sent, own, res.QueueDrops, res.Reports)
 		}
 	}
 	// The client's side receives the answers, the server's the requests
@@ -198,20 +195,6 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 		}
 	}
 }
-
-// queueDrops sums the datagrams the offloaded sockets of a close report
-// (VMAXDP_STATS_FILE) dropped over their receive limit.
-func queueDrops(report string) int {
-	n := 0
-	for _, m := range reQueueDrops.FindAllStringSubmatch(report, -1) {
-		v, _ := strconv.Atoi(m[1])
-		n += v
-	}
-	return n
-}
-
-// reQueueDrops finds a close report's receive queue drops.
-var reQueueDrops = regexp.MustCompile(`(?m)\] Rx pkt : max \d+ / dropped (\d+) `)
 
 // kernelOverflows counts the receive buffer overflows (Udp
 // RcvbufErrors) of the sides of p that the kernel serves.

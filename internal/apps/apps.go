@@ -45,6 +45,12 @@ type Result struct {
 	// accepted offloaded (its VMAXDP_STATS_FILE), when it ran under
 	// vmaxdp.
 	ServerAccepted map[int]int64
+	// Reports are the offloaded sockets' counters as they closed, the
+	// server's then the load generator's (their VMAXDP_STATS_FILEs), and
+	// QueueDrops the datagrams those sockets dropped over their receive
+	// limit: the counterpart of the kernel's receive buffer overflows.
+	Reports    string
+	QueueDrops int64
 	// Repeated says why the load generator ran a second time: on the
 	// kernel, it failed on a defect of its own (App.Defect).
 	Repeated string
@@ -171,6 +177,10 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		if r.ServerOffload {
 			report := readLogs(dir, "server-stats.txt")
 			res.ServerRx, res.ServerAccepted = perFD(reServerRx, report), perFD(reServerAccepted, report)
+			res.Reports = report + res.Reports
+		}
+		for _, n := range perFD(reQueueDrops, res.Reports) {
+			res.QueueDrops += n
 		}
 	}()
 	if err := r.waitListening(ctx); err != nil {
@@ -185,7 +195,8 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	for try := 1; ; try++ {
 		cli := r.command(ctx, testbed.A, r.ClientOffload, r.App.Client(dir, addr, d, r.Paced))
 		cli.Dir = dir
-		cli.Env = append(cli.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, fmt.Sprintf("client-vmaxdp.%d.%%d.log", try)))
+		cli.Env = append(cli.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, fmt.Sprintf("client-vmaxdp.%d.%%d.log", try)),
+			"VMAXDP_STATS_FILE="+filepath.Join(dir, fmt.Sprintf("client-stats.%d.txt", try)))
 		b, err := cli.CombinedOutput()
 		out = string(b) + readLogs(dir, fmt.Sprintf("client-vmaxdp.%d.*.log", try))
 		if err == nil {
@@ -204,6 +215,9 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	}
 	res, err = r.App.Parse(out)
 	res.Output, res.Repeated = out, repeated
+	if r.ClientOffload { // one try: a repeat is for a load generator on the kernel
+		res.Reports = readLogs(dir, "client-stats.*.txt")
+	}
 	return res, "", err
 }
 
@@ -310,11 +324,13 @@ func dnsperfFlows(dir, addr string, d time.Duration, paced bool) []string {
 var (
 	reServerRx       = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx Offload: \d+ KB / (\d+) /`)
 	reServerAccepted = regexp.MustCompile(`(?m)\[fd=(\d+)\] TCP: LISTEN / .* / (\d+) \[state/`)
+	reQueueDrops     = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx pkt : max \d+ / dropped (\d+) `)
 )
 
 // perFD sums, per fd, the counts re finds in the socket reports of a
 // VMAXDP_STATS_FILE (re's groups: the fd, the count): datagrams received
-// offloaded (reServerRx), connections accepted (reServerAccepted).
+// offloaded (reServerRx), connections accepted (reServerAccepted),
+// datagrams dropped over the receive limit (reQueueDrops).
 func perFD(re *regexp.Regexp, report string) map[int]int64 {
 	sum := map[int]int64{}
 	for _, m := range re.FindAllStringSubmatch(report, -1) {
