@@ -286,10 +286,14 @@ func requireSockperf(t *testing.T) {
 func TestRunSockperf(t *testing.T) {
 	requireSockperf(t)
 	vmaxdp := tools(t)
-	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) { runSockperfCases(t, vmaxdp, b) })
+	var x testutil.Exclusive
+	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) { runSockperfCases(t, vmaxdp, b, &x) })
 }
 
-func runSockperfCases(t *testing.T, vmaxdp string, b *testbed.Bed) {
+// runSockperfCases runs sockperf's modes on b, the ping-pongs beside
+// another bed's (one message in flight loses nothing to a busy core), the
+// rates (ul, tp) alone on the machine.
+func runSockperfCases(t *testing.T, vmaxdp string, b *testbed.Bed, x *testutil.Exclusive) {
 	srv := b.Addr(testbed.B).String()
 	feed := filepath.Join(t.TempDir(), "feed.txt")
 	var fb strings.Builder
@@ -336,6 +340,11 @@ func runSockperfCases(t *testing.T, vmaxdp string, b *testbed.Bed) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if c.client[0] == "pp" {
+				x.Shared(t)
+			} else {
+				x.Alone(t)
+			}
 			before := [2]int{udpInDatagrams(t, b, testbed.A), udpInDatagrams(t, b, testbed.B)}
 			// The sockets' counters as they close (VMAXDP_STATS_FILE):
 			// where a lost datagram went, for a failure to say.

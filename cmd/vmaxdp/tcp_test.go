@@ -253,7 +253,9 @@ func TestRunTCPApps(t *testing.T) {
 func TestRunTCPSockperf(t *testing.T) {
 	requireSockperf(t)
 	vmaxdp := tools(t)
-	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+	// The beds run side by side, as TestRunSockperf's do.
+	var x testutil.Exclusive
+	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) {
 		srv := b.Addr(testbed.B).String()
 		feed := filepath.Join(t.TempDir(), "feed.txt")
 		var fb strings.Builder
@@ -289,6 +291,11 @@ func TestRunTCPSockperf(t *testing.T) {
 		for _, c := range cases {
 			for _, p := range places {
 				t.Run(c.name+"/"+p.name, func(t *testing.T) {
+					if c.client[0] == "pp" {
+						x.Shared(t)
+					} else {
+						x.Alone(t)
+					}
 					before := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
 					statsDir := t.TempDir()
 					var serverPID int
@@ -1345,7 +1352,8 @@ func TestRunTCPReusePort(t *testing.T) {
 	args := func(port int, sel string) []string {
 		return []string{strconv.Itoa(port), strconv.Itoa(n), seconds, sel, "tcp"}
 	}
-	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+	// The program serves for 3 s whatever comes: the beds run side by side.
+	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) {
 		t.Run("offloaded", func(t *testing.T) {
 			const port = 11186
 			p := startC(t, b, prog, env, args(port, "-")...)
@@ -1478,7 +1486,8 @@ func TestRunTCPReusePort(t *testing.T) {
 func TestRunTCPPeerVanishes(t *testing.T) {
 	testutil.RequireRoot(t)
 	prog := buildC(t, "tcpcalls")
-	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+	// Mostly waiting for timers: the beds run side by side.
+	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) {
 		const port = 11185
 		cidr := netip.PrefixFrom(b.Addr(testbed.A), testbed.Prefix.Bits()).String()
 		address := func(op string) error {
