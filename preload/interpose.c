@@ -837,15 +837,18 @@ static void vmx_kick_tx(void)
  * vmx_on_fatal is installed in its place: it kicks the rings
  * (vmx_kick_tx), puts SIG_DFL back and raises the signal again, which
  * ends the process as the default action would have, core dump and exit
- * status included. The application sees SIG_DFL (sigaction). Only the
- * asynchronous signals: a fault's signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
- * SIGTRAP, SIGSYS, SIGABRT) may come from inside the engine, and Go's
- * runtime owns SIGPIPE and SIGPROF. A blocked signal taken by sigwait or
- * signalfd never runs a handler, as before. */
+ * status included. The application sees SIG_DFL (sigaction). The
+ * asynchronous signals, and SIGABRT: abort(3) and a failed assert(3) end
+ * a program with it, and one the engine's runtime raised only has the
+ * rings kicked first (vmx_kick_tx takes no lock and enters no Go code).
+ * Not a fault's signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ * SIGSYS): Go's runtime takes those first, to tell its own faults from
+ * the application's; nor SIGPIPE and SIGPROF, which it owns. A blocked
+ * signal taken by sigwait or signalfd never runs a handler, as before. */
 static int vmx_fatal(int sig)
 {
 	switch (sig) {
-	case SIGHUP: case SIGINT: case SIGQUIT: case SIGTERM: case SIGALRM: case SIGUSR1: case SIGUSR2:
+	case SIGHUP: case SIGINT: case SIGQUIT: case SIGTERM: case SIGALRM: case SIGUSR1: case SIGUSR2: case SIGABRT:
 	case SIGVTALRM: case SIGXCPU: case SIGXFSZ: case SIGIO: case SIGPWR: case SIGSTKFLT:
 		return 1;
 	}

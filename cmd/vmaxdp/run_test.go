@@ -837,7 +837,7 @@ func TestRunExitFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(count)}
-	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec", "sigterm", "sigterm-dfl", "handler", "python-sigterm"} {
+	for _, how := range []string{"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec", "sigterm", "sigterm-dfl", "handler", "python-sigterm", "sigkill", "abort"} {
 		t.Run(how, func(t *testing.T) {
 			out := testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
 			var p *cProgram
@@ -849,30 +849,47 @@ func TestRunExitFlush(t *testing.T) {
 			} else {
 				p = startC(t, b, prog, nil, append(args, how)...)
 			}
+			seen := make([]bool, count)
+			got := 0
+			buf := make([]byte, 64)
+			// read takes datagrams until all came or none for idle.
+			read := func(idle time.Duration) {
+				for got < count {
+					c.SetReadDeadline(time.Now().Add(idle))
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if i, err := strconv.Atoi(string(buf[:n])); err == nil && i >= 0 && i < count && !seen[i] {
+						seen[i] = true
+						got++
+					}
+				}
+			}
+			if how == "sigkill" {
+				// Once the burst has stopped coming, whatever is left of it
+				// waits on the TX ring for a kick the program never makes.
+				if err := p.waitFor("sending"); err != nil {
+					t.Fatalf("%v\n%s", err, p.out.String())
+				}
+				read(300 * time.Millisecond)
+				syscall.Kill(p.pid, syscall.SIGKILL)
+			}
 			err := p.exited()
-			if strings.Contains(how, "sigterm") {
+			if sig := endSignal[how]; sig != "" {
 				// Ended by the signal, as its default action ends it.
-				if err == nil || err.Error() != "signal: terminated" {
-					t.Fatalf("ended with %v, want signal: terminated\n%s", err, p.out.String())
+				if err == nil || !strings.HasPrefix(err.Error(), "signal: "+sig) {
+					t.Fatalf("ended with %v, want signal: %s\n%s", err, sig, p.out.String())
 				}
 			} else if err != nil {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
-			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B), fmt.Sprintf("sent %d\n", count))
-			seen := make([]bool, count)
-			got := 0
-			buf := make([]byte, 64)
-			for got < count {
-				c.SetReadDeadline(time.Now().Add(time.Second))
-				n, err := c.Read(buf)
-				if err != nil {
-					break
-				}
-				if i, err := strconv.Atoi(string(buf[:n])); err == nil && i >= 0 && i < count && !seen[i] {
-					seen[i] = true
-					got++
-				}
+			said := fmt.Sprintf("sent %d\n", count)
+			if how == "sigkill" || how == "abort" {
+				said = fmt.Sprintf("sending %d\n", count)
 			}
+			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B), said)
+			read(time.Second)
 			if got != count {
 				t.Errorf("side A received %d of the %d datagrams sent; the first missing: %d", got, count, slices.Index(seen, false))
 			}
@@ -882,6 +899,11 @@ func TestRunExitFlush(t *testing.T) {
 		})
 	}
 }
+
+// endSignal is the signal that ends each of TestRunExitFlush's ways that
+// end by one.
+var endSignal = map[string]string{"sigterm": "terminated", "sigterm-dfl": "terminated", "python-sigterm": "terminated",
+	"sigkill": "killed", "abort": "aborted"}
 
 // pythonSigterm is exitburst's sigterm in Python, which reads the
 // dispositions it was given as it starts: a burst, then SIGTERM sent to

@@ -12,9 +12,14 @@
  * _exit), exec (execl of true(1), which replaces the program), sigterm
  * (raise(SIGTERM) at its default action), sigterm-dfl (SIGTERM set to
  * SIG_DFL by the program, then sent to the process with kill(2)), or
- * handler (a SIGTERM handler that calls _exit(0), then raise(SIGTERM)).
+ * handler (a SIGTERM handler that calls _exit(0), then raise(SIGTERM)),
+ * sigkill (the program spins after its burst, making no call, until the
+ * test kills it with SIGKILL, which no handler sees: only a process
+ * outside can send what is left) or abort (abort(3), SIGABRT at its
+ * default action, as a failed assertion ends a program).
  * Each datagram holds its index. It prints "sent COUNT" just before it
- * ends. First it checks that SIGTERM and SIGINT are at SIG_DFL, as its
+ * ends; sigkill and abort print "sending COUNT" before the burst instead,
+ * and end right after it, so that no write of theirs kicks the TX ring. First it checks that SIGTERM and SIGINT are at SIG_DFL, as its
  * parent gave them, whatever vmaxdp puts there.
  */
 #define _GNU_SOURCE
@@ -52,7 +57,7 @@ int main(int argc, char **argv)
 	}
 	start_watchdog();
 	const char *how = argv[4], *hows[] = {"return", "exit", "_exit", "_Exit", "exit_group", "vfork", "exec",
-				       "sigterm", "sigterm-dfl", "handler"};
+				       "sigterm", "sigterm-dfl", "handler", "sigkill", "abort"};
 	int known = 0;
 	for (size_t i = 0; i < sizeof hows / sizeof hows[0]; i++)
 		known |= strcmp(how, hows[i]) == 0;
@@ -83,6 +88,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	int count = atoi(argv[3]);
+	int at_once = strcmp(how, "sigkill") == 0 || strcmp(how, "abort") == 0;
+	if (at_once) {
+		printf("sending %d\n", count);
+		fflush(stdout);
+	}
 	for (int i = 0; i < count; i++) {
 		char buf[16];
 		int n = snprintf(buf, sizeof buf, "%d", i);
@@ -101,6 +111,11 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (strcmp(how, "sigkill") == 0)
+		for (;;)
+			__asm__ volatile("" ::: "memory");
+	if (strcmp(how, "abort") == 0)
+		abort();
 	printf("sent %d\n", count);
 	fflush(stdout);
 	if (strcmp(how, "exit") == 0)
