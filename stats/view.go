@@ -478,6 +478,34 @@ func WriteCloseReport(w io.Writer, s *Socket) {
 	fmt.Fprintf(w, "%s Rx poll: %d / %d (%.2f%%) [miss/hit]\n", p, c.RxPollMiss, c.RxPollHit, pct(c.RxPollHit, c.RxPollHit+c.RxPollMiss))
 }
 
+// WriteQueueReport writes, in the format of VMAXDP_STATS_FILE, what a
+// queue's AF_XDP socket dropped before the stack saw it (the kernel's
+// XDP_STATISTICS): with the sockets' reports, where every datagram of a
+// process that has ended went.
+func WriteQueueReport(w io.Writer, q *Queue) {
+	p := fmt.Sprintf("vmaxdp: [%s/q%d]", q.Interface, q.Queue)
+	if q.StatisticsError != "" {
+		fmt.Fprintf(w, "%s Rx ring: %s\n", p, q.StatisticsError)
+		return
+	}
+	x := &q.Statistics
+	fmt.Fprintf(w, "%s Rx ring: %d / %d / %d [rx_ring_full/rx_dropped/rx_fill_ring_empty_descs]\n", p, x.RxRingFull, x.RxDropped, x.RxFillRingEmptyDescs)
+}
+
+// WriteStackReport writes, in the format of VMAXDP_STATS_FILE, the frames
+// a stack dropped, by reason (vmaxdp stats -v 3's "Dropped"); nothing
+// when it dropped none.
+func WriteStackReport(w io.Writer, pr *Program) {
+	if len(pr.Stack.RxDropped) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "vmaxdp: [%s] Rx dropped:", pr.Interface)
+	for _, d := range pr.Stack.RxDropped {
+		fmt.Fprintf(w, " %s %d", d.Reason, d.Packets)
+	}
+	fmt.Fprintln(w)
+}
+
 // WriteFDDump writes a socket's dump (vma_stats -S, the guide's example
 // 7), one line per item, without the log's prefix.
 func WriteFDDump(w io.Writer, s *Socket) {

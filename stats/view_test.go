@@ -108,3 +108,21 @@ func TestViewReusePortGroups(t *testing.T) {
 		t.Errorf("view 2 names the group %d times, want 2:\n%s", n, b.String())
 	}
 }
+
+// The exit report's queue and stack lines: what a queue's AF_XDP socket
+// dropped, or why it could not be read; the stack's drops by reason, and
+// nothing for a stack that dropped none.
+func TestQueueAndStackReports(t *testing.T) {
+	var b strings.Builder
+	WriteQueueReport(&b, &Queue{Interface: "vmxb", Queue: 1, Statistics: XDPStatistics{RxRingFull: 3, RxDropped: 12, RxFillRingEmptyDescs: 40}})
+	WriteQueueReport(&b, &Queue{Interface: "vmxb", Queue: 2, StatisticsError: "xsk vmxb/q2: XDP_STATISTICS: bad file descriptor"})
+	WriteStackReport(&b, &Program{Interface: "vmxa"})
+	WriteStackReport(&b, &Program{Interface: "vmxb", Stack: StackCounters{RxDropped: []Drop{{"bad_udp_checksum", 3}, {"truncated", 1}}}})
+	want := `vmaxdp: [vmxb/q1] Rx ring: 3 / 12 / 40 [rx_ring_full/rx_dropped/rx_fill_ring_empty_descs]
+vmaxdp: [vmxb/q2] Rx ring: xsk vmxb/q2: XDP_STATISTICS: bad file descriptor
+vmaxdp: [vmxb] Rx dropped: bad_udp_checksum 3 truncated 1
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}

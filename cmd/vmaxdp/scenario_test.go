@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -31,11 +33,12 @@ func TestScenarioSockperfFillRingStarved(t *testing.T) {
 	vmaxdp := tools(t)
 	b := testutil.Bed(t, nil)
 	statsDir := t.TempDir()
+	closeFile := filepath.Join(statsDir, "close.txt")
 	srv := []string{"-i", b.Addr(testbed.B).String(), "-p", "11190"}
 	var serverPID int
 	run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: true, Server: srv,
 		Client:   append([]string{"tp"}, append(srv, "-m", "64", "-t", "2")...),
-		Env:      []string{"VMAXDP_RX_BUFS=64", "VMAXDP_RX_POLL=0", "VMAXDP_STATS_DIR=" + statsDir},
+		Env:      []string{"VMAXDP_RX_BUFS=64", "VMAXDP_RX_POLL=0", "VMAXDP_STATS_DIR=" + statsDir, "VMAXDP_STATS_FILE=" + closeFile},
 		OnServer: func(pid int) { serverPID = pid },
 		// The server still runs: its counters file shows the starved ring
 		// before the recorder's last look at it.
@@ -77,6 +80,13 @@ func TestScenarioSockperfFillRingStarved(t *testing.T) {
 	}
 	if !strings.Contains(f.Fix, "VMAXDP_RX_BUFS") {
 		t.Errorf("fix %q does not name VMAXDP_RX_BUFS", f.Fix)
+	}
+	// The server's exit report says what its queue dropped: the frames
+	// the kernel had no fill-ring buffer for (rx_dropped).
+	closed, _ := os.ReadFile(closeFile)
+	m := regexp.MustCompile(`(?m)^vmaxdp: \[` + b.Link(testbed.B) + `/q0\] Rx ring: (\d+) / (\d+) / (\d+) \[rx_ring_full/rx_dropped/rx_fill_ring_empty_descs\]$`).FindSubmatch(closed)
+	if m == nil || string(m[2]) == "0" || string(m[3]) == "0" {
+		t.Errorf("%s:\n%s\nwant the queue's line, with what it dropped", closeFile, closed)
 	}
 	for _, g := range rep.Findings[1:] {
 		if g.Severity == "error" {

@@ -308,6 +308,9 @@ func TestStatsSockperf(t *testing.T) {
 		!strings.Contains(string(closed), "Rx poll:") {
 		t.Errorf("%s:\n%s\nwant the socket's report (the VMA manual's example 5)", closeFile, closed)
 	}
+	if !regexp.MustCompile(`(?m)^vmaxdp: \[` + b.Link(testbed.B) + `/q0\] Rx ring: \d+ / \d+ / \d+ \[rx_ring_full/rx_dropped/rx_fill_ring_empty_descs\]$`).Match(closed) {
+		t.Errorf("%s:\n%s\nwant its queue's line", closeFile, closed)
+	}
 	t.Logf("sent %d, sampled rx %v", res.Sent, moving)
 }
 

@@ -45,12 +45,16 @@ type Result struct {
 	// accepted offloaded (its VMAXDP_STATS_FILE), when it ran under
 	// vmaxdp.
 	ServerAccepted map[int]int64
-	// Reports are the offloaded sockets' counters as they closed, the
-	// server's then the load generator's (their VMAXDP_STATS_FILEs), and
-	// QueueDrops the datagrams those sockets dropped over their receive
-	// limit: the counterpart of the kernel's receive buffer overflows.
+	// Reports are the offloaded sockets' counters as they closed, and
+	// their queues' at the end, the server's then the load generator's
+	// (their VMAXDP_STATS_FILEs); QueueDrops the datagrams those sockets
+	// dropped over their receive limit, and RingDrops those their queues'
+	// AF_XDP sockets dropped, RX ring full or no buffer (rx_ring_full,
+	// rx_dropped): the counterparts of the kernel's receive buffer
+	// overflows.
 	Reports    string
 	QueueDrops int64
+	RingDrops  int64
 	// Repeated says why the load generator ran a second time: on the
 	// kernel, it failed on a defect of its own (App.Defect).
 	Repeated string
@@ -181,6 +185,11 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		}
 		for _, n := range perFD(reQueueDrops, res.Reports) {
 			res.QueueDrops += n
+		}
+		for _, m := range reRingDrops.FindAllStringSubmatch(res.Reports, -1) {
+			full, _ := strconv.ParseInt(m[1], 10, 64)
+			dropped, _ := strconv.ParseInt(m[2], 10, 64)
+			res.RingDrops += full + dropped
 		}
 	}()
 	if err := r.waitListening(ctx); err != nil {
@@ -325,6 +334,7 @@ var (
 	reServerRx       = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx Offload: \d+ KB / (\d+) /`)
 	reServerAccepted = regexp.MustCompile(`(?m)\[fd=(\d+)\] TCP: LISTEN / .* / (\d+) \[state/`)
 	reQueueDrops     = regexp.MustCompile(`(?m)\[fd=(\d+)\] Rx pkt : max \d+ / dropped (\d+) `)
+	reRingDrops      = regexp.MustCompile(`(?m)\[\S+/q\d+\] Rx ring: (\d+) / (\d+) / \d+ \[rx_ring_full/rx_dropped/`)
 )
 
 // perFD sums, per fd, the counts re finds in the socket reports of a

@@ -171,6 +171,19 @@ func (e *Engine) shutdown() {
 			e.writeCloseReport(&snap.Sockets[i])
 		}
 		pub.mu.Lock()
+		// What the stacks dropped before any socket counted it.
+		var b strings.Builder
+		for _, st := range e.openStacks() {
+			var snap stats.Snapshot
+			e.stackRecords(st, &snap, map[ruleKey]int{})
+			for i := range snap.Programs {
+				stats.WriteStackReport(&b, &snap.Programs[i])
+			}
+			for i := range snap.Queues {
+				stats.WriteQueueReport(&b, &snap.Queues[i])
+			}
+		}
+		pub.statsOut.WriteString(b.String())
 		stats.CloseHigh(pub.statsOut)
 		pub.statsOut = nil
 		pub.mu.Unlock()
