@@ -62,6 +62,12 @@ type Options struct {
 	// rxOnly asks for one that only receives (the interface runs no TX
 	// queue of that number).
 	NewBackend func(ifname string, queue int, rxOnly bool) (backend.Backend, error)
+	// OnQueue, when set, is told of each queue the stack starts to serve,
+	// by name ("vmxb/q0") and its backend's fd; the function it returns
+	// runs just before the backend closes. The engine hands the fd to a
+	// helper process that sends what the TX ring holds if the process
+	// dies before its kick (internal/peernotify).
+	OnQueue func(name string, fd int) (release func())
 	// ProgressInterval: when no receive has polled the queues for this
 	// long, a goroutine of the stack drains their RX rings into the
 	// sockets' queues (VMAXDP_PROGRESS_ENGINE_INTERVAL, VMA's progress
@@ -177,6 +183,7 @@ type queue struct {
 	busyAt     atomic.Int64         // monoNow when a kick last left frames (device busy or failing; 0: none)
 	sendGen    uint32               // Stack.waitGen at the last send, guarded by txMu
 	closed     bool                 // the backend is closed (Stack.Close), guarded by txMu and kicks.mu
+	release    func()               // Options.OnQueue's, run before the backend closes; nil: none
 	kickDue    bool                 // a send asks for a kick once txMu is let go (unlockTx), guarded by txMu
 	rx         [rxBatch]backend.Buf // guarded by Stack.rxMu
 	rel        []backend.Buf        // frames to release, guarded by Stack.rxMu
@@ -574,6 +581,9 @@ func (st *Stack) openQueues(qs []int, ch xsk.Channels) error {
 		}
 		q := &queue{idx: qi, be: be, canTx: !rxOnly, sendGen: math.MaxUint32, rel: make([]backend.Buf, 0, 2*rxBatch)}
 		q.arrivals, _ = be.(backend.ArrivalStamper)
+		if st.opts.OnQueue != nil {
+			q.release = st.opts.OnQueue(fmt.Sprintf("%s/q%d", st.ifname, qi), be.FD())
+		}
 		next = append(next, q)
 	}
 	if len(next) == 0 {
@@ -1203,6 +1213,9 @@ func (st *Stack) Close() error {
 		q.txMu.Lock()
 		q.kicks.mu.Lock()
 		q.closed = true
+		if q.release != nil {
+			q.release()
+		}
 		errs = append(errs, q.be.Close())
 		q.kicks.mu.Unlock()
 		q.txMu.Unlock()

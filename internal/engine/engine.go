@@ -90,10 +90,11 @@ type Options struct {
 	// (owed.go), for a caller that asks the kernel about them to call
 	// PayOwed first while it is not 0. Default: the engine's own.
 	Owed *atomic.Int32
-	// Helper is the vmaxdp executable, which Spawn starts as the
-	// peer-notification helper once TCP is offloaded (package
-	// peernotify); without both the peers of offloaded TCP connections
-	// are not told when the process ends without closing them.
+	// Helper is the vmaxdp executable, which Spawn starts as the helper
+	// that outlives the process (package peernotify) once a stack opens;
+	// without both, a process that dies without closing its sockets
+	// (SIGKILL, a crash) loses what its last sends left on the TX rings,
+	// and the peers of its offloaded TCP connections are not told.
 	Helper string
 	Spawn  peernotify.SpawnFunc
 }
@@ -105,7 +106,7 @@ type Engine struct {
 	program string
 	onState func(fd int, s State)
 	owed    *atomic.Int32        // Options.Owed
-	peers   *peernotify.Notifier // nil: VMAXDP_TCP or VMAXDP_PEER_NOTIFY off
+	peers   *peernotify.Notifier // nil: VMAXDP_PEER_NOTIFY off
 	// peersSaid: the helper's failure was logged.
 	peersSaid atomic.Bool
 	Log       *Log
@@ -287,7 +288,7 @@ func New(opts *Options) (*Engine, error) {
 		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, sets: make([]atomic.Pointer[epollSet], MaxFD), fds: make([]atomic.Pointer[Socket], MaxFD),
 		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
-	if o.Params.TCP && o.Params.PeerNotify {
+	if o.Params.PeerNotify {
 		e.peers = peernotify.New(o.Helper, o.Spawn)
 	}
 	var err error
@@ -1084,6 +1085,26 @@ func (e *Engine) wildcardInterface() (string, error) {
 	return def, nil
 }
 
+// holdQueue hands the helper a copy of the AF_XDP socket fd of queue
+// name (stack.Options.OnQueue), so that what the process's last sends
+// left on its TX ring leaves if the process is killed before its kick.
+func (e *Engine) holdQueue(name string, fd int) (release func()) {
+	release, err := e.peers.Hold(name, fd)
+	if err != nil {
+		e.noHelper(err)
+	}
+	return release
+}
+
+// noHelper says, once, that no helper will outlive the process.
+func (e *Engine) noHelper(err error) {
+	if e.peersSaid.Swap(true) {
+		return
+	}
+	e.Log.Printf(params.LevelWarning, "if this process ends without closing its sockets (SIGKILL, a crash), what its last sends left on the TX rings for a coalesced kick (%sTX_KICK_DELAY) is lost, and the peers of its offloaded TCP connections are not told (%sPEER_NOTIFY=0 to hide this): %v",
+		params.Prefix, params.Prefix, err)
+}
+
 // newStack opens the stack of ifname with the engine's parameters.
 func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, error) {
 	p := e.p
@@ -1104,6 +1125,9 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 		ProgressInterval: time.Duration(p.ProgressInterval) * time.Millisecond,
 		ProgressMax:      p.ProgressMax,
 		TxKickDelay:      time.Duration(p.TxKickDelay) * time.Microsecond,
+	}
+	if e.peers != nil {
+		o.OnQueue = e.holdQueue
 	}
 	if p.ProgressInterval == 0 {
 		o.ProgressInterval = stack.ProgressNever

@@ -1621,8 +1621,8 @@ func (e *Engine) watchPeers(ifname string, st *stack.Stack) {
 	if e.peers == nil {
 		return
 	}
-	if err := e.peers.Watch(ifname, st.Program().ConnMap(), st.Program().SYNMap()); err != nil && !e.peersSaid.Swap(true) {
-		e.Log.Printf(params.LevelWarning, "TCP peers of %s are not told if this process ends without closing its connections (%s=0 to hide this): %v", ifname, params.Prefix+"PEER_NOTIFY", err)
+	if err := e.peers.Watch(ifname, st.Program().ConnMap(), st.Program().SYNMap()); err != nil {
+		e.noHelper(err)
 	}
 }
 

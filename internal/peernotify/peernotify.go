@@ -25,11 +25,22 @@
 // A clean exit closes the connections first (engine.Shutdown), which
 // takes their rules away, and the helper has nothing to do.
 //
+// The helper also holds a copy of each AF_XDP socket of the process's
+// stacks (Hold). A send may leave its datagram on the TX ring for a
+// coalesced kick (stack.Options.TxKickDelay), and a process killed before
+// the kick (SIGKILL, a crash, the OOM killer) took it with it, where the
+// kernel sends what a sendto returned for. When the process ends, the
+// helper kicks each ring first, then closes its copies, which lets the
+// queues be bound again. A stack that closes a queue while the process
+// runs asks for its copy back first (the release Hold returns), as the
+// kernel keeps a queue bound while any copy of its socket is open.
+//
 // What this package must not do: run anything per packet or per
 // connection in the served process, which sends one message per stack.
 package peernotify
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -76,19 +87,29 @@ func New(path string, spawn SpawnFunc) *Notifier {
 	return &Notifier{path: path, spawn: spawn, fd: -1}
 }
 
+// The kinds of message the process sends the helper, in their first byte.
+const (
+	msgStack   = 'T' // a stack's TCP maps and raw socket (Watch)
+	msgQueue   = 'Q' // an AF_XDP socket to kick when the process ends (Hold)
+	msgRelease = 'R' // give the AF_XDP socket back (Hold's release); answered
+)
+
+// running starts the helper if it has not started. Caller holds n.mu.
+func (n *Notifier) running() error {
+	if n.err == nil && n.fd < 0 {
+		n.err = n.start()
+	}
+	return n.err
+}
+
 // Watch hands the helper conns and syns, the ConnMap and SYNMap of
 // ifname's steering program, with a raw socket of the calling thread's
 // network namespace (the interface's), starting the helper first.
 func (n *Notifier) Watch(ifname string, conns, syns *ebpf.Map) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.err != nil {
-		return n.err
-	}
-	if n.fd < 0 {
-		if n.err = n.start(); n.err != nil {
-			return n.err
-		}
+	if err := n.running(); err != nil {
+		return err
 	}
 	// IPPROTO_RAW: the helper writes whole IPv4 packets, and the socket
 	// receives nothing, so that no queue fills while it waits.
@@ -97,10 +118,70 @@ func (n *Notifier) Watch(ifname string, conns, syns *ebpf.Map) error {
 		return fmt.Errorf("peer notification for %s: raw socket: %w", ifname, err)
 	}
 	defer unix.Close(raw)
-	if err := unix.Sendmsg(n.fd, []byte(ifname), unix.UnixRights(conns.FD(), syns.FD(), raw), nil, 0); err != nil {
+	if err := unix.Sendmsg(n.fd, append([]byte{msgStack}, ifname...), unix.UnixRights(conns.FD(), syns.FD(), raw), nil, 0); err != nil {
 		return fmt.Errorf("peer notification for %s: hand the helper its maps: %w", ifname, err)
 	}
 	return nil
+}
+
+// releaseWait bounds how long a release waits for the helper's answer.
+const releaseWait = time.Second
+
+// Hold hands the helper a copy of fd, the AF_XDP socket of queue name
+// ("vmxb/q0"), starting the helper first: if the process ends while the
+// socket is open, the helper kicks its TX ring. The release it returns
+// takes the copy back, and returns once the helper has closed it; the
+// queue's owner calls it before it closes fd. With no helper, Hold says
+// why, and its release does nothing.
+func (n *Notifier) Hold(name string, fd int) (release func(), err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	none := func() {}
+	if err := n.running(); err != nil {
+		return none, err
+	}
+	var id [5]byte
+	id[0] = msgQueue
+	binary.LittleEndian.PutUint32(id[1:], uint32(fd))
+	if err := unix.Sendmsg(n.fd, append(id[:], name...), unix.UnixRights(fd), nil, 0); err != nil {
+		return none, fmt.Errorf("queue %s: hand the helper its AF_XDP socket: %w", name, err)
+	}
+	return func() { n.release(id) }, nil
+}
+
+// release asks the helper to close its copy of the AF_XDP socket of id
+// (Hold's message) and waits, within releaseWait, for its answer. A
+// helper that is gone has closed it already.
+func (n *Notifier) release(id [5]byte) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fd < 0 {
+		return
+	}
+	id[0] = msgRelease
+	if err := unix.Sendmsg(n.fd, id[:], nil, nil, 0); err != nil {
+		return
+	}
+	var ack [5]byte
+	for deadline := time.Now().Add(releaseWait); ; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		pfd := []unix.PollFd{{Fd: int32(n.fd), Events: unix.POLLIN}}
+		if k, err := unix.Poll(pfd, int(left.Milliseconds())+1); err == unix.EINTR {
+			continue
+		} else if err != nil || k == 0 {
+			return
+		}
+		k, err := unix.Read(n.fd, ack[:])
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil || k == 0 || ack == id {
+			return
+		}
+	}
 }
 
 // Close ends the helper's wait as the process's end would: the stacks
@@ -162,6 +243,12 @@ const probeAgain = 700 * time.Millisecond
 // log what it did.
 func Serve(conn, pid int, log io.Writer) error {
 	var stacks []stackConns
+	queues := map[uint32]heldQueue{}
+	defer func() {
+		for _, q := range queues {
+			unix.Close(q.fd)
+		}
+	}()
 	buf, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(3*4))
 	for {
 		nb, noob, _, _, err := unix.Recvmsg(conn, buf, oob, unix.MSG_CMSG_CLOEXEC)
@@ -174,12 +261,40 @@ func Serve(conn, pid int, log io.Writer) error {
 		if nb == 0 && noob == 0 {
 			break // the process's end closed
 		}
-		s, err := parseStack(buf[:nb], oob[:noob])
-		if err != nil {
-			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %v\n", pid, err)
-			continue
+		switch {
+		case buf[0] == msgStack:
+			s, err := parseStack(buf[1:nb], oob[:noob])
+			if err != nil {
+				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: %v\n", pid, err)
+				continue
+			}
+			stacks = append(stacks, s)
+		case buf[0] == msgQueue && nb >= 5:
+			fd, err := oneFD(oob[:noob])
+			if err != nil {
+				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: queue %s: %v\n", pid, buf[5:nb], err)
+				continue
+			}
+			queues[binary.LittleEndian.Uint32(buf[1:5])] = heldQueue{name: string(buf[5:nb]), fd: fd}
+		case buf[0] == msgRelease && nb == 5:
+			id := binary.LittleEndian.Uint32(buf[1:5])
+			if q, ok := queues[id]; ok {
+				unix.Close(q.fd)
+				delete(queues, id)
+			}
+			unix.Write(conn, buf[:5]) // the process waits for it
+		default:
+			closeRights(oob[:noob])
+			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: message of kind %q and %d bytes: not one of ours\n", pid, buf[0], nb)
 		}
-		stacks = append(stacks, s)
+	}
+	// The datagrams first: their receivers wait for them.
+	for id, q := range queues {
+		if err := kickTx(q.fd); err != nil {
+			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: queue %s: send what its last sends left on the TX ring: %v\n", pid, q.name, err)
+		}
+		unix.Close(q.fd)
+		delete(queues, id)
 	}
 	var conns []steer.Rule
 	for i := range stacks {
@@ -214,7 +329,59 @@ func Serve(conn, pid int, log io.Writer) error {
 	return nil
 }
 
-// parseStack reads one message of Watch.
+// heldQueue is an AF_XDP socket the helper holds a copy of (Hold).
+type heldQueue struct {
+	name string
+	fd   int
+}
+
+// finalKicks bounds the kicks of one TX ring: in copy mode each sends up
+// to 32 frames and says EAGAIN while more wait, or EBUSY for a busy device.
+const finalKicks = 256
+
+// kickTx has the kernel send what is on fd's TX ring.
+func kickTx(fd int) error {
+	var err error
+	for range finalKicks {
+		if err = unix.Sendto(fd, nil, unix.MSG_DONTWAIT, nil); err != unix.EAGAIN && err != unix.EBUSY {
+			break
+		}
+	}
+	// A queue with no TX ring (served receive-only) has nothing to send.
+	if err == unix.ENOBUFS || err == unix.ENXIO {
+		return nil
+	}
+	return err
+}
+
+// oneFD reads the single fd of a message's SCM_RIGHTS.
+func oneFD(oob []byte) (int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil || len(msgs) != 1 {
+		return -1, fmt.Errorf("message without its fd (%d control messages: %v)", len(msgs), err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("message with %d fds, want 1 (%v)", len(fds), err)
+	}
+	return fds[0], nil
+}
+
+// closeRights closes the fds a message carried.
+func closeRights(oob []byte) {
+	msgs, _ := unix.ParseSocketControlMessage(oob)
+	for i := range msgs {
+		fds, _ := unix.ParseUnixRights(&msgs[i])
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+}
+
+// parseStack reads one message of Watch, past its kind.
 func parseStack(b, oob []byte) (stackConns, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil || len(msgs) != 1 {

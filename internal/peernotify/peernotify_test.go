@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/peernotify"
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/testbed"
@@ -115,5 +116,70 @@ func TestWatchWithoutHelper(t *testing.T) {
 	n := peernotify.New("", nil)
 	if err := n.Watch("eth0", nil, nil); !errors.Is(err, peernotify.ErrNoHelper) {
 		t.Errorf("Watch: %v, want ErrNoHelper", err)
+	}
+}
+
+// TestHold: the helper holds a copy of each fd Hold hands it (a pipe's
+// write end here, whose reader sees EOF only once every copy is closed).
+// A release returns once the helper has closed its copy; at the process's
+// end the helper kicks what it still holds (an error for a pipe, which it
+// says) and closes it.
+func TestHold(t *testing.T) {
+	var log sockperf.SyncBuffer // the helper's goroutine writes, the test reads
+	served := make(chan error, 1)
+	spawn := func(path string, argv []string, fd int) (int, error) {
+		helper, err := unix.Dup(fd)
+		if err != nil {
+			return 0, err
+		}
+		go func() { served <- peernotify.Serve(helper, os.Getpid(), &log) }()
+		return os.Getpid(), nil
+	}
+	n := peernotify.New("/proc/self/exe", spawn)
+	// eof says whether r's writers are all closed, within d.
+	eof := func(r int, d time.Duration) bool {
+		pfd := []unix.PollFd{{Fd: int32(r), Events: unix.POLLIN}}
+		if k, err := unix.Poll(pfd, int(d.Milliseconds())); err != nil || k == 0 {
+			return false
+		}
+		var b [1]byte
+		k, err := unix.Read(r, b[:])
+		return k == 0 && err == nil
+	}
+	var released, held [2]int
+	for _, p := range []*[2]int{&released, &held} {
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(p[0])
+	}
+	release, err := n.Hold("test/q0", released[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Hold("test/q1", held[1]); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(released[1])
+	unix.Close(held[1])
+	if eof(released[0], 100*time.Millisecond) {
+		t.Fatal("test/q0's writer closed before its release: the helper holds no copy")
+	}
+	release()
+	if !eof(released[0], 0) {
+		t.Error("test/q0's writer still open after its release returned")
+	}
+	if eof(held[0], 100*time.Millisecond) {
+		t.Fatal("test/q1's writer closed while the process runs")
+	}
+	n.Close()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	if !eof(held[0], time.Second) {
+		t.Error("test/q1's writer still open after the helper ended")
+	}
+	if want := "queue test/q1: send what its last sends left on the TX ring: socket operation on non-socket"; !strings.Contains(log.String(), want) {
+		t.Errorf("helper's log:\n%s\nwant %q", log.String(), want)
 	}
 }
