@@ -50,20 +50,28 @@ func Dump(fd int, req, buf []byte, each func(data []byte)) error {
 	}
 }
 
-// Owner finds a process holding the socket with inode ino: its pid, the
+// Owner finds the process holding the socket with inode ino: its pid, the
 // fd it holds it as and its command name; pid 0 when none is found (the
-// socket is closing, or its process is in another pid namespace).
+// socket is closing, or its process is in another pid namespace). Of
+// several, the oldest by pid: a process's own rather than the copy the
+// helper that outlives it holds (vmaxdp notify-peers, started later).
 func Owner(ino uint64) (pid, fd int, comm string) {
 	target := "socket:[" + strconv.FormatUint(ino, 10) + "]"
 	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	dir := ""
 	for _, f := range fds {
 		if l, err := os.Readlink(f); err == nil && l == target {
-			dir := filepath.Dir(filepath.Dir(f))
-			pid, _ = strconv.Atoi(filepath.Base(dir))
-			fd, _ = strconv.Atoi(filepath.Base(f))
-			b, _ := os.ReadFile(filepath.Join(dir, "comm"))
-			return pid, fd, strings.TrimSpace(string(b))
+			d := filepath.Dir(filepath.Dir(f))
+			p, _ := strconv.Atoi(filepath.Base(d))
+			if pid == 0 || p < pid {
+				pid, dir = p, d
+				fd, _ = strconv.Atoi(filepath.Base(f))
+			}
 		}
 	}
-	return 0, -1, ""
+	if pid == 0 {
+		return 0, -1, ""
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "comm"))
+	return pid, fd, strings.TrimSpace(string(b))
 }
