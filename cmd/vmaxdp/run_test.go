@@ -756,12 +756,12 @@ func TestRunWaits(t *testing.T) {
 	const port = 11445
 	c := dialB(t, b, port)
 	waits := []string{"epoll_pwait2", "sys_epoll_pwait2", "sys_ppoll", "sys_pselect6", "select", "ppoll",
-		"nested", "poll-epfd", "select-epfd", "dup-epfd", "dup-closed", "poll-rdnorm", "epoll-rdnorm", "nested-et", "unnested"}
+		"nested", "poll-epfd", "select-epfd", "dup-epfd", "dup-closed", "poll-rdnorm", "epoll-rdnorm", "nested-et", "dup-name", "unnested"}
 	checks := []string{"epoll_pwait2-kept", "sys_ppoll-left", "sys_pselect6-left", "select-left", "ppoll-kept",
 		"nested-join", "nested-outer", "nested-inner", "nested-pipe", "nested-mixed", "nested-drain",
 		"select-timeout", "sys_ppoll-timeout", "epoll_pwait2-timeout", "epoll_pwait2-einval", "ppoll-einval", "select-einval",
 		"dup-close", "poll-wrnorm", "epoll-rdnorm-add", "nested-et-add", "nested-et-once",
-		"unnested-wait", "unnested-del", "unnested-add", "unnested-close"}
+		"unnested-wait", "unnested-del", "unnested-add", "unnested-close", "dup-name-add"}
 	for _, w := range waits {
 		checks = append(checks, w, w+"-echo")
 	}

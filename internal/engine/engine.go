@@ -1196,8 +1196,21 @@ func (e *Engine) Close(fd int) {
 	s := e.fds[fd].Swap(nil)
 	tcp := s == nil && e.closeTCP(fd)
 	e.mu.Lock()
+	// A registration is the open socket's, as the kernel's is the open
+	// file's: while another fd names the socket, it stays, under that
+	// fd (an event loop that registers a socket, dups it and closes the
+	// first name, as Python's socket.dup and close do).
+	heir := -1
+	if s != nil {
+		for _, f := range s.fds {
+			if f != fd {
+				heir = f
+				break
+			}
+		}
+	}
 	for _, set := range e.epolls {
-		set.remove(fd)
+		set.forget(fd, heir)
 	}
 	var parents []*epollSet
 	if set := e.epolls[fd]; set != nil {

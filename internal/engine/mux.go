@@ -741,11 +741,21 @@ func (m *epollMember) mark(rx uint64) {
 	}
 }
 
-func (set *epollSet) remove(fd int) {
+// forget follows the close of fd: its member moves to heir, another fd
+// of the same socket, unless heir is -1 or a member already (the kernel
+// would keep both registrations: the one made under fd ends here);
+// otherwise it goes.
+func (set *epollSet) forget(fd, heir int) {
 	set.mu.Lock()
-	set.del(fd)
+	defer set.mu.Unlock()
+	if m := set.members[fd]; m != nil && heir >= 0 && set.members[heir] == nil {
+		delete(set.members, fd)
+		m.fd = heir
+		set.members[heir] = m
+	} else {
+		set.del(fd)
+	}
 	set.delTCP(fd)
-	set.mu.Unlock()
 }
 
 // epollSetLocked returns epfd's set, made if it has none. Caller holds

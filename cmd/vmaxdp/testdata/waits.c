@@ -19,6 +19,9 @@
  *    duplicate is closed;
  *  - poll for POLLRDNORM alone, and epoll for EPOLLRDNORM alone;
  *  - a set nested edge-triggered, reported once for the datagram;
+ *  - a set the socket joined under a name closed since, while a
+ *    duplicate keeps it open (the socket then goes on under the
+ *    duplicate, in every set it had joined);
  * then, with nothing sent, waits that time out (30 ms, the time left
  * written back as 0) and timeouts the kernel refuses (EINVAL); last
  * ("unnested"), a datagram left unread in the nested set, which the sets
@@ -227,6 +230,23 @@ int main(int argc, char **argv)
 	echo("nested-et");
 	close(etout);
 	close(etin);
+
+	/* A registration is the open socket's, not its fd number's: closing
+	 * the name it was made with, while a duplicate keeps the socket open,
+	 * leaves it (and every earlier set's) in place, and it reports the
+	 * socket with its data. The socket goes on under the duplicate's
+	 * name. */
+	int epn = epoll_create1(0), keep = dup(fd);
+	struct epoll_event e47 = {.events = EPOLLIN, .data.u64 = 47};
+	check("dup-name-add", epn >= 0 && keep >= 0 && epoll_ctl(epn, EPOLL_CTL_ADD, fd, &e47) == 0 && close(fd) == 0,
+	      "register, duplicate, close the first name");
+	fd = keep;
+	pfd.fd = keep;
+	step("dup-name");
+	n = epoll_wait(epn, got, 4, 5000);
+	check("dup-name", n == 1 && got[0].data.u64 == 47, "the registration made through the closed name reports the socket");
+	echo("dup-name");
+	close(epn);
 
 	/* Nothing is sent from here on, but the last. */
 	tv = (struct timeval){0, 30000};
