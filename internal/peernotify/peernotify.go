@@ -36,7 +36,8 @@
 // kernel keeps a queue bound while any copy of its socket is open.
 //
 // What this package must not do: run anything per packet or per
-// connection in the served process, which sends one message per stack.
+// connection in the served process, which sends one message per stack
+// and one per queue as it opens and as it closes.
 package peernotify
 
 import (
@@ -237,10 +238,12 @@ type stackConns struct {
 // every 500 ms (net.ipv4.tcp_invalid_ratelimit).
 const probeAgain = 700 * time.Millisecond
 
-// Serve is the helper (`vmaxdp notify-peers`). It takes the stacks the
-// process pid hands it on conn until conn ends, then releases the TCP
-// connections left in them and sends their peers a SYN, twice, logging to
-// log what it did.
+// Serve is the helper (`vmaxdp notify-peers`). It takes the stacks and
+// the AF_XDP sockets the process pid hands it on conn, and gives those
+// sockets back as asked, until conn ends; then it kicks the TX rings of
+// the sockets it still holds and closes them, releases the TCP
+// connections left in the stacks and sends their peers a SYN, twice,
+// logging to log what it did.
 func Serve(conn, pid int, log io.Writer) error {
 	var stacks []stackConns
 	queues := map[uint32]heldQueue{}
