@@ -253,109 +253,118 @@ func TestRunTCPApps(t *testing.T) {
 func TestRunTCPSockperf(t *testing.T) {
 	requireSockperf(t)
 	vmaxdp := tools(t)
-	// The beds run side by side, as TestRunSockperf's do.
-	var x testutil.Exclusive
-	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) {
-		srv := b.Addr(testbed.B).String()
-		feed := filepath.Join(t.TempDir(), "feed.txt")
-		var fb strings.Builder
-		for p := 11160; p < 11163; p++ {
-			fmt.Fprintf(&fb, "T:%s:%d\n", srv, p)
+	// The ping-pongs, the beds side by side, as TestRunSockperf's are.
+	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) { runTCPSockperfCases(t, vmaxdp, b, false) })
+}
+
+// TestRunTCPSockperfRates is TestRunTCPSockperf's rates (ul, tp), one bed
+// after the other, with nothing beside them.
+func TestRunTCPSockperfRates(t *testing.T) {
+	requireSockperf(t)
+	vmaxdp := tools(t)
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) { runTCPSockperfCases(t, vmaxdp, b, true) })
+}
+
+// runTCPSockperfCases runs sockperf --tcp's ping-pongs on b, or with
+// rates its one-way modes (ul, tp).
+func runTCPSockperfCases(t *testing.T, vmaxdp string, b *testbed.Bed, rates bool) {
+	srv := b.Addr(testbed.B).String()
+	feed := filepath.Join(t.TempDir(), "feed.txt")
+	var fb strings.Builder
+	for p := 11160; p < 11163; p++ {
+		fmt.Fprintf(&fb, "T:%s:%d\n", srv, p)
+	}
+	if err := os.WriteFile(feed, []byte(fb.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	one := []string{"--tcp", "-i", srv, "-p", "11165"}
+	many := []string{"-f", feed}
+	cli := func(mode string, addr []string, more ...string) []string {
+		return append(append([]string{mode}, addr...), append(more, "-t", "1")...)
+	}
+	cases := []struct {
+		name           string
+		server, client []string
+		inline         bool
+	}{
+		{"pp/recvfrom/14B", one, cli("pp", one, "-m", "14", "--data-integrity"), true},
+		{"pp/recvfrom/64KB", one, cli("pp", one, "-m", "65000", "--data-integrity"), false},
+		{"pp/recvfrom/nonblocked", append(one, "--nonblocked"), cli("pp", one, "-m", "64", "--nonblocked"), true},
+		{"pp/select", append(many, "-F", "s"), cli("pp", many, "-F", "s", "-m", "64"), false},
+		{"pp/poll/nonblocked", append(many, "-F", "p", "--nonblocked"), cli("pp", many, "-F", "p", "-m", "64", "--nonblocked"), false},
+		{"pp/epoll", append(many, "-F", "e"), cli("pp", many, "-F", "e", "-m", "300", "--data-integrity"), true},
+		{"ul", one, cli("ul", one, "-m", "64", "--mps", "20000"), false},
+		{"tp", one, cli("tp", one, "-m", "64", "--mps", "50000"), false},
+	}
+	places := placements[1:]
+	if !b.Plain {
+		places = placements[3:]
+	}
+	for _, c := range cases {
+		if (c.client[0] != "pp") != rates {
+			continue
 		}
-		if err := os.WriteFile(feed, []byte(fb.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		one := []string{"--tcp", "-i", srv, "-p", "11165"}
-		many := []string{"-f", feed}
-		cli := func(mode string, addr []string, more ...string) []string {
-			return append(append([]string{mode}, addr...), append(more, "-t", "1")...)
-		}
-		cases := []struct {
-			name           string
-			server, client []string
-			inline         bool
-		}{
-			{"pp/recvfrom/14B", one, cli("pp", one, "-m", "14", "--data-integrity"), true},
-			{"pp/recvfrom/64KB", one, cli("pp", one, "-m", "65000", "--data-integrity"), false},
-			{"pp/recvfrom/nonblocked", append(one, "--nonblocked"), cli("pp", one, "-m", "64", "--nonblocked"), true},
-			{"pp/select", append(many, "-F", "s"), cli("pp", many, "-F", "s", "-m", "64"), false},
-			{"pp/poll/nonblocked", append(many, "-F", "p", "--nonblocked"), cli("pp", many, "-F", "p", "-m", "64", "--nonblocked"), false},
-			{"pp/epoll", append(many, "-F", "e"), cli("pp", many, "-F", "e", "-m", "300", "--data-integrity"), true},
-			{"ul", one, cli("ul", one, "-m", "64", "--mps", "20000"), false},
-			{"tp", one, cli("tp", one, "-m", "64", "--mps", "50000"), false},
-		}
-		places := placements[1:]
-		if !b.Plain {
-			places = placements[3:]
-		}
-		for _, c := range cases {
-			for _, p := range places {
-				t.Run(c.name+"/"+p.name, func(t *testing.T) {
-					if c.client[0] == "pp" {
-						x.Shared(t)
-					} else {
-						x.Alone(t)
-					}
-					before := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
-					statsDir := t.TempDir()
-					var serverPID int
-					var inline uint64
-					run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: p.server, ClientOffload: p.client,
-						Server: c.server, Client: c.client, Env: []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=4", "VMAXDP_STATS_DIR=" + statsDir},
-						OnServer: func(pid int) { serverPID = pid },
-						AfterClient: func(int, sockperf.Result) error {
-							if !p.server {
-								return nil
-							}
-							r, err := stats.Open(filepath.Join(statsDir, stats.FileName(serverPID)))
-							if err != nil {
-								return err
-							}
-							defer r.Close()
-							snap, err := testutil.AwaitStats(r, 5*time.Second, func(s *stats.Snapshot) bool { return len(s.Programs) == 1 })
-							if err != nil {
-								return fmt.Errorf("the server's counters: %w", err)
-							}
-							inline = snap.Programs[0].TCP.RxInline
+		for _, p := range places {
+			t.Run(c.name+"/"+p.name, func(t *testing.T) {
+				before := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
+				statsDir := t.TempDir()
+				var serverPID int
+				var inline uint64
+				run := &sockperf.Run{Bed: b, Vmaxdp: vmaxdp, ServerOffload: p.server, ClientOffload: p.client,
+					Server: c.server, Client: c.client, Env: []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=4", "VMAXDP_STATS_DIR=" + statsDir},
+					OnServer: func(pid int) { serverPID = pid },
+					AfterClient: func(int, sockperf.Result) error {
+						if !p.server {
 							return nil
-						}}
-					res, srvLog, err := run.Do(context.Background())
-					if err != nil {
-						t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
+						}
+						r, err := stats.Open(filepath.Join(statsDir, stats.FileName(serverPID)))
+						if err != nil {
+							return err
+						}
+						defer r.Close()
+						snap, err := testutil.AwaitStats(r, 5*time.Second, func(s *stats.Snapshot) bool { return len(s.Programs) == 1 })
+						if err != nil {
+							return fmt.Errorf("the server's counters: %w", err)
+						}
+						inline = snap.Programs[0].TCP.RxInline
+						return nil
+					}}
+				res, srvLog, err := run.Do(context.Background())
+				if err != nil {
+					t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
+				}
+				after := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
+				t.Logf("avg %.3f us; sent %d, server received %d; the kernel took %d TCP segments on the client's side, %d on the server's",
+					res.Latency, res.Sent, res.ServerReceived, after[0]-before[0], after[1]-before[1])
+				if c.client[0] == "tp" {
+					if res.Sent == 0 || res.ServerReceived != res.Sent {
+						t.Errorf("tp: the client sent %d, the server received %d; want them equal", res.Sent, res.ServerReceived)
 					}
-					after := [2]int{testutil.SNMPStat(t, b, testbed.A, "Tcp", "InSegs"), testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")}
-					t.Logf("avg %.3f us; sent %d, server received %d; the kernel took %d TCP segments on the client's side, %d on the server's",
-						res.Latency, res.Sent, res.ServerReceived, after[0]-before[0], after[1]-before[1])
-					if c.client[0] == "tp" {
-						if res.Sent == 0 || res.ServerReceived != res.Sent {
-							t.Errorf("tp: the client sent %d, the server received %d; want them equal", res.Sent, res.ServerReceived)
-						}
-					} else if res.Observations == 0 || res.Dropped+res.Duplicated+res.OOO != 0 {
-						t.Errorf("%d observations, %d dropped, %d duplicated, %d out of order\n%s", res.Observations, res.Dropped, res.Duplicated, res.OOO, tail(res.Output, 20))
+				} else if res.Observations == 0 || res.Dropped+res.Duplicated+res.OOO != 0 {
+					t.Errorf("%d observations, %d dropped, %d duplicated, %d out of order\n%s", res.Observations, res.Dropped, res.Duplicated, res.OOO, tail(res.Output, 20))
+				}
+				if p.server {
+					if !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
+						t.Errorf("the server's log says nothing of offload:\n%s", tail(srvLog, 30))
 					}
-					if p.server {
-						if !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)+" (tcp_server") {
-							t.Errorf("the server's log says nothing of offload:\n%s", tail(srvLog, 30))
-						}
-						if n := after[1] - before[1]; n != 0 {
-							t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded", n)
-						}
-						if c.inline && inline == 0 {
-							t.Errorf("the server processed none of %d segments on its receiving thread (rx_inline 0): its receives or its epoll_wait did not poll", res.Sent)
-						}
+					if n := after[1] - before[1]; n != 0 {
+						t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded", n)
 					}
-					if p.client {
-						if !strings.Contains(res.Output, "offloaded on "+b.Link(testbed.A)+" (tcp_client") {
-							t.Errorf("the client's log says nothing of offload:\n%s", tail(res.Output, 30))
-						}
-						if n := after[0] - before[0]; n != 0 {
-							t.Errorf("the kernel took %d TCP segments in the client's namespace: not offloaded", n)
-						}
+					if c.inline && inline == 0 {
+						t.Errorf("the server processed none of %d segments on its receiving thread (rx_inline 0): its receives or its epoll_wait did not poll", res.Sent)
 					}
-				})
-			}
+				}
+				if p.client {
+					if !strings.Contains(res.Output, "offloaded on "+b.Link(testbed.A)+" (tcp_client") {
+						t.Errorf("the client's log says nothing of offload:\n%s", tail(res.Output, 30))
+					}
+					if n := after[0] - before[0]; n != 0 {
+						t.Errorf("the kernel took %d TCP segments in the client's namespace: not offloaded", n)
+					}
+				}
+			})
 		}
-	})
+	}
 }
 
 // echoRequests makes n connections to raddr, one after the other, each

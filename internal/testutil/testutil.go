@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -166,27 +165,12 @@ func EachBed(t *testing.T, opts *testbed.Options, fn func(t *testing.T, b *testb
 // EachBedParallel is EachBed with the beds' subtests run at the same time:
 // for tests that spend most of their time waiting (sockperf sleeps 2 s
 // between its warm-up and its measurement), each bed's namespaces keeping
-// their counters apart. Parts of fn that must have the machine to
-// themselves (a rate that counts every datagram) hold an Exclusive.
+// their counters apart. Not for a test that counts every datagram at a
+// rate: one bed's setup and teardown (the kernel's namespace cleanup)
+// starve the other's receiver.
 func EachBedParallel(t *testing.T, opts *testbed.Options, fn func(t *testing.T, b *testbed.Bed)) {
 	t.Helper()
 	eachBed(t, opts, true, fn)
-}
-
-// Exclusive keeps the parts of parallel subtests that must run alone from
-// running beside any other part: Alone for those, Shared for the rest.
-type Exclusive struct{ mu sync.RWMutex }
-
-// Shared holds x until t ends, beside other Shared holders.
-func (x *Exclusive) Shared(t testing.TB) {
-	x.mu.RLock()
-	t.Cleanup(x.mu.RUnlock)
-}
-
-// Alone holds x until t ends, with no other holder.
-func (x *Exclusive) Alone(t testing.TB) {
-	x.mu.Lock()
-	t.Cleanup(x.mu.Unlock)
 }
 
 func eachBed(t *testing.T, opts *testbed.Options, parallel bool, fn func(t *testing.T, b *testbed.Bed)) {
