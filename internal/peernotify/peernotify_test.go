@@ -1,7 +1,6 @@
 package peernotify_test
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -22,6 +21,22 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
+
+// inProcess returns a Notifier whose helper is Serve on a goroutine of
+// the test, logging to log (which the test reads while it writes), and
+// where Serve's result comes.
+func inProcess(log *sockperf.SyncBuffer) (*peernotify.Notifier, chan error) {
+	served := make(chan error, 1)
+	spawn := func(path string, argv []string, fd int) (int, error) {
+		helper, err := unix.Dup(fd)
+		if err != nil {
+			return 0, err
+		}
+		go func() { served <- peernotify.Serve(helper, os.Getpid(), log) }()
+		return os.Getpid(), nil
+	}
+	return peernotify.New("/proc/self/exe", spawn), served
+}
 
 // TestServe runs the helper's whole path in one process, with no stack:
 // a kernel connection from side A to side B whose B end vanishes without
@@ -66,17 +81,8 @@ func TestServe(t *testing.T) {
 	}
 	server.Close() // silently: repair mode sends nothing
 
-	var log bytes.Buffer
-	served := make(chan error, 1)
-	spawn := func(path string, argv []string, fd int) (int, error) {
-		helper, err := unix.Dup(fd)
-		if err != nil {
-			return 0, err
-		}
-		go func() { served <- peernotify.Serve(helper, os.Getpid(), &log) }()
-		return os.Getpid(), nil
-	}
-	n := peernotify.New("/proc/self/exe", spawn)
+	var log sockperf.SyncBuffer
+	n, served := inProcess(&log)
 	err = b.Do(testbed.B, func() error {
 		p, err := steer.Attach(b.Link(testbed.B), nil)
 		if err != nil {
@@ -125,17 +131,8 @@ func TestWatchWithoutHelper(t *testing.T) {
 // end the helper kicks what it still holds (an error for a pipe, which it
 // says) and closes it.
 func TestHold(t *testing.T) {
-	var log sockperf.SyncBuffer // the helper's goroutine writes, the test reads
-	served := make(chan error, 1)
-	spawn := func(path string, argv []string, fd int) (int, error) {
-		helper, err := unix.Dup(fd)
-		if err != nil {
-			return 0, err
-		}
-		go func() { served <- peernotify.Serve(helper, os.Getpid(), &log) }()
-		return os.Getpid(), nil
-	}
-	n := peernotify.New("/proc/self/exe", spawn)
+	var log sockperf.SyncBuffer
+	n, served := inProcess(&log)
 	// eof says whether r's writers are all closed, within d.
 	eof := func(r int, d time.Duration) bool {
 		pfd := []unix.PollFd{{Fd: int32(r), Events: unix.POLLIN}}
