@@ -57,6 +57,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/steer"
+	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
 // Command is the vmaxdp subcommand that runs the helper (Serve).
@@ -293,8 +294,12 @@ func Serve(conn, pid int, log io.Writer) error {
 	}
 	// The datagrams first: their receivers wait for them.
 	for id, q := range queues {
-		if err := kickTx(q.fd); err != nil {
-			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: queue %s: send what its last sends left on the TX ring: %v\n", pid, q.name, err)
+		sent, left, err := xsk.FlushTx(q.fd)
+		if sent > 0 {
+			fmt.Fprintf(log, "vmaxdp: process %d ended with %d datagram(s) on %s's TX ring not sent yet: sent them\n", pid, sent, q.name)
+		}
+		if left > 0 || err != nil {
+			fmt.Fprintf(log, "vmaxdp: process %d ended with %d datagram(s) on %s's TX ring that could not be sent: %v\n", pid, left, q.name, err)
 		}
 		unix.Close(q.fd)
 		delete(queues, id)
@@ -336,25 +341,6 @@ func Serve(conn, pid int, log io.Writer) error {
 type heldQueue struct {
 	name string
 	fd   int
-}
-
-// finalKicks bounds the kicks of one TX ring: in copy mode each sends up
-// to 32 frames and says EAGAIN while more wait, or EBUSY for a busy device.
-const finalKicks = 256
-
-// kickTx has the kernel send what is on fd's TX ring.
-func kickTx(fd int) error {
-	var err error
-	for range finalKicks {
-		if err = unix.Sendto(fd, nil, unix.MSG_DONTWAIT, nil); err != unix.EAGAIN && err != unix.EBUSY {
-			break
-		}
-	}
-	// A queue with no TX ring (served receive-only) has nothing to send.
-	if err == unix.ENOBUFS || err == unix.ENXIO {
-		return nil
-	}
-	return err
 }
 
 // oneFD reads the single fd of a message's SCM_RIGHTS.
