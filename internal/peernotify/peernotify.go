@@ -274,12 +274,12 @@ func Serve(conn, pid int, log io.Writer) error {
 			}
 			stacks = append(stacks, s)
 		case buf[0] == msgQueue && nb >= 5:
-			fd, err := oneFD(oob[:noob])
+			fds, err := rights(oob[:noob], 1)
 			if err != nil {
 				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: queue %s: %v\n", pid, buf[5:nb], err)
 				continue
 			}
-			queues[binary.LittleEndian.Uint32(buf[1:5])] = heldQueue{name: string(buf[5:nb]), fd: fd}
+			queues[binary.LittleEndian.Uint32(buf[1:5])] = heldQueue{name: string(buf[5:nb]), fd: fds[0]}
 		case buf[0] == msgRelease && nb == 5:
 			id := binary.LittleEndian.Uint32(buf[1:5])
 			if q, ok := queues[id]; ok {
@@ -343,20 +343,21 @@ type heldQueue struct {
 	fd   int
 }
 
-// oneFD reads the single fd of a message's SCM_RIGHTS.
-func oneFD(oob []byte) (int, error) {
+// rights reads the want fds of a message's SCM_RIGHTS, closing them all
+// when the message carried another count.
+func rights(oob []byte, want int) ([]int, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil || len(msgs) != 1 {
-		return -1, fmt.Errorf("message without its fd (%d control messages: %v)", len(msgs), err)
+		return nil, fmt.Errorf("message without its fds (%d control messages: %v)", len(msgs), err)
 	}
 	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
+	if err != nil || len(fds) != want {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return -1, fmt.Errorf("message with %d fds, want 1 (%v)", len(fds), err)
+		return nil, fmt.Errorf("message with %d fds, want %d (%v)", len(fds), want, err)
 	}
-	return fds[0], nil
+	return fds, nil
 }
 
 // closeRights closes the fds a message carried.
@@ -372,16 +373,9 @@ func closeRights(oob []byte) {
 
 // parseStack reads one message of Watch, past its kind.
 func parseStack(b, oob []byte) (stackConns, error) {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil || len(msgs) != 1 {
-		return stackConns{}, fmt.Errorf("message without its fds (%d control messages: %v)", len(msgs), err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 3 {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return stackConns{}, fmt.Errorf("message with %d fds, want 3 (%v)", len(fds), err)
+	fds, err := rights(oob, 3)
+	if err != nil {
+		return stackConns{}, err
 	}
 	m, err := ebpf.NewMapFromFD(fds[0])
 	if err != nil {

@@ -58,20 +58,29 @@ func Dump(fd int, req, buf []byte, each func(data []byte)) error {
 func Owner(ino uint64) (pid, fd int, comm string) {
 	target := "socket:[" + strconv.FormatUint(ino, 10) + "]"
 	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
-	dir := ""
+	var held []string
 	for _, f := range fds {
 		if l, err := os.Readlink(f); err == nil && l == target {
-			d := filepath.Dir(filepath.Dir(f))
-			p, _ := strconv.Atoi(filepath.Base(d))
-			if pid == 0 || p < pid {
-				pid, dir = p, d
-				fd, _ = strconv.Atoi(filepath.Base(f))
-			}
+			held = append(held, f)
 		}
 	}
+	pid, fd = oldest(held)
 	if pid == 0 {
 		return 0, -1, ""
 	}
-	b, _ := os.ReadFile(filepath.Join(dir, "comm"))
+	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
 	return pid, fd, strings.TrimSpace(string(b))
+}
+
+// oldest picks, of fd paths (/proc/PID/fd/FD), the one of the lowest pid:
+// the glob lists them sorted as text, where 10003 comes before 9999.
+func oldest(paths []string) (pid, fd int) {
+	for _, f := range paths {
+		p, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(f))))
+		if pid == 0 || p < pid {
+			pid = p
+			fd, _ = strconv.Atoi(filepath.Base(f))
+		}
+	}
+	return pid, fd
 }

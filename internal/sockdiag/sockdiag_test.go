@@ -46,3 +46,12 @@ func TestOwnerOldest(t *testing.T) {
 		t.Errorf("Owner: pid %d fd %d, want this process's (%d) fd %d, not the child's (%d)", pid, fd, os.Getpid(), fds[0], child.Process.Pid)
 	}
 }
+
+// TestOldestByNumber: of the holders the glob lists as text, the lowest
+// pid, which the text's first is not.
+func TestOldestByNumber(t *testing.T) {
+	pid, fd := oldest([]string{"/proc/10003/fd/5", "/proc/9999/fd/7", "/proc/99999/fd/2"})
+	if pid != 9999 || fd != 7 {
+		t.Errorf("oldest: pid %d fd %d, want 9999 and 7", pid, fd)
+	}
+}
