@@ -4,7 +4,7 @@
  *   tcpcalls client ADDR PORT CLOSED_PORT
  *   tcpcalls backlog PORT N     (backlog 4, accepts after 0.5 s, serves N)
  *   tcpcalls vanish PORT        (the peer vanishes: user timeout, keepalive)
- *   tcpcalls handover PORT FILE (SO_REUSEPORT; accepts once FILE exists)
+ *   tcpcalls handover PORT FILE (SO_REUSEPORT; accepts once FILE exists, exits once it is gone)
  *
  * Each side prints what every call returned (values, errno names, event
  * masks), never a time or a number that varies between runs, so that the
@@ -591,7 +591,8 @@ static int backlog(int port, int n)
 
 /* handover: a SO_REUSEPORT listener that accepts nothing until the file
  * named go exists, then echoes one read of each connection until none
- * comes for a second. */
+ * comes for a second, and keeps the listener open until the file is gone
+ * (the test waits for the end of the handover in the log first). */
 static int handover(int port, const char *go)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
@@ -618,6 +619,8 @@ static int handover(int port, const char *go)
 		n++;
 	}
 	say("ok served %d", n);
+	for (int i = 0; i < 2000 && stat(go, &st) == 0; i++)
+		usleep(10000);
 	return 0;
 }
 
