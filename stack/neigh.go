@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -16,10 +17,11 @@ import (
 
 // nextHop is how to reach one destination.
 type nextHop struct {
-	viaKernel bool // not behind our interface, or not resolvable: the kernel sends it
-	mac       header.MAC
-	src       netip.Addr
-	expires   int64 // monoNow nanoseconds
+	viaKernel  bool // not behind our interface, or not resolvable: the kernel sends it
+	unresolved bool // viaKernel as the kernel could not resolve it (ARP)
+	mac        header.MAC
+	src        netip.Addr
+	expires    int64 // monoNow nanoseconds
 }
 
 // How long a resolved next hop is trusted before the kernel's tables are
@@ -46,6 +48,7 @@ type nextHops struct {
 	refreshing map[netip.Addr]bool
 	waits      int // afterHop's goroutines
 	closed     bool
+	closing    atomic.Bool // ends the waits for ARP (stopRefreshes)
 	refreshes  sync.WaitGroup
 }
 
@@ -55,7 +58,7 @@ func (st *Stack) nextHop(dst netip.Addr, now int64) (nextHop, error) {
 	if h, ok := st.hopCached(dst, now); ok {
 		return h, nil
 	}
-	return st.resolve(dst, true)
+	return st.resolve(dst, st.opts.ResolveTimeout)
 }
 
 // hopCached returns dst's next hop if the cache has it at now (monoNow),
@@ -89,16 +92,24 @@ func (st *Stack) hopNow(dst netip.Addr) (nextHop, error) {
 	if h, ok := st.hopCached(dst, monoNow()); ok {
 		return h, nil
 	}
-	return st.resolve(dst, false)
+	return st.resolve(dst, 0)
 }
 
 // maxHopWaits bounds the goroutines afterHop keeps waiting for ARP.
 const maxHopWaits = 16
 
+// afterHopMax bounds afterHop's wait for the kernel's verdict on a
+// neighbour, which comes after its ARP requests (mcast_solicit times
+// retrans_time_ms: 3 s by default).
+const afterHopMax = 10 * time.Second
+
 // afterHop calls fn, on a goroutine of its own, with dst's next hop once
-// the kernel resolves it or ResolveTimeout passes (as nextHop). False,
-// and fn is never called, when maxHopWaits wait already or the stack is
-// closing.
+// the kernel resolves it or gives up on it (NUD_FAILED; at most
+// afterHopMax). It waits as long as the kernel's own first packet to a
+// new neighbour would, not ResolveTimeout: the packets parked for it are
+// a connect's SYN, which the kernel sends when the second or third ARP
+// request is answered. False, and fn is never called, when maxHopWaits
+// wait already or the stack is closing.
 func (st *Stack) afterHop(dst netip.Addr, fn func(nextHop, error)) bool {
 	hs := &st.hops
 	hs.refreshMu.Lock()
@@ -110,7 +121,12 @@ func (st *Stack) afterHop(dst netip.Addr, fn func(nextHop, error)) bool {
 	hs.refreshes.Add(1)
 	go func() {
 		defer hs.refreshes.Done()
-		fn(st.nextHop(dst, monoNow()))
+		h, ok := st.hopCached(dst, monoNow())
+		var err error
+		if !ok {
+			h, err = st.resolve(dst, max(st.opts.ResolveTimeout, afterHopMax))
+		}
+		fn(h, err)
 		hs.refreshMu.Lock()
 		hs.waits--
 		hs.refreshMu.Unlock()
@@ -133,7 +149,7 @@ func (st *Stack) refreshHop(dst netip.Addr) {
 	hs.refreshes.Add(1)
 	go func() {
 		defer hs.refreshes.Done()
-		if _, err := st.resolve(dst, true); err != nil {
+		if _, err := st.resolve(dst, st.opts.ResolveTimeout); err != nil {
 			// No route any more: the next send looks it up itself and
 			// gets the error.
 			st.forgetHop(dst)
@@ -159,16 +175,17 @@ func (st *Stack) stopRefreshes() {
 	st.hops.refreshMu.Lock()
 	st.hops.closed = true
 	st.hops.refreshMu.Unlock()
+	st.hops.closing.Store(true)
 	st.hops.refreshes.Wait()
 }
 
 // resolve asks the kernel: the route to dst, then the neighbour entry of the
-// next hop, triggering ARP (NTF_USE) and, with wait, waiting up to
-// ResolveTimeout when the kernel has none (without: errNeighPending). A
-// destination the kernel cannot resolve is sent through the kernel socket
-// for a while, so the kernel keeps trying and reports errors the usual
-// way.
-func (st *Stack) resolve(dst netip.Addr, wait bool) (nextHop, error) {
+// next hop, triggering ARP (NTF_USE) and waiting up to wait when the
+// kernel has none (with no wait: errNeighPending), or until the kernel
+// gives up. A destination the kernel cannot resolve is sent through the
+// kernel socket for a while, so the kernel keeps trying and reports
+// errors the usual way.
+func (st *Stack) resolve(dst netip.Addr, wait time.Duration) (nextHop, error) {
 	// The lookup goes without the lock: one that waits for an ARP answer
 	// held every other destination's for up to ResolveTimeout.
 	h, err := st.lookupHop(dst, wait)
@@ -182,7 +199,7 @@ func (st *Stack) resolve(dst netip.Addr, wait bool) (nextHop, error) {
 // unresolved caches dst as a destination the kernel could not resolve
 // (unresolvableTTL): its packets go the kernel's way, with no lookup each.
 func (st *Stack) unresolved(dst netip.Addr) {
-	st.cacheHop(dst, nextHop{viaKernel: true, expires: monoNow() + int64(unresolvableTTL)})
+	st.cacheHop(dst, nextHop{viaKernel: true, unresolved: true, expires: monoNow() + int64(unresolvableTTL)})
 }
 
 // cacheHop puts h in the cache for dst, and drops the entries past their
@@ -204,7 +221,7 @@ func (st *Stack) cacheHop(dst netip.Addr, h nextHop) {
 	st.hops.m.Store(&m)
 }
 
-func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
+func (st *Stack) lookupHop(dst netip.Addr, wait time.Duration) (nextHop, error) {
 	h := nextHop{expires: monoNow() + int64(nextHopTTL)}
 	// Broadcast goes the kernel's way: it refuses it without SO_BROADCAST
 	// (EACCES), and routes 255.255.255.255 (ENETUNREACH without a route).
@@ -235,23 +252,32 @@ func (st *Stack) lookupHop(dst netip.Addr, wait bool) (nextHop, error) {
 	if r.gw.IsValid() {
 		hop = r.gw
 	}
-	deadline := time.Now().Add(st.opts.ResolveTimeout)
-	for triggered := false; ; {
-		if mac, ok := st.neighbourNow(hop); ok {
+	deadline := time.Now().Add(wait)
+	// A failed entry seen before our NTF_USE is an old verdict, which the
+	// use starts over.
+	for triggered, poll := false, time.Millisecond; ; {
+		mac, ok, failed := st.neighbourNow(hop)
+		if ok {
 			h.mac = mac
 			return h, nil
 		}
 		if !triggered {
 			st.neighbourUse(hop)
 			triggered = true
+		} else if failed || time.Now().After(deadline) {
+			st.Counters.NeighUnresolved.Add(1)
+			return nextHop{viaKernel: true, unresolved: true, expires: monoNow() + int64(unresolvableTTL)}, nil
 		}
-		if !wait {
+		if wait == 0 {
 			return h, errNeighPending
 		}
-		if time.Now().After(deadline) {
-			st.Counters.NeighUnresolved.Add(1)
-			return nextHop{viaKernel: true, expires: monoNow() + int64(unresolvableTTL)}, nil
+		if st.hops.closing.Load() {
+			return h, fmt.Errorf("neighbour %s: %w", hop, net.ErrClosed)
 		}
-		time.Sleep(time.Millisecond)
+		// An answer on a link comes within the first polls; one that
+		// takes the kernel's next request (a second later) need not
+		// cost a netlink dump each millisecond.
+		time.Sleep(poll)
+		poll = min(2*poll, 16*time.Millisecond)
 	}
 }

@@ -154,18 +154,17 @@ func (st *Stack) routeGet(dst netip.Addr) (rtRoute, error) {
 }
 
 // neighbourNow returns hop's MAC from the kernel's neighbour table when
-// it holds a usable one.
-func (st *Stack) neighbourNow(hop netip.Addr) (header.MAC, bool) {
-	var mac header.MAC
-	found := false
+// the kernel has a usable entry for it; failed says the kernel has given
+// up on hop (NUD_FAILED: its ARP requests went unanswered).
+func (st *Stack) neighbourNow(hop netip.Addr) (mac header.MAC, ok, failed bool) {
+	const usable = unix.NUD_REACHABLE | unix.NUD_STALE | unix.NUD_DELAY | unix.NUD_PROBE | unix.NUD_PERMANENT | unix.NUD_NOARP
 	req := rtMessage(unix.RTM_GETNEIGH, unix.NLM_F_DUMP, unix.SizeofNdMsg)
 	req[unix.SizeofNlMsghdr] = unix.AF_INET
-	const usable = unix.NUD_REACHABLE | unix.NUD_STALE | unix.NUD_DELAY | unix.NUD_PROBE | unix.NUD_PERMANENT | unix.NUD_NOARP
 	err := st.rtDump(req, func(data []byte) {
-		if found || len(data) < unix.SizeofNdMsg || int(int32(binary.NativeEndian.Uint32(data[4:]))) != st.ifindex ||
-			binary.NativeEndian.Uint16(data[8:])&usable == 0 {
+		if ok || failed || len(data) < unix.SizeofNdMsg || int(int32(binary.NativeEndian.Uint32(data[4:]))) != st.ifindex {
 			return
 		}
+		state := binary.NativeEndian.Uint16(data[8:])
 		var ip netip.Addr
 		var ll []byte
 		rtAttrs(data[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
@@ -176,11 +175,18 @@ func (st *Stack) neighbourNow(hop netip.Addr) (header.MAC, bool) {
 				ll = v
 			}
 		})
-		if ip == hop && len(ll) == 6 {
-			mac, found = header.MAC(ll), true
+		switch {
+		case ip != hop:
+		case state&usable != 0 && len(ll) == 6:
+			mac, ok = header.MAC(ll), true
+		case state&unix.NUD_FAILED != 0:
+			failed = true
 		}
 	})
-	return mac, err == nil && found
+	if err != nil {
+		return mac, false, false
+	}
+	return mac, ok, failed
 }
 
 // neighbourUse asks the kernel to resolve hop (NTF_USE: it sends its ARP

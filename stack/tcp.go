@@ -563,8 +563,13 @@ func (st *Stack) ConnectTCP(kfd int, raddr netip.AddrPort) (*TCPConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
 	}
-	hop, err := st.nextHop(raddr.Addr(), monoNow())
-	if err != nil {
+	// No wait for ARP here, as the kernel's connect has none: the SYN
+	// waits for the answer in the link (tcpLink.park), and netstack sends
+	// it again if none comes. A connect that waited up to ResolveTimeout
+	// blocked a non-blocking caller, and failed where the kernel's next
+	// ARP request, a second later, would have been answered.
+	hop, err := st.hopNow(raddr.Addr())
+	if err != nil && !errors.Is(err, errNeighPending) {
 		return nil, fmt.Errorf("tcp connect %s: %w", raddr, err)
 	}
 	if hop.viaKernel {
@@ -621,7 +626,9 @@ func tcpipErrno(e tcpip.Error) error {
 		return unix.ETIMEDOUT
 	case *tcpip.ErrConnectionReset:
 		return unix.ECONNRESET
-	case *tcpip.ErrNetworkUnreachable, *tcpip.ErrHostUnreachable:
+	case *tcpip.ErrNetworkUnreachable:
+		return unix.ENETUNREACH
+	case *tcpip.ErrHostUnreachable:
 		return unix.EHOSTUNREACH
 	case *tcpip.ErrWouldBlock:
 		return unix.EAGAIN

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
 	"sync"
 	"testing"
@@ -1057,6 +1058,53 @@ func TestTCPDialKernelServer(t *testing.T) {
 		kl.Close()
 		served.Wait()
 	})
+}
+
+// TestTCPDialUnresolved: a connect to a host of the subnet nobody holds
+// returns at once, as the kernel's does (its SYN waits for ARP in the
+// link), and fails with EHOSTUNREACH once the kernel gives up on the
+// neighbour (three requests, 100 ms apart here): netstack hears of it as
+// the kernel's sockets do, by an ICMP host unreachable.
+func TestTCPDialUnresolved(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	arp := "net.ipv4.neigh." + bed.Link(testbed.B) + ".retrans_time_ms=100"
+	if out, err := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
+		t.Fatalf("sysctl %s: %v: %s", arp, err, out)
+	}
+	a := bed.Addr(testbed.A).As4()
+	a[3] = 99
+	to := netip.AddrPortFrom(netip.AddrFrom4(a), 7202)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	var took time.Duration
+	err := bed.Do(testbed.B, func() error {
+		kfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		c, err := st.ConnectTCP(kfd, to)
+		took = time.Since(start)
+		if err != nil {
+			unix.Close(kfd)
+			return err
+		}
+		c.Close()
+		_, err = st.DialTCP(ctx, to)
+		return err
+	})
+	if took > 200*time.Millisecond {
+		t.Errorf("ConnectTCP took %v: it waited for ARP", took)
+	}
+	if !errors.Is(err, unix.EHOSTUNREACH) {
+		t.Errorf("dial %s: %v, want EHOSTUNREACH", to, err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the dial failed after %v, where the kernel gives up after 300 ms", d)
+	}
+	if n := st.Counters.NeighUnresolved.Load(); n == 0 {
+		t.Errorf("NeighUnresolved is 0")
+	}
 }
 
 // TestTCPConnsOutliveListener: accepted connections keep working after

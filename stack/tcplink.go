@@ -406,6 +406,9 @@ func (l *tcpLink) unpark(dst netip.Addr, h nextHop, err error) {
 	l.parkMu.Unlock()
 	if err != nil || h.viaKernel || l.down.Load() {
 		l.st.TCPCounters.TxDropped.Add(uint64(len(pkts)))
+		if h.unresolved {
+			l.hostUnreachable(pkts)
+		}
 	} else {
 		hops := make([]nextHop, len(pkts))
 		for i := range hops {
@@ -415,6 +418,50 @@ func (l *tcpLink) unpark(dst netip.Addr, h nextHop, err error) {
 	}
 	for _, p := range pkts {
 		p.DecRef()
+	}
+}
+
+// hostUnreachable tells netstack that pkts were not sent, their next hop
+// unresolved, as the kernel tells its own sockets when a neighbour's ARP
+// requests go unanswered (arp_error_report): an ICMP host unreachable for
+// each SYN (a connect's, or a SYN-ACK), from its destination. A connect
+// fails with EHOSTUNREACH, as the kernel's does, where it waited for its
+// SYN's retransmissions; a half-open connection is dropped. Other
+// segments get none: the kernel keeps such an error of an established
+// connection out of SO_ERROR, where netstack would put it.
+func (l *tcpLink) hostUnreachable(pkts []*nstack.PacketBuffer) {
+	d := l.disp.Load()
+	if d == nil {
+		return
+	}
+	for _, p := range pkts {
+		// The quote: the packet's IP header and its first 8 bytes beyond.
+		var orig [gheader.IPv4MaximumHeaderSize + header.TCPMinLen]byte
+		n := copyPacket(orig[:], p)
+		ip := header.IPv4(orig[:n])
+		if n < header.IPv4MinLen || n < ip.HeaderLen()+header.TCPMinLen ||
+			header.TCP(orig[ip.HeaderLen():n]).Flags()&header.TCPFlagSyn == 0 {
+			continue
+		}
+		quote := orig[:ip.HeaderLen()+8]
+		b := make([]byte, gheader.IPv4MinimumSize+gheader.ICMPv4MinimumSize+len(quote))
+		ih := gheader.IPv4(b)
+		ih.Encode(&gheader.IPv4Fields{
+			TotalLength: uint16(len(b)),
+			TTL:         64,
+			Protocol:    uint8(gheader.ICMPv4ProtocolNumber),
+			SrcAddr:     tcpip.AddrFrom4(ip.Dst().As4()),
+			DstAddr:     tcpip.AddrFrom4(ip.Src().As4()),
+		})
+		ih.SetChecksum(^ih.CalculateChecksum())
+		ic := gheader.ICMPv4(b[gheader.IPv4MinimumSize:])
+		ic.SetType(gheader.ICMPv4DstUnreachable)
+		ic.SetCode(gheader.ICMPv4HostUnreachable)
+		copy(ic[gheader.ICMPv4MinimumSize:], quote)
+		ic.SetChecksum(gheader.ICMPv4Checksum(ic, 0))
+		pkt := nstack.NewPacketBuffer(nstack.PacketBufferOptions{Payload: gbuffer.MakeWithData(b)})
+		d.DeliverNetworkPacket(ipv4.ProtocolNumber, pkt)
+		pkt.DecRef()
 	}
 }
 

@@ -831,6 +831,25 @@ static int client(const char *addr, int port, int closed)
 	c = socket(AF_INET, SOCK_STREAM, 0);
 	res("blocking connect to a closed port", connect(c, (struct sockaddr *)&z, sizeof z));
 	close(c);
+
+	/* 9: a non-blocking connect to a host of the subnet nobody holds
+	 * (.99): it returns at once, and fails once the kernel gives up on
+	 * the neighbour's ARP. */
+	c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	z = a;
+	((unsigned char *)&z.sin_addr)[3] = 99;
+	double t0 = now();
+	res("connect to a host nobody holds", connect(c, (struct sockaddr *)&z, sizeof z));
+	say("returned within 200 ms %d", now() - t0 < 0.2);
+	pf.fd = c;
+	pf.events = POLLOUT;
+	pf.revents = 0;
+	n = poll(&pf, 1, 10000);
+	say("poll: %d %s", n, (pf.revents & (POLLOUT | POLLERR | POLLHUP)) ? "OUT/ERR/HUP" : "-");
+	vl = sizeof v;
+	getsockopt(c, SOL_SOCKET, SO_ERROR, &v, &vl);
+	say("SO_ERROR %s", v ? strerrorname_np(v) : "0");
+	close(c);
 	say("client done");
 	return 0;
 }
