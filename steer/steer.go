@@ -136,6 +136,9 @@ type Options struct {
 	// Baseline attaches vmaxdp_pass, the empty XDP_PASS program, instead of
 	// the steering program; it exists to measure the steering cost.
 	Baseline bool
+	// LockDir holds the files whose locks say which engine owns an
+	// interface (default DefaultLockDir).
+	LockDir string
 	// MaxFrameLen is the longest frame the AF_XDP sockets take (0: no
 	// limit); longer frames, and frames in several buffers, are passed to
 	// the kernel and counted in the rule's too_long (a redirect would drop
@@ -223,6 +226,10 @@ type Program struct {
 	// open once KeepFor readied the program for a process that will not
 	// reach them by path; -1 until then.
 	dirfd, parentfd int
+	// lockfd holds the interface's lock file (lockPath) while the
+	// program lives (own.go); -1 when it does not.
+	lockfd   int
+	lockPath string
 
 	mu    sync.Mutex
 	rules map[RuleID]Rule
@@ -245,11 +252,14 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if o.PinDir == "" {
 		o.PinDir = DefaultPinDir
 	}
+	if o.LockDir == "" {
+		o.LockDir = DefaultLockDir
+	}
 	l, err := netnsutil.LinkByName(nil, ifname)
 	if err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
-	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1, dirfd: -1, parentfd: -1}
+	p := &Program{ifname: ifname, ifindex: l.Attrs().Index, rules: map[RuleID]Rule{}, ports: map[uint16]uint32{}, handover: map[RuleID]bool{}, ns: -1, dirfd: -1, parentfd: -1, lockfd: -1}
 	if err := ensureBPFFS(filepath.Dir(o.PinDir)); err != nil {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
@@ -258,7 +268,11 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
 	p.dir = filepath.Join(o.PinDir, PinDirName(uint32(ino), p.ifindex))
+	if p.lockfd, p.lockPath, err = ownLock(o.LockDir, ino, p.ifindex); err != nil {
+		return nil, fmt.Errorf("steer %s: %w", ifname, err)
+	}
 	if err := p.claim(l); err != nil {
+		ownRelease(p.lockfd, p.lockPath)
 		return nil, fmt.Errorf("steer %s: %w", ifname, err)
 	}
 	defer func() {
@@ -1173,6 +1187,10 @@ func (p *Program) Close() error {
 	}
 	if err := p.objs.Close(); err != nil {
 		errs = append(errs, err)
+	}
+	if p.lockfd >= 0 {
+		ownRelease(p.lockfd, p.lockPath)
+		p.lockfd = -1
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("steer %s: close: %w", p.ifname, err)

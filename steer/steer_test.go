@@ -28,7 +28,10 @@ import (
 )
 
 // helperEnv makes the test binary act as an engine that attaches and then
-// waits to be killed (see TestStaleStateAfterSIGKILL).
+// waits to be killed (see TestStaleStateAfterSIGKILL): "interface", or
+// "interface detach" to detach its program as an engine with no rule
+// does (TestBusyWhileDetached), or "interface try" to say "busy" where
+// the interface is busy rather than fail (TestAttachRace).
 const helperEnv = "VMAXDP_STEER_TEST_HELPER"
 
 // keepForEnv makes the test binary attach in a namespace, give up root
@@ -45,13 +48,24 @@ func TestMain(m *testing.M) {
 		fmt.Println("closed")
 		os.Exit(0)
 	}
-	if ifname := os.Getenv(helperEnv); ifname != "" {
-		p, err := steer.Attach(ifname, nil)
+	if v := strings.Fields(os.Getenv(helperEnv)); len(v) > 0 {
+		p, err := steer.Attach(v[0], nil)
 		if err != nil {
+			if slices.Contains(v, "try") && errors.Is(err, steer.ErrBusy) {
+				fmt.Println("busy")
+				os.Exit(0)
+			}
 			fmt.Println("error:", err)
 			os.Exit(1)
 		}
-		p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_UDP, Local: netip.AddrPortFrom(netip.Addr{}, 4242)})
+		id, _ := p.AddRule(steer.Rule{Kind: steer.RulePort, Proto: unix.IPPROTO_UDP, Local: netip.AddrPortFrom(netip.Addr{}, 4242)})
+		if slices.Contains(v, "detach") {
+			p.RemoveRule(id)
+			if did, err := p.Detach(); !did || err != nil {
+				fmt.Println("error: detach:", did, err)
+				os.Exit(1)
+			}
+		}
 		fmt.Println("ready")
 		time.Sleep(time.Minute)
 		os.Exit(0)
@@ -138,6 +152,91 @@ func TestStaleStateAfterSIGKILL(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBusyWhileDetached: an engine whose program is off the interface,
+// as it is while the engine has no rule (Detach), still owns it: another
+// engine gets ErrBusy naming it, and gets the interface once it dies.
+func TestBusyWhileDetached(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+bed.Link(testbed.B)+" detach")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if strings.TrimSpace(line) != "ready" {
+		t.Fatalf("helper engine: %q", line)
+	}
+	err = bed.Do(testbed.B, func() error {
+		l, err := netlink.LinkByName(bed.Link(testbed.B))
+		if err != nil {
+			return err
+		}
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			return fmt.Errorf("the helper's program is still attached (id %d)", x.ProgId)
+		}
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if want := fmt.Sprintf("pid %d ", cmd.Process.Pid); !errors.Is(err, steer.ErrBusy) || !strings.Contains(err.Error(), want) {
+			if p != nil {
+				p.Close()
+			}
+			return fmt.Errorf("attach beside a live engine with no program attached: want ErrBusy naming %q, got %v", want, err)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		p, err = steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return fmt.Errorf("attach after the owner died: %w", err)
+		}
+		return p.Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAttachRace: engines that start at once on one interface: one gets
+// it, and each of the others gets ErrBusy (it used to find the interface
+// free as well and fail at the attach with "file exists", its clean-up
+// removing the pins under the winner's name).
+func TestAttachRace(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	const engines = 4
+	var cmds []*exec.Cmd
+	var outs []*bufio.Reader
+	for range engines {
+		cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"="+bed.Link(testbed.B)+" try")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmds, outs = append(cmds, cmd), append(outs, bufio.NewReader(out))
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	got := map[string]int{}
+	for i, out := range outs {
+		line, _ := out.ReadString('\n')
+		line = strings.TrimSpace(line)
+		got[line]++
+		if line != "ready" && line != "busy" {
+			t.Errorf("engine %d: %q", i, line)
+		}
+	}
+	if got["ready"] != 1 || got["busy"] != engines-1 {
+		t.Errorf("%d engines attached and %d found the interface busy, want 1 and %d", got["ready"], got["busy"], engines-1)
 	}
 }
 
@@ -340,6 +439,43 @@ func TestRemoveNetnsPins(t *testing.T) {
 	}
 	if err := steer.RemoveNetnsPins(filepath.Join(dir, "absent"), 7); err != nil {
 		t.Fatalf("no pin directory: %v", err)
+	}
+}
+
+// TestRemoveNetnsLocks: a namespace's lock files go, but one an engine
+// holds, another namespace's and whatever is not a lock file.
+func TestRemoveNetnsLocks(t *testing.T) {
+	dir := t.TempDir()
+	names := []string{steer.PinDirName(7, 2) + ".lock", steer.PinDirName(7, 5) + ".lock", steer.PinDirName(8, 2) + ".lock", "7_2", "other.lock"}
+	for _, n := range names {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := os.Open(filepath.Join(dir, steer.PinDirName(7, 5)+".lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if err := steer.RemoveNetnsLocks(dir, 7); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if want := []string{"7_2", steer.PinDirName(7, 5) + ".lock", steer.PinDirName(8, 2) + ".lock", "other.lock"}; !slices.Equal(left, want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+	if err := steer.RemoveNetnsLocks(filepath.Join(dir, "absent"), 7); err != nil {
+		t.Fatalf("no lock directory: %v", err)
 	}
 }
 

@@ -234,7 +234,7 @@ func (b *Bed) Down() error {
 }
 
 // Down removes the bed called name, if there is one, and the steering
-// pins that engines killed in its namespaces left behind.
+// pins and lock files that engines killed in its namespaces left behind.
 func Down(name string) error {
 	var errs []error
 	for _, s := range []Side{A, B} {
@@ -245,6 +245,9 @@ func Down(name string) error {
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 			if err := steer.RemoveNetnsPins("", uint32(st.Ino)); err != nil {
+				errs = append(errs, fmt.Errorf("namespace %s: %w", n, err))
+			}
+			if err := steer.RemoveNetnsLocks("", uint32(st.Ino)); err != nil {
 				errs = append(errs, fmt.Errorf("namespace %s: %w", n, err))
 			}
 		}

@@ -1,0 +1,130 @@
+package steer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+)
+
+// DefaultLockDir holds the files whose locks say which engine owns an
+// interface (Options.LockDir).
+const DefaultLockDir = "/run/vmaxdp"
+
+// An engine owns its interface for as long as its Program lives, by an
+// exclusive flock on a file named after the interface (its namespace's
+// inode and its index), outside bpffs: `ip netns exec` gives each command
+// a bpffs of its own, so pins do not meet there, and the kernel drops
+// the lock when the process dies, however it dies. The attached program
+// alone did not say it: two engines started at once both found the
+// interface free, and the loser's clean-up removed the winner's pins; an
+// engine whose program was detached while it had no rule (Detach) lost
+// the interface to the next one, which removed its pins too.
+
+// ownLock takes the interface's lock file under dir, at a high fd. When
+// a live engine holds it, the error wraps ErrBusy and names it.
+func ownLock(dir string, netns uint64, ifindex int) (fd int, path string, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return -1, "", fmt.Errorf("lock dir: %w", err)
+	}
+	path = filepath.Join(dir, PinDirName(uint32(netns), ifindex)+".lock")
+	// The file a holder unlinks at Close may be the one just opened:
+	// locked, it must still be the one at path, or it is opened again.
+	for range 8 {
+		f, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return -1, "", fmt.Errorf("lock %s: %w", path, err)
+		}
+		f = highfd.Move(f)
+		if err := unix.Flock(f, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			highfd.Close(f)
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				who := lockHolders(path)
+				if len(who) == 0 {
+					who = []string{"a process that is exiting"}
+				}
+				return -1, "", fmt.Errorf("%w: %s", ErrBusy, strings.Join(who, ", "))
+			}
+			return -1, "", fmt.Errorf("lock %s: %w", path, err)
+		}
+		var held, now unix.Stat_t
+		if unix.Fstat(f, &held) == nil && unix.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return f, path, nil
+		}
+		highfd.Close(f)
+	}
+	return -1, "", fmt.Errorf("lock %s: it kept being replaced", path)
+}
+
+// ownRelease unlinks the lock file, then lets it go: in that order, the
+// next engine opens a new file rather than lock one that is gone.
+func ownRelease(fd int, path string) {
+	os.Remove(path) // a process that gave up root cannot: the next lock reuses it
+	highfd.Close(fd)
+}
+
+// lockHolders names the live processes, this one included, that hold
+// an fd of the lock file at path.
+func lockHolders(path string) []string {
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	self := strconv.Itoa(os.Getpid())
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range fds {
+		pidDir := filepath.Dir(filepath.Dir(f))
+		pid := filepath.Base(pidDir)
+		if seen[pid] {
+			continue
+		}
+		if l, err := os.Readlink(f); err != nil || l != path {
+			continue
+		}
+		seen[pid] = true
+		if pid == self {
+			out = append(out, "this process")
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join(pidDir, "comm"))
+		out = append(out, fmt.Sprintf("pid %s (%s)", pid, strings.TrimSpace(string(comm))))
+	}
+	return out
+}
+
+// RemoveNetnsLocks removes the lock files of every interface of the
+// network namespace whose inode is netns, under lockDir (DefaultLockDir
+// when empty), for a namespace that is going away: an engine killed
+// there left them. One still locked is left to its holder.
+func RemoveNetnsLocks(lockDir string, netns uint32) error {
+	if lockDir == "" {
+		lockDir = DefaultLockDir
+	}
+	ents, err := os.ReadDir(lockDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("steer: %w", err)
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".lock")
+		if ns, _, valid := ParsePinDirName(name); !ok || !valid || ns != netns {
+			continue
+		}
+		path := filepath.Join(lockDir, e.Name())
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == nil {
+			os.Remove(path)
+		}
+		unix.Close(fd)
+	}
+	return nil
+}
