@@ -788,6 +788,17 @@ func (st *Stack) Addr() netip.Addr { return *st.addr.Load() }
 // Program is the steering program, for its counters.
 func (st *Stack) Program() *steer.Program { return st.prog }
 
+// Exiting readies the stack for the end of its process without Close
+// (steer.Program.Exiting).
+func (st *Stack) Exiting() {
+	st.mu.Lock()
+	prog := st.prog
+	st.mu.Unlock()
+	if prog != nil {
+		prog.Exiting()
+	}
+}
+
 // Backends lists the queues' backends, for their counters.
 func (st *Stack) Backends() []backend.Backend {
 	qs := st.queueList()

@@ -65,8 +65,18 @@ func ownLock(dir string, netns uint64, ifindex int) (fd int, path string, err er
 // ownRelease unlinks the lock file, then lets it go: in that order, the
 // next engine opens a new file rather than lock one that is gone.
 func ownRelease(fd int, path string) {
-	os.Remove(path) // a process that gave up root cannot: the next lock reuses it
+	ownUnlink(fd, path)
 	highfd.Close(fd)
+}
+
+// ownUnlink removes path if it is still the file fd holds locked (once
+// removed, the next engine may have made and locked another there). A
+// process that gave up root cannot: the next engine reuses the file.
+func ownUnlink(fd int, path string) {
+	var held, now unix.Stat_t
+	if unix.Fstat(fd, &held) == nil && unix.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+		os.Remove(path)
+	}
 }
 
 // lockHolders names the live processes, this one included, that hold
@@ -127,4 +137,16 @@ func RemoveNetnsLocks(lockDir string, netns uint32) error {
 		unix.Close(fd)
 	}
 	return nil
+}
+
+// Exiting removes the interface's lock file of a process that exits
+// without Close (the preload library's engine): the kernel lets the lock
+// go with the process, and the file, left, would stay in LockDir for
+// every namespace an engine ever ran in.
+func (p *Program) Exiting() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lockfd >= 0 {
+		ownUnlink(p.lockfd, p.lockPath)
+	}
 }

@@ -240,6 +240,44 @@ func TestAttachRace(t *testing.T) {
 	}
 }
 
+// TestExitingRemovesLockFile: an engine that exits without Close (the
+// preload library's) removes its lock file first; a Close after that
+// leaves the file another engine may have made at the path since.
+func TestExitingRemovesLockFile(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		lock := filepath.Join(steer.DefaultLockDir, filepath.Base(p.PinDir())+".lock")
+		if _, err := os.Stat(lock); err != nil {
+			p.Close()
+			return fmt.Errorf("no lock file while attached: %w", err)
+		}
+		p.Exiting()
+		if _, err := os.Stat(lock); !errors.Is(err, os.ErrNotExist) {
+			p.Close()
+			return fmt.Errorf("lock file %s left by Exiting: %v", lock, err)
+		}
+		if err := os.WriteFile(lock, nil, 0o600); err != nil {
+			p.Close()
+			return err
+		}
+		defer os.Remove(lock)
+		if err := p.Close(); err != nil {
+			return err
+		}
+		if _, err := os.Stat(lock); err != nil {
+			return fmt.Errorf("Close removed the next engine's lock file: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestCloseRemovesEverything(t *testing.T) {
 	bed := testutil.Bed(t, nil)
 	err := bed.Do(testbed.B, func() error {

@@ -19,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/bench"
@@ -123,6 +124,41 @@ func bindWhileOpening(t *testing.T, bed *testbed.Bed, e *Engine, fd, port int) {
 	}
 	if e.State(fd) != StateCandidate {
 		t.Skipf("the stack opened within Bind (state %d): no window to test", e.State(fd))
+	}
+}
+
+// TestCloseStacksDetaches: CloseStacks closes every stack, a UDP one as
+// well as a TCP one: its steering program leaves the interface and its
+// lock file goes. (Shutdown, which it calls first, used to forget the
+// stacks without TCP, which then stayed attached.)
+func TestCloseStacksDetaches(t *testing.T) {
+	bed, e, _ := offloaded(t, 9401, false)
+	st := e.openStacks()
+	if len(st) != 1 {
+		t.Fatalf("%d stacks open, want 1", len(st))
+	}
+	dir := st[0].Program().PinDir()
+	if err := e.CloseStacks(); err != nil {
+		t.Fatal(err)
+	}
+	err := bed.Do(testbed.B, func() error {
+		l, err := netlink.LinkByName(bed.Link(testbed.B))
+		if err != nil {
+			return err
+		}
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			return fmt.Errorf("program id %d still attached to %s after CloseStacks", x.ProgId, bed.Link(testbed.B))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("pins left in %s after CloseStacks: %v", dir, err)
+	}
+	if _, err := os.Stat(filepath.Join("/run/vmaxdp", filepath.Base(dir)+".lock")); !os.IsNotExist(err) {
+		t.Errorf("lock file left after CloseStacks: %v", err)
 	}
 }
 

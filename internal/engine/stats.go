@@ -127,6 +127,9 @@ func (e *Engine) Shutdown() {
 	}
 	e.stopClaims()
 	e.exitTCP()
+	for _, st := range e.openStacks() {
+		st.Exiting()
+	}
 }
 
 // FlushStacks sends what the sockets' sends left on the stacks' TX rings

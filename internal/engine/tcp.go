@@ -1654,14 +1654,20 @@ func (e *Engine) exitTCP() {
 			break
 		}
 	}
+	// The stacks with TCP close (netstack's goroutines end); the others
+	// stay open for the sends the exit flushes (FlushStacks), and for
+	// CloseStacks.
 	e.mu.Lock()
-	stacks := e.stacks
-	e.stacks = map[string]*stack.Stack{}
-	e.mu.Unlock()
-	for _, st := range stacks {
+	var closing []*stack.Stack
+	for name, st := range e.stacks {
 		if st.HasTCP() {
-			st.Close()
+			closing = append(closing, st)
+			delete(e.stacks, name)
 		}
+	}
+	e.mu.Unlock()
+	for _, st := range closing {
+		st.Close()
 	}
 	// What the closes left is for the helper to tell of now.
 	if e.peers != nil {
