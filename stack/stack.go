@@ -56,7 +56,10 @@ type Options struct {
 	// MTU caps the IP datagrams the stack sends itself (VMAXDP_MTU; 0: the
 	// interface's MTU); larger ones go through the kernel socket.
 	MTU int
-	// ResolveTimeout bounds the wait for ARP on a new neighbour (default 1 s).
+	// ResolveTimeout bounds a UDP send's wait for ARP on a new neighbour
+	// (default 1 s); past it, the kernel socket sends. TCP's packets wait
+	// for the kernel's own verdict on the neighbour, off the caller's
+	// thread (afterHop).
 	ResolveTimeout time.Duration
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket);
 	// rxOnly asks for one that only receives (the interface runs no TX
