@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -977,11 +978,19 @@ __attribute__((destructor)) static void vmx_fini(void)
 		vmxgo_fini();
 }
 
+/* vmx_announced: the engine wrote its banner (vmxgo_announce), at the
+ * process's first IP socket; a wrapper that makes none (a shell, env,
+ * pyenv's shims) writes none. */
+static atomic_int vmx_announced;
+
 int socket(int domain, int type, int protocol)
 {
 	int fd = REAL(socket)(domain, type, protocol);
-	if (fd >= 0 && !vmx_forked && (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_DGRAM &&
-	    (protocol == 0 || protocol == IPPROTO_UDP))
+	if (fd < 0 || vmx_forked || (domain != AF_INET && domain != AF_INET6))
+		return fd;
+	if (!atomic_load_explicit(&vmx_announced, memory_order_relaxed) && !atomic_exchange(&vmx_announced, 1))
+		vmxgo_announce();
+	if ((type & 0xf) == SOCK_DGRAM && (protocol == 0 || protocol == IPPROTO_UDP))
 		vmx_set_state(fd, vmxgo_socket(fd, (type & SOCK_NONBLOCK) != 0));
 	return fd;
 }

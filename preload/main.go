@@ -203,6 +203,11 @@ func vmxgo_tcp_pay() { eng.PayOwed() }
 //export vmxgo_fini
 func vmxgo_fini() { eng.Shutdown() }
 
+// vmxgo_announce: the process made its first IP socket.
+//
+//export vmxgo_announce
+func vmxgo_announce() { eng.Announce() }
+
 // vmxgo_flush: the process is about to end (exit, _exit, _Exit,
 // exit_group) or exec: what sends left for a coalesced kick leaves now.
 //

@@ -646,6 +646,21 @@ func TestRunTCPCancel(t *testing.T) {
 	p.wait(t, b, "accept", "read", "recv", "recvmsg", "write", "connect", "connect-disabled")
 }
 
+// TestRunBannerAtFirstSocket: the banner comes from the process that
+// makes the first IP socket, not from each wrapper that starts it (a
+// shell, a subshell, env; pyenv's shims are eight processes for one
+// python3): bash's /dev/udp redirection makes one, on loopback.
+func TestRunBannerAtFirstSocket(t *testing.T) {
+	out, err := exec.Command(tools(t), "run", "--", "sh", "-c", "sh -c true; env bash -c 'exec 3<>/dev/udp/127.0.0.1/9'").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	banners := regexp.MustCompile(`(?m)Cmd Line: (.*)$`).FindAllStringSubmatch(string(out), -1)
+	if len(banners) != 1 || !strings.HasPrefix(banners[0][1], "bash -c exec 3<>/dev/udp") {
+		t.Errorf("banners %q, want one, bash's:\n%s", banners, out)
+	}
+}
+
 // TestRunFortify: poll and ppoll as a _FORTIFY_SOURCE build calls them
 // (__poll_chk, __ppoll_chk; memcached and nsd from Debian do) wait on an
 // offloaded socket, on both beds; the kernel's own would sleep on the

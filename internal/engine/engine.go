@@ -109,6 +109,7 @@ type Engine struct {
 	peers   *peernotify.Notifier // nil: VMAXDP_PEER_NOTIFY off
 	// peersSaid: the helper's failure was logged.
 	peersSaid atomic.Bool
+	announced sync.Once // the banner (Announce)
 	Log       *Log
 
 	mu       sync.Mutex // stacks, stackErr, epolls, Socket.fds
@@ -303,12 +304,18 @@ func New(opts *Options) (*Engine, error) {
 		}
 		e.rules = nil // no default rules file: offload everything
 	}
-	e.banner()
 	if err := e.startStats(); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
+
+// Announce writes the banner (version, command line, the parameters
+// not at their defaults), once: at the process's first IP socket, or
+// the first one it inherited. VMA writes it as it loads, in every
+// process: a program started through wrappers (a shell, env, pyenv's
+// shims: eight processes for one python3) repeated it for each.
+func (e *Engine) Announce() { e.announced.Do(e.banner) }
 
 func (e *Engine) banner() {
 	if !e.Log.Enabled(params.LevelInfo) {

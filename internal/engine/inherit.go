@@ -38,6 +38,7 @@ func (e *Engine) Inherited(fd int, activated bool) State {
 	if err != nil || (dom != unix.AF_INET && dom != unix.AF_INET6) {
 		return StateOS
 	}
+	e.Announce()
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	if err != nil {
 		return StateOS
