@@ -649,7 +649,8 @@ func TestRunTCPCancel(t *testing.T) {
 // TestRunBannerAtFirstSocket: the banner comes from the process that
 // makes the first IP socket, not from each wrapper that starts it (a
 // shell, a subshell, env; pyenv's shims are eight processes for one
-// python3): bash's /dev/udp redirection makes one, on loopback.
+// python3): bash's /dev/udp redirection makes one, on loopback. Nor do
+// the wrappers' forks get a word.
 func TestRunBannerAtFirstSocket(t *testing.T) {
 	out, err := exec.Command(tools(t), "run", "--", "sh", "-c", "sh -c true; env bash -c 'exec 3<>/dev/udp/127.0.0.1/9'").CombinedOutput()
 	if err != nil {
@@ -658,6 +659,9 @@ func TestRunBannerAtFirstSocket(t *testing.T) {
 	banners := regexp.MustCompile(`(?m)Cmd Line: (.*)$`).FindAllStringSubmatch(string(out), -1)
 	if len(banners) != 1 || !strings.HasPrefix(banners[0][1], "bash -c exec 3<>/dev/udp") {
 		t.Errorf("banners %q, want one, bash's:\n%s", banners, out)
+	}
+	if strings.Contains(string(out), "fork: ") {
+		t.Errorf("a wrapper with no IP socket told of its forks:\n%s", out)
 	}
 }
 

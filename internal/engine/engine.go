@@ -109,7 +109,7 @@ type Engine struct {
 	peers   *peernotify.Notifier // nil: VMAXDP_PEER_NOTIFY off
 	// peersSaid: the helper's failure was logged.
 	peersSaid atomic.Bool
-	announced sync.Once // the banner (Announce)
+	announced atomic.Bool // the banner was written (Announce)
 	Log       *Log
 
 	mu       sync.Mutex // stacks, stackErr, epolls, Socket.fds
@@ -315,7 +315,11 @@ func New(opts *Options) (*Engine, error) {
 // the first one it inherited. VMA writes it as it loads, in every
 // process: a program started through wrappers (a shell, env, pyenv's
 // shims: eight processes for one python3) repeated it for each.
-func (e *Engine) Announce() { e.announced.Do(e.banner) }
+func (e *Engine) Announce() {
+	if !e.announced.Load() && !e.announced.Swap(true) {
+		e.banner()
+	}
+}
 
 func (e *Engine) banner() {
 	if !e.Log.Enabled(params.LevelInfo) {
@@ -346,6 +350,7 @@ func (e *Engine) get(fd int) *Socket {
 
 // Socket records a new AF_INET SOCK_DGRAM socket.
 func (e *Engine) Socket(fd int, nonblock bool) State {
+	e.Announce()
 	if fd >= MaxFD {
 		e.Log.Printf(params.LevelInfo, "fd %d: not offloaded: fd beyond %d", fd, MaxFD-1)
 		return StateOS

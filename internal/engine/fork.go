@@ -176,10 +176,11 @@ func (e *Engine) Forked() {
 	if e.fork.gated.Swap(false) {
 		e.fork.gate.Unlock()
 	}
-	if !e.fork.told.Swap(true) {
+	if e.announced.Load() && !e.fork.told.Swap(true) {
 		// tftpd-hpa, nsd and inetd's way serve each request or share of
 		// the load in a child, whose traffic the kernel serves: the log
-		// must say why, as the child cannot.
+		// must say why, as the child cannot. A process with no IP socket
+		// yet (a shell, a wrapper) says nothing, as it wrote no banner.
 		e.Log.Printf(params.LevelInfo, "fork: a child of this process (forked, not exec'd) uses the sockets it opens through the kernel: vmaxdp serves this process, its threads and the programs its children exec")
 	}
 	e.fork.mu.Lock()
