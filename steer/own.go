@@ -114,29 +114,17 @@ func RemoveNetnsLocks(lockDir string, netns uint32) error {
 	if lockDir == "" {
 		lockDir = DefaultLockDir
 	}
-	ents, err := os.ReadDir(lockDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("steer: %w", err)
-	}
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), ".lock")
-		if ns, _, valid := ParsePinDirName(name); !ok || !valid || ns != netns {
-			continue
-		}
-		path := filepath.Join(lockDir, e.Name())
+	return eachOfNetns(lockDir, ".lock", netns, func(path string) error {
 		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
-			continue
+			return nil // gone meanwhile
 		}
 		if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == nil {
 			os.Remove(path)
 		}
 		unix.Close(fd)
-	}
-	return nil
+		return nil
+	})
 }
 
 // Exiting removes the interface's lock file of a process that exits

@@ -65,7 +65,19 @@ func RemoveNetnsPins(pinDir string, netns uint32) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
 	}
-	ents, err := os.ReadDir(pinDir)
+	return eachOfNetns(pinDir, "", netns, func(path string) error {
+		if err := os.RemoveAll(path); err != nil {
+			return fmt.Errorf("steer: remove pins: %w", err)
+		}
+		return nil
+	})
+}
+
+// eachOfNetns calls fn with the path of each entry of dir named after an
+// interface of the network namespace whose inode is netns (PinDirName,
+// then suffix), and joins its errors. A missing dir has none.
+func eachOfNetns(dir, suffix string, netns uint32, fn func(path string) error) error {
+	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -74,10 +86,9 @@ func RemoveNetnsPins(pinDir string, netns uint32) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if ns, _, ok := ParsePinDirName(e.Name()); ok && ns == netns {
-			if err := os.RemoveAll(filepath.Join(pinDir, e.Name())); err != nil {
-				errs = append(errs, fmt.Errorf("steer: remove pins: %w", err))
-			}
+		name, ok := strings.CutSuffix(e.Name(), suffix)
+		if ns, _, valid := ParsePinDirName(name); ok && valid && ns == netns {
+			errs = append(errs, fn(filepath.Join(dir, e.Name())))
 		}
 	}
 	return errors.Join(errs...)

@@ -113,10 +113,13 @@ func TestForeignProgramNotReplaced(t *testing.T) {
 	}
 }
 
-func TestStaleStateAfterSIGKILL(t *testing.T) {
-	bed := testutil.Bed(t, nil)
+// startHelper starts the test binary as a helper engine on side B of
+// bed, in mode (helperEnv, after the interface), and returns it with its
+// output; it is killed with the test.
+func startHelper(t *testing.T, bed *testbed.Bed, mode string) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+bed.Link(testbed.B))
+	cmd.Env = append(os.Environ(), helperEnv+"="+strings.TrimSpace(bed.Link(testbed.B)+" "+mode))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -125,11 +128,22 @@ func TestStaleStateAfterSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, _ := bufio.NewReader(out).ReadString('\n')
-	if strings.TrimSpace(line) != "ready" {
+	return cmd, bufio.NewReader(out)
+}
+
+// helperLine is the helper's next line of output.
+func helperLine(out *bufio.Reader) string {
+	line, _ := out.ReadString('\n')
+	return strings.TrimSpace(line)
+}
+
+func TestStaleStateAfterSIGKILL(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	cmd, out := startHelper(t, bed, "")
+	if line := helperLine(out); line != "ready" {
 		t.Fatalf("helper engine: %q", line)
 	}
-	err = bed.Do(testbed.B, func() error {
+	err := bed.Do(testbed.B, func() error {
 		// While the owner lives, the interface is busy.
 		if p, err := steer.Attach(bed.Link(testbed.B), nil); !errors.Is(err, steer.ErrBusy) {
 			if p != nil {
@@ -160,21 +174,11 @@ func TestStaleStateAfterSIGKILL(t *testing.T) {
 // engine gets ErrBusy naming it, and gets the interface once it dies.
 func TestBusyWhileDetached(t *testing.T) {
 	bed := testutil.Bed(t, nil)
-	cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+bed.Link(testbed.B)+" detach")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, _ := bufio.NewReader(out).ReadString('\n')
-	if strings.TrimSpace(line) != "ready" {
+	cmd, out := startHelper(t, bed, "detach")
+	if line := helperLine(out); line != "ready" {
 		t.Fatalf("helper engine: %q", line)
 	}
-	err = bed.Do(testbed.B, func() error {
+	err := bed.Do(testbed.B, func() error {
 		l, err := netlink.LinkByName(bed.Link(testbed.B))
 		if err != nil {
 			return err
@@ -209,27 +213,14 @@ func TestBusyWhileDetached(t *testing.T) {
 func TestAttachRace(t *testing.T) {
 	bed := testutil.Bed(t, nil)
 	const engines = 4
-	var cmds []*exec.Cmd
 	var outs []*bufio.Reader
 	for range engines {
-		cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), helperEnv+"="+bed.Link(testbed.B)+" try")
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmds, outs = append(cmds, cmd), append(outs, bufio.NewReader(out))
-	}
-	for _, cmd := range cmds {
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		_, out := startHelper(t, bed, "try")
+		outs = append(outs, out)
 	}
 	got := map[string]int{}
 	for i, out := range outs {
-		line, _ := out.ReadString('\n')
-		line = strings.TrimSpace(line)
+		line := helperLine(out)
 		got[line]++
 		if line != "ready" && line != "busy" {
 			t.Errorf("engine %d: %q", i, line)
