@@ -648,7 +648,7 @@ func TestRunTCPCancel(t *testing.T) {
 
 // TestRunBannerAtFirstSocket: the banner comes from the process that
 // makes the first IP socket, not from each wrapper that starts it (a
-// shell, a subshell, env; pyenv's shims are eight processes for one
+// shell, a subshell, env; pyenv's shims are more than eight processes for one
 // python3): bash's /dev/udp redirection makes one, on loopback. Nor do
 // the wrappers' forks get a word.
 func TestRunBannerAtFirstSocket(t *testing.T) {

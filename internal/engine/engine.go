@@ -314,7 +314,8 @@ func New(opts *Options) (*Engine, error) {
 // not at their defaults), once: at the process's first IP socket, or
 // the first one it inherited. VMA writes it as it loads, in every
 // process: a program started through wrappers (a shell, env, pyenv's
-// shims: eight processes for one python3) repeated it for each.
+// shims: more than eight processes for one python3) repeated it for
+// each.
 func (e *Engine) Announce() {
 	if !e.announced.Load() && !e.announced.Swap(true) {
 		e.banner()
