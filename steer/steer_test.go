@@ -137,6 +137,19 @@ func helperLine(out *bufio.Reader) string {
 	return strings.TrimSpace(line)
 }
 
+// attachBeside attaches on side B (call it there) beside the live
+// helper engine pid, and wants ErrBusy naming it.
+func attachBeside(bed *testbed.Bed, pid int) error {
+	p, err := steer.Attach(bed.Link(testbed.B), nil)
+	if want := fmt.Sprintf("pid %d ", pid); !errors.Is(err, steer.ErrBusy) || !strings.Contains(err.Error(), want) {
+		if p != nil {
+			p.Close()
+		}
+		return fmt.Errorf("attach beside a live engine: want ErrBusy naming %q, got %v", want, err)
+	}
+	return nil
+}
+
 func TestStaleStateAfterSIGKILL(t *testing.T) {
 	bed := testutil.Bed(t, nil)
 	cmd, out := startHelper(t, bed, "")
@@ -145,11 +158,8 @@ func TestStaleStateAfterSIGKILL(t *testing.T) {
 	}
 	err := bed.Do(testbed.B, func() error {
 		// While the owner lives, the interface is busy.
-		if p, err := steer.Attach(bed.Link(testbed.B), nil); !errors.Is(err, steer.ErrBusy) {
-			if p != nil {
-				p.Close()
-			}
-			return fmt.Errorf("attach beside a live engine: want ErrBusy, got %v", err)
+		if err := attachBeside(bed, cmd.Process.Pid); err != nil {
+			return err
 		}
 		cmd.Process.Signal(unix.SIGKILL)
 		cmd.Wait()
@@ -178,24 +188,16 @@ func TestBusyWhileDetached(t *testing.T) {
 	if line := helperLine(out); line != "ready" {
 		t.Fatalf("helper engine: %q", line)
 	}
+	if id := testutil.XDPProgram(t, bed, testbed.B); id != 0 {
+		t.Fatalf("the helper's program is still attached (id %d)", id)
+	}
 	err := bed.Do(testbed.B, func() error {
-		l, err := netlink.LinkByName(bed.Link(testbed.B))
-		if err != nil {
-			return err
-		}
-		if x := l.Attrs().Xdp; x != nil && x.Attached {
-			return fmt.Errorf("the helper's program is still attached (id %d)", x.ProgId)
-		}
-		p, err := steer.Attach(bed.Link(testbed.B), nil)
-		if want := fmt.Sprintf("pid %d ", cmd.Process.Pid); !errors.Is(err, steer.ErrBusy) || !strings.Contains(err.Error(), want) {
-			if p != nil {
-				p.Close()
-			}
-			return fmt.Errorf("attach beside a live engine with no program attached: want ErrBusy naming %q, got %v", want, err)
+		if err := attachBeside(bed, cmd.Process.Pid); err != nil {
+			return fmt.Errorf("with no program attached: %w", err)
 		}
 		cmd.Process.Kill()
 		cmd.Wait()
-		p, err = steer.Attach(bed.Link(testbed.B), nil)
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
 		if err != nil {
 			return fmt.Errorf("attach after the owner died: %w", err)
 		}
@@ -315,13 +317,13 @@ func TestKeepForSetuid(t *testing.T) {
 		if err != nil || strings.TrimSpace(string(out)) != "closed" {
 			t.Fatalf("helper (%s): %v\n%s", how, err, out)
 		}
+		if id := testutil.XDPProgram(t, bed, testbed.B); id != 0 {
+			t.Fatalf("helper (%s): program id %d still attached after Close", how, id)
+		}
 		err = bed.Do(testbed.B, func() error {
 			l, err := netlink.LinkByName(bed.Link(testbed.B))
 			if err != nil {
 				return err
-			}
-			if x := l.Attrs().Xdp; x != nil && x.Attached {
-				return fmt.Errorf("program id %d still attached after Close", x.ProgId)
 			}
 			ino, err := netnsInode()
 			if err != nil {

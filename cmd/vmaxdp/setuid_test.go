@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stats"
@@ -119,17 +117,8 @@ func testSetuid(t *testing.T, b *testbed.Bed, prog, call string, port int) {
 // program off side B's interface and removed its counters file.
 func wantCleanExit(t *testing.T, b *testbed.Bed, pid int) {
 	t.Helper()
-	if err := b.Do(testbed.B, func() error {
-		l, err := netlink.LinkByName(b.Link(testbed.B))
-		if err != nil {
-			return err
-		}
-		if x := l.Attrs().Xdp; x != nil && x.Attached {
-			return fmt.Errorf("program id %d still attached to %s after the process exited", x.ProgId, b.Link(testbed.B))
-		}
-		return nil
-	}); err != nil {
-		t.Error(err)
+	if id := testutil.XDPProgram(t, b, testbed.B); id != 0 {
+		t.Errorf("program id %d still attached to %s after the process exited", id, b.Link(testbed.B))
 	}
 	file := filepath.Join(params.Defaults().StatsDir, stats.FileName(pid))
 	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {

@@ -19,7 +19,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/bench"
@@ -141,18 +140,8 @@ func TestCloseStacksDetaches(t *testing.T) {
 	if err := e.CloseStacks(); err != nil {
 		t.Fatal(err)
 	}
-	err := bed.Do(testbed.B, func() error {
-		l, err := netlink.LinkByName(bed.Link(testbed.B))
-		if err != nil {
-			return err
-		}
-		if x := l.Attrs().Xdp; x != nil && x.Attached {
-			return fmt.Errorf("program id %d still attached to %s after CloseStacks", x.ProgId, bed.Link(testbed.B))
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+	if id := testutil.XDPProgram(t, bed, testbed.B); id != 0 {
+		t.Fatalf("program id %d still attached to %s after CloseStacks", id, bed.Link(testbed.B))
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("pins left in %s after CloseStacks: %v", dir, err)

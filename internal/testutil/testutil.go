@@ -197,6 +197,27 @@ func eachBed(t *testing.T, opts *testbed.Options, parallel bool, fn func(t *test
 	}
 }
 
+// XDPProgram is the id of the XDP program attached to side s's link of
+// b; 0 when none is.
+func XDPProgram(tb testing.TB, b *testbed.Bed, s testbed.Side) uint32 {
+	tb.Helper()
+	var id uint32
+	err := b.Do(s, func() error {
+		l, err := netlink.LinkByName(b.Link(s))
+		if err != nil {
+			return err
+		}
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			id = x.ProgId
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("link %s: %v", b.Link(s), err)
+	}
+	return id
+}
+
 // UDPStat reads a Udp counter of /proc/net/snmp in side s's namespace
 // ("InDatagrams": what the kernel delivered to its sockets there).
 func UDPStat(tb testing.TB, b *testbed.Bed, s testbed.Side, name string) int {
