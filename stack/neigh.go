@@ -52,13 +52,21 @@ type nextHops struct {
 	refreshes  sync.WaitGroup
 }
 
-// nextHop returns dst's next hop; now is monoNow's, read by the caller
-// (a send reads the clock once).
+// nextHop returns dst's next hop for a UDP send; now is monoNow's, read
+// by the caller (a send reads the clock once). It never waits for ARP:
+// errNeighPending, with the route's source address, when the kernel has
+// no answer yet or datagrams parked for dst have not all left (the
+// datagrams park, udppark.go).
 func (st *Stack) nextHop(dst netip.Addr, now int64) (nextHop, error) {
+	if st.udpParkedHops.Load() != 0 {
+		if src, ok := st.udpPending(dst); ok {
+			return nextHop{src: src}, errNeighPending
+		}
+	}
 	if h, ok := st.hopCached(dst, now); ok {
 		return h, nil
 	}
-	return st.resolve(dst, st.opts.ResolveTimeout)
+	return st.resolve(dst, 0)
 }
 
 // hopCached returns dst's next hop if the cache has it at now (monoNow),
@@ -255,7 +263,7 @@ func (st *Stack) lookupHop(dst netip.Addr, wait time.Duration) (nextHop, error) 
 	deadline := time.Now().Add(wait)
 	// A failed entry seen before our NTF_USE is an old verdict, which the
 	// use starts over.
-	for triggered, poll := false, time.Millisecond; ; {
+	for triggered, poll := false, 100*time.Microsecond; ; {
 		mac, ok, failed := st.neighbourNow(hop)
 		if ok {
 			h.mac = mac
@@ -274,8 +282,9 @@ func (st *Stack) lookupHop(dst netip.Addr, wait time.Duration) (nextHop, error) 
 		if st.hops.closing.Load() {
 			return h, fmt.Errorf("neighbour %s: %w", hop, net.ErrClosed)
 		}
-		// An answer on a link comes within the first polls; one that
-		// takes the kernel's next request (a second later) need not
+		// An answer on a link comes within the first polls (a veth's in
+		// tens of microseconds, while the first packets wait for it); one
+		// that takes the kernel's next request (a second later) need not
 		// cost a netlink dump each millisecond.
 		time.Sleep(poll)
 		poll = min(2*poll, 16*time.Millisecond)

@@ -56,10 +56,12 @@ type Options struct {
 	// MTU caps the IP datagrams the stack sends itself (VMAXDP_MTU; 0: the
 	// interface's MTU); larger ones go through the kernel socket.
 	MTU int
-	// ResolveTimeout bounds a UDP send's wait for ARP on a new neighbour
-	// (default 1 s); past it, the kernel socket sends. TCP's packets wait
-	// for the kernel's own verdict on the neighbour, off the caller's
-	// thread (afterHop).
+	// ResolveTimeout bounds the background lookup that refreshes an
+	// expired next hop, and a stamped send's wait for ARP on a new
+	// neighbour (default 1 s); past it, the kernel socket sends to that
+	// destination for a while. No other send waits for ARP: the first
+	// packets to a new neighbour wait for the kernel's own verdict on it,
+	// off the caller's thread (afterHop, udppark.go).
 	ResolveTimeout time.Duration
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket);
 	// rxOnly asks for one that only receives (the interface runs no TX
@@ -146,6 +148,10 @@ type Counters struct {
 	// outlived its socket for a moment).
 	RxNoSocket      atomic.Uint64
 	NeighUnresolved atomic.Uint64
+	// TxNeighDrops counts the UDP datagrams dropped while they waited for
+	// their next hop's ARP answer: the kernel could not resolve it, too
+	// many waited for it (udpParkedPerHop), or the stack closed.
+	TxNeighDrops atomic.Uint64
 	// RxProgressFrames counts the frames the progress engine drained
 	// (see Options.ProgressInterval): no receive was polling.
 	RxProgressFrames atomic.Uint64
@@ -165,6 +171,7 @@ func (c *Counters) Zero() {
 	}
 	c.RxNoSocket.Store(0)
 	c.NeighUnresolved.Store(0)
+	c.TxNeighDrops.Store(0)
 	c.RxProgressFrames.Store(0)
 	c.RxPartialChecksum.Store(0)
 }
@@ -263,6 +270,12 @@ type Stack struct {
 	ipID        atomic.Uint32
 	hops        nextHops
 	nextTxq     atomic.Uint32 // the queue the next socket transmits on
+
+	// udpParked: UDP datagrams waiting for their next hop's ARP answer
+	// (udppark.go), by destination.
+	udpParkMu     sync.Mutex
+	udpParked     map[netip.Addr]*udpParkedHop
+	udpParkedHops atomic.Int32 // len(udpParked), read by sends without the lock
 
 	rxMu     sync.Mutex
 	polls    uint64 // pollLocked calls, guarded by rxMu

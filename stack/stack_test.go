@@ -181,7 +181,20 @@ func TestStaleNextHop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	buf := make([]byte, 128)
+	recv := func(i int) {
+		t.Helper()
+		k.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, _, err := k.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:n], payload(i, 64)) {
+			t.Errorf("datagram %d: got %x", i, buf[:n])
+		}
+	}
 	send(0)
+	recv(0) // sent once the kernel resolved the neighbour
 	for _, cmd := range [][]string{
 		{"ip", "-n", bed.NSName(testbed.A), "link", "set", "dev", bed.Link(testbed.A), "arp", "off"},
 		{"ip", "-n", bed.NSName(testbed.B), "neigh", "flush", "dev", bed.Link(testbed.B)},
@@ -204,16 +217,87 @@ func TestStaleNextHop(t *testing.T) {
 	if got := c.Counters.TxOSPackets.Load(); got != 1 {
 		t.Errorf("the send after the refresh found the neighbour gone did not go through the kernel: TxOSPackets = %d", got)
 	}
+	recv(1)
+}
+
+// TestUDPSendUnresolved: a UDP send to a neighbour the kernel has not
+// resolved returns at once, as the kernel's does: its datagrams wait
+// beside the ARP request and leave, offloaded and in order (those sent
+// while the first left included), when the answer comes; to a host of the subnet nobody holds, they are dropped
+// and counted once the kernel gives up (three requests, 100 ms apart
+// here), and the sends after that go through the kernel socket, which
+// reports its errors the kernel's way. Before, a send waited for ARP up
+// to a second in the caller's thread.
+func TestUDPSendUnresolved(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	arp := "net.ipv4.neigh." + bed.Link(testbed.B) + ".retrans_time_ms=100"
+	if out, err := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
+		t.Fatalf("sysctl %s: %v: %s", arp, err, out)
+	}
+	if out, err := exec.Command("ip", "-n", bed.NSName(testbed.B), "neigh", "flush", "dev", bed.Link(testbed.B)).CombinedOutput(); err != nil {
+		t.Fatalf("ip neigh flush: %v: %s", err, out)
+	}
+	k := kernelConn(t, bed, "198.18.0.1:9102")
+	c, err := st.ListenUDP(netip.AddrPort{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendAll := func(to netip.AddrPort, n, size int) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for i := range n {
+			if _, err := c.WriteToUDPAddrPort(payload(i, size), to); err != nil {
+				t.Fatalf("send %d to %s: %v", i, to, err)
+			}
+		}
+		return time.Since(start)
+	}
+
+	// A neighbour that answers.
+	const first = 200
+	if took := sendAll(netip.MustParseAddrPort("198.18.0.1:9102"), first, 64); took > 100*time.Millisecond {
+		t.Errorf("%d sends to a new neighbour took %v: they waited for ARP", first, took)
+	}
 	buf := make([]byte, 128)
 	k.SetReadDeadline(time.Now().Add(2 * time.Second))
-	for i := 0; i < 2; i++ {
+	for i := range first {
 		n, _, err := k.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			t.Fatalf("datagram %d: %v", i, err)
 		}
 		if !bytes.Equal(buf[:n], payload(i, 64)) {
-			t.Errorf("datagram %d: got %x", i, buf[:n])
+			t.Errorf("datagram %d: got %x, want them in order", i, buf[:n])
 		}
+	}
+	if got, os := c.Counters.TxOffloadPackets.Load(), c.Counters.TxOSPackets.Load(); got != first || os != 0 {
+		t.Errorf("TxOffloadPackets %d, TxOSPackets %d; want %d, 0", got, os, first)
+	}
+
+	// A host nobody holds: more datagrams than wait for one neighbour
+	// (the kernel's unres_qlen_bytes, about 147 of 1400 bytes here).
+	a := bed.Addr(testbed.A).As4()
+	a[3] = 99
+	nobody := netip.AddrPortFrom(netip.AddrFrom4(a), 9102)
+	const many = 160
+	if took := sendAll(nobody, many, 1400); took > 100*time.Millisecond {
+		t.Errorf("%d sends to a host nobody holds took %v: they waited for ARP", many, took)
+	}
+	if over := st.Counters.TxNeighDrops.Load(); over == 0 || over >= many {
+		t.Errorf("TxNeighDrops %d at once, want those beyond the bound only", over)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for st.Counters.TxNeighDrops.Load() < many && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := st.Counters.TxNeighDrops.Load(); got != many {
+		t.Errorf("TxNeighDrops %d, want %d", got, many)
+	}
+	if n := st.Counters.NeighUnresolved.Load(); n != 1 {
+		t.Errorf("NeighUnresolved %d, want 1", n)
+	}
+	sendAll(nobody, 1, 64)
+	if got := c.Counters.TxOSPackets.Load(); got != 1 {
+		t.Errorf("a send after the kernel gave up: TxOSPackets %d, want 1 (the kernel socket's)", got)
 	}
 }
 

@@ -1354,7 +1354,21 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 	kernel := st.kernelOnly.Load() != nil // the interface is down or gone
 	if !kernel {
 		var err error
-		if hop, err = c.hopTo(to, now); err != nil {
+		hop, err = c.hopTo(to, now)
+		if errors.Is(err, errNeighPending) {
+			if ts == nil {
+				if c.park(msgs, to, from, hop.src) {
+					return len(msgs), nil
+				}
+				err, hop.viaKernel = nil, true // the kernel socket queues them
+			} else {
+				// A stamped send waits for the answer, up to
+				// ResolveTimeout: its stamp is taken as its frame goes on
+				// the ring, and its key counted with the socket's others.
+				hop, err = st.resolve(to.Addr(), st.opts.ResolveTimeout)
+			}
+		}
+		if err != nil {
 			return 0, c.sendErr(to, err)
 		}
 		// Not behind our interface, or multicast the kernel must send.
@@ -1369,21 +1383,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 		}
 		return len(msgs), nil
 	}
-	src := c.local.Addr()
-	switch {
-	case from.IsValid() && !from.IsUnspecified():
-		src = from
-	case src.IsUnspecified() || src.IsMulticast():
-		src = hop.src
-	}
-	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, NoDF: c.noDF.Load(), TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
-	if to.Addr().IsMulticast() {
-		f.TTL = uint8(c.mttl.Load())
-	}
-	maxPayload := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
-	if g := int(c.segment.Load()); g > 0 {
-		maxPayload = min(maxPayload, g)
-	}
+	f, maxPayload := c.fields(to, from, hop)
 	q := c.txq
 	q.txMu.Lock()
 	sent, err = c.sendLocked(q, msgs, to, &f, maxPayload, now, ts)
@@ -1391,6 +1391,29 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 		err = c.sendErr(to, kerr)
 	}
 	return sent, err
+}
+
+// fields are the headers of a datagram to to from from (zero: the
+// socket's address) by next hop hop, and the longest payload the stack
+// sends itself.
+func (c *UDPConn) fields(to netip.AddrPort, from netip.Addr, hop nextHop) (f header.UDPFields, maxPayload int) {
+	st := c.st
+	src := c.local.Addr()
+	switch {
+	case from.IsValid() && !from.IsUnspecified():
+		src = from
+	case src.IsUnspecified() || src.IsMulticast():
+		src = hop.src
+	}
+	f = header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, NoDF: c.noDF.Load(), TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
+	if to.Addr().IsMulticast() {
+		f.TTL = uint8(c.mttl.Load())
+	}
+	maxPayload = min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
+	if g := int(c.segment.Load()); g > 0 {
+		maxPayload = min(maxPayload, g)
+	}
+	return f, maxPayload
 }
 
 // sendLocked is sendBatch's part under q.txMu: msgs on q's TX ring, or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmaxdp/vmaxdp/internal/apps"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -275,6 +280,102 @@ func TestRunDnsmasqForkKeepsUDP(t *testing.T) {
 		}
 		if kernel != 0 {
 			t.Errorf("the kernel in dnsmasq's namespace received %d of the 1000 queries after the forks: not offloaded\n%s", kernel, tail(string(log), 20))
+		}
+	})
+}
+
+// TestRunSpoofedSources: queries to a DNS server under vmaxdp (dnsmasq,
+// Debian's) from addresses of its subnet that nobody holds do not stall
+// it: each answer waits beside the kernel's ARP request, off the server's
+// thread, and is dropped and counted (tx_neigh_drops) when the kernel
+// gives up on the address, as the kernel queues and drops a neighbour's
+// first packets. A load generator's queries sent meanwhile are all
+// answered, offloaded (the kernel's Udp counters in the server's
+// namespace do not move). Before, the server's thread waited for ARP up
+// to a second per spoofed address, and dnsperf's queries timed out.
+func TestRunSpoofedSources(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, prog := range []string{"dnsmasq", "dnsperf"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", prog)
+		}
+	}
+	vmaxdp := tools(t)
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		// The kernel gives up after three requests 100 ms apart (a
+		// second apart by default), so that the drops come soon.
+		arp := "net.ipv4.neigh." + b.Link(testbed.B) + ".retrans_time_ms=100"
+		if out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
+			t.Fatalf("sysctl %s: %v: %s", arp, err, out)
+		}
+		dir := t.TempDir()
+		logFile := filepath.Join(dir, "vmaxdp.log")
+		queries := filepath.Join(dir, "queries")
+		if err := os.WriteFile(queries, []byte("host.example.com A\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := startArgv(t, b, []string{"VMAXDP_LOG_FILE=" + logFile, "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
+			"dnsmasq", "-k", "--conf-file=/dev/null", "--port=53", "--no-resolv", "--no-hosts", "--user=root",
+			"--pid-file=", "--address=/example.com/198.18.0.10")
+		// Until dnsmasq's socket is offloaded: WaitOffloaded returns at a
+		// snapshot taken before the program made any.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(dir, stats.FileName(p.pid))); err == nil {
+				if sk := offloadedSocket(snapshotJSON(t, vmaxdp, dir, p.pid)); sk != nil && strings.HasSuffix(sk.Local, ":53") {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("dnsmasq's socket is not offloaded after 10 s\n%s", p.out.String())
+			}
+		}
+		server := netip.AddrPortFrom(b.Addr(testbed.B), 53)
+		query := []byte("\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x04host\x07example\x03com\x00\x00\x01\x00\x01")
+		const spoofed = 12
+		outBefore := testutil.SNMPStat(t, b, testbed.B, "Udp", "OutDatagrams")
+		inBefore := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+		err := b.Do(testbed.A, func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			frame := make([]byte, header.UDPHeadersLen+len(query))
+			for i := range spoofed {
+				src := b.Addr(testbed.A).As4()
+				src[3] = byte(100 + i)
+				copy(frame[header.UDPHeadersLen:], query)
+				n := header.BuildUDP(frame, &header.UDPFields{Src: netip.AddrPortFrom(netip.AddrFrom4(src), 5353), Dst: server, TTL: 64}, len(query))
+				if err := unix.Sendto(fd, frame[header.EthernetLen:n], 0, &unix.SockaddrInet4{Addr: server.Addr().As4()}); err != nil {
+					return fmt.Errorf("query from %v: %w", netip.AddrFrom4(src), err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 200
+		start := time.Now()
+		out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.A), "dnsperf", "-s", server.Addr().String(),
+			"-d", queries, "-n", strconv.Itoa(n), "-t", "2").CombinedOutput()
+		took := time.Since(start)
+		if want := fmt.Sprintf("Queries completed:    %d ", n); err != nil || !strings.Contains(string(out), want) {
+			log, _ := os.ReadFile(logFile)
+			t.Fatalf("dnsperf -n %d after %d queries from addresses nobody holds (%v): %v\n%s\nvmaxdp's log:\n%s", n, spoofed, took, err, out, tail(string(log), 20))
+		}
+		pr := waitProgram(t, vmaxdp, dir, p.pid, b.Link(testbed.B), func(pr *stats.Program) bool {
+			return pr.Stack.TxNeighDrops >= spoofed
+		})
+		t.Logf("dnsperf's %d queries answered in %v; neighbours unresolved %d, answers dropped waiting for ARP %d", n, took, pr.Stack.NeighUnresolved, pr.Stack.TxNeighDrops)
+		if pr.Stack.TxNeighDrops != spoofed {
+			t.Errorf("answers to the addresses nobody holds: %d dropped and counted, want %d", pr.Stack.TxNeighDrops, spoofed)
+		}
+		if d := testutil.SNMPStat(t, b, testbed.B, "Udp", "OutDatagrams") - outBefore; d != 0 {
+			t.Errorf("the kernel in dnsmasq's namespace sent %d datagrams: answers went through it", d)
+		}
+		if d := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - inBefore; d != 0 {
+			t.Errorf("the kernel in dnsmasq's namespace received %d datagrams: queries went through it", d)
 		}
 	})
 }
