@@ -34,6 +34,7 @@ func TestTxKickDelay(t *testing.T) {
 		// the sends.
 		_, st := stackOn(t, bed, &stack.Options{TxKickDelay: 200 * time.Microsecond, ProgressInterval: stack.ProgressNever})
 		a := kernelConn(t, bed, "198.18.0.1:9300")
+		resolved(t, bed)
 		c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9300"))
 		if err != nil {
 			t.Fatal(err)

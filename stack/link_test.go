@@ -129,6 +129,7 @@ func TestTxSoftSum(t *testing.T) {
 	}
 	defer pkt.Close()
 	a := kernelConn(t, bed, "198.18.0.1:9103")
+	resolved(t, bed)
 	c, err := st.DialUDP(netip.AddrPort{}, netip.MustParseAddrPort("198.18.0.1:9103"))
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 type nextHop struct {
 	viaKernel  bool // not behind our interface, or not resolvable: the kernel sends it
 	unresolved bool // viaKernel as the kernel could not resolve it (ARP)
+	pending    bool // viaKernel while the kernel resolves it (ARP): not to be kept
 	mac        header.MAC
 	src        netip.Addr
 	expires    int64 // monoNow nanoseconds
@@ -46,27 +47,94 @@ type nextHops struct {
 
 	refreshMu  sync.Mutex
 	refreshing map[netip.Addr]bool
-	waits      int // afterHop's goroutines
-	closed     bool
-	closing    atomic.Bool // ends the waits for ARP (stopRefreshes)
-	refreshes  sync.WaitGroup
+	// pending: destinations whose neighbour the kernel resolves, until
+	// when (monoNow); pendingN is len(pending), read by sends without
+	// refreshMu.
+	pending   map[netip.Addr]int64
+	pendingN  atomic.Int32
+	waits     int // afterHop's goroutines
+	closed    bool
+	closing   atomic.Bool // ends the waits for ARP (stopRefreshes)
+	refreshes sync.WaitGroup
 }
 
 // nextHop returns dst's next hop for a UDP send; now is monoNow's, read
-// by the caller (a send reads the clock once). It never waits for ARP:
-// errNeighPending, with the route's source address, when the kernel has
-// no answer yet or datagrams parked for dst have not all left (the
-// datagrams park, udppark.go).
-func (st *Stack) nextHop(dst netip.Addr, now int64) (nextHop, error) {
-	if st.udpParkedHops.Load() != 0 {
-		if src, ok := st.udpPending(dst); ok {
-			return nextHop{src: src}, errNeighPending
-		}
+// by the caller (a send reads the clock once). It does not wait for ARP
+// but for a stamped send (up to ResolveTimeout: its stamp is taken as its
+// frame goes on the ring, its key counted with the socket's others).
+// While the kernel resolves dst's neighbour, the hop is the kernel's
+// (pending): the kernel socket sends, and the kernel queues the datagrams
+// on the neighbour as it queues its own (unres_qlen_bytes), sends them
+// when the answer comes, or drops them and reports the error its way.
+// They keep their order with the sends that follow, which the stack
+// makes once the answer is seen, and outlive the process. A send that
+// waited stalled a UDP server for a second per query from an address of
+// its subnet that nobody holds.
+func (st *Stack) nextHop(dst netip.Addr, now int64, stamped bool) (nextHop, error) {
+	if !stamped && st.hops.pendingN.Load() != 0 && st.hopPending(dst, now) {
+		return nextHop{viaKernel: true, pending: true}, nil
 	}
 	if h, ok := st.hopCached(dst, now); ok {
 		return h, nil
 	}
-	return st.resolve(dst, 0)
+	if stamped {
+		return st.resolve(dst, st.opts.ResolveTimeout)
+	}
+	h, err := st.resolve(dst, 0)
+	if errors.Is(err, errNeighPending) {
+		st.awaitHop(dst, now)
+		return nextHop{viaKernel: true, pending: true}, nil
+	}
+	return h, err
+}
+
+// pendingRetry is how long sends to a destination go through the kernel
+// socket without a lookup when no goroutine could wait for its neighbour
+// (maxHopWaits wait already).
+const pendingRetry = 100 * time.Millisecond
+
+// hopPending says whether the kernel resolves dst's neighbour at now.
+func (st *Stack) hopPending(dst netip.Addr, now int64) bool {
+	hs := &st.hops
+	hs.refreshMu.Lock()
+	defer hs.refreshMu.Unlock()
+	until, ok := hs.pending[dst]
+	if ok && now >= until {
+		delete(hs.pending, dst)
+		hs.pendingN.Store(int32(len(hs.pending)))
+		return false
+	}
+	return ok
+}
+
+// awaitHop marks dst pending from now until the kernel's verdict on its
+// neighbour is in the cache (afterHop).
+func (st *Stack) awaitHop(dst netip.Addr, now int64) {
+	hs := &st.hops
+	hs.refreshMu.Lock()
+	if _, ok := hs.pending[dst]; ok {
+		hs.refreshMu.Unlock()
+		return
+	}
+	if hs.pending == nil {
+		hs.pending = map[netip.Addr]int64{}
+	}
+	hs.pending[dst] = now + int64(afterHopMax+time.Second)
+	hs.pendingN.Store(int32(len(hs.pending)))
+	hs.refreshMu.Unlock()
+	waits := st.afterHop(dst, func(nextHop, error) {
+		hs.refreshMu.Lock()
+		delete(hs.pending, dst)
+		hs.pendingN.Store(int32(len(hs.pending)))
+		hs.refreshMu.Unlock()
+	})
+	if !waits {
+		hs.refreshMu.Lock()
+		if _, ok := hs.pending[dst]; ok {
+			hs.pending[dst] = now + int64(pendingRetry)
+		}
+		hs.refreshMu.Unlock()
+	}
 }
 
 // hopCached returns dst's next hop if the cache has it at now (monoNow),

@@ -59,9 +59,10 @@ type Options struct {
 	// ResolveTimeout bounds the background lookup that refreshes an
 	// expired next hop, and a stamped send's wait for ARP on a new
 	// neighbour (default 1 s); past it, the kernel socket sends to that
-	// destination for a while. No other send waits for ARP: the first
-	// packets to a new neighbour wait for the kernel's own verdict on it,
-	// off the caller's thread (afterHop, udppark.go).
+	// destination for a while. No other send waits for ARP: while the
+	// kernel resolves a new neighbour, UDP sends to it go through the
+	// kernel socket, and TCP's packets wait beside the ARP request
+	// (afterHop).
 	ResolveTimeout time.Duration
 	// NewBackend opens the backend of a queue (default: an AF_XDP socket);
 	// rxOnly asks for one that only receives (the interface runs no TX
@@ -148,10 +149,6 @@ type Counters struct {
 	// outlived its socket for a moment).
 	RxNoSocket      atomic.Uint64
 	NeighUnresolved atomic.Uint64
-	// TxNeighDrops counts the UDP datagrams dropped while they waited for
-	// their next hop's ARP answer: the kernel could not resolve it, too
-	// many waited for it (udpParkedPerHop), or the stack closed.
-	TxNeighDrops atomic.Uint64
 	// RxProgressFrames counts the frames the progress engine drained
 	// (see Options.ProgressInterval): no receive was polling.
 	RxProgressFrames atomic.Uint64
@@ -171,7 +168,6 @@ func (c *Counters) Zero() {
 	}
 	c.RxNoSocket.Store(0)
 	c.NeighUnresolved.Store(0)
-	c.TxNeighDrops.Store(0)
 	c.RxProgressFrames.Store(0)
 	c.RxPartialChecksum.Store(0)
 }
@@ -270,12 +266,6 @@ type Stack struct {
 	ipID        atomic.Uint32
 	hops        nextHops
 	nextTxq     atomic.Uint32 // the queue the next socket transmits on
-
-	// udpParked: UDP datagrams waiting for their next hop's ARP answer
-	// (udppark.go), by destination.
-	udpParkMu     sync.Mutex
-	udpParked     map[netip.Addr]*udpParkedHop
-	udpParkedHops atomic.Int32 // len(udpParked), read by sends without the lock
 
 	rxMu     sync.Mutex
 	polls    uint64 // pollLocked calls, guarded by rxMu

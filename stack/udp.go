@@ -1292,16 +1292,18 @@ func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (i
 	return c.sendBatch(msgs, addr, netip.Addr{}, nil)
 }
 
-// hopTo returns the next hop to to at now (monoNow).
-func (c *UDPConn) hopTo(to netip.AddrPort, now int64) (nextHop, error) {
+// hopTo returns the next hop to to at now (monoNow); stamped: for a send
+// that asks for a transmit stamp, which waits for ARP on a new neighbour
+// (nextHop).
+func (c *UDPConn) hopTo(to netip.AddrPort, now int64, stamped bool) (nextHop, error) {
 	if to != c.remote {
-		return c.st.nextHop(to.Addr(), now)
+		return c.st.nextHop(to.Addr(), now, stamped)
 	}
 	if h := c.hop.Load(); h != nil && now < h.expires {
 		return *h, nil
 	}
-	h, err := c.st.nextHop(to.Addr(), now)
-	if err == nil {
+	h, err := c.st.nextHop(to.Addr(), now, stamped)
+	if err == nil && !h.pending {
 		c.hop.Store(&h)
 	}
 	return h, err
@@ -1354,21 +1356,7 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 	kernel := st.kernelOnly.Load() != nil // the interface is down or gone
 	if !kernel {
 		var err error
-		hop, err = c.hopTo(to, now)
-		if errors.Is(err, errNeighPending) {
-			if ts == nil {
-				if c.park(msgs, to, from, hop.src) {
-					return len(msgs), nil
-				}
-				err, hop.viaKernel = nil, true // the kernel socket queues them
-			} else {
-				// A stamped send waits for the answer, up to
-				// ResolveTimeout: its stamp is taken as its frame goes on
-				// the ring, and its key counted with the socket's others.
-				hop, err = st.resolve(to.Addr(), st.opts.ResolveTimeout)
-			}
-		}
-		if err != nil {
+		if hop, err = c.hopTo(to, now, ts != nil); err != nil {
 			return 0, c.sendErr(to, err)
 		}
 		// Not behind our interface, or multicast the kernel must send.
@@ -1383,21 +1371,6 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 		}
 		return len(msgs), nil
 	}
-	f, maxPayload := c.fields(to, from, hop)
-	q := c.txq
-	q.txMu.Lock()
-	sent, err = c.sendLocked(q, msgs, to, &f, maxPayload, now, ts)
-	if kerr := c.st.unlockTx(q); err == nil && kerr != nil {
-		err = c.sendErr(to, kerr)
-	}
-	return sent, err
-}
-
-// fields are the headers of a datagram to to from from (zero: the
-// socket's address) by next hop hop, and the longest payload the stack
-// sends itself.
-func (c *UDPConn) fields(to netip.AddrPort, from netip.Addr, hop nextHop) (f header.UDPFields, maxPayload int) {
-	st := c.st
 	src := c.local.Addr()
 	switch {
 	case from.IsValid() && !from.IsUnspecified():
@@ -1405,15 +1378,21 @@ func (c *UDPConn) fields(to netip.AddrPort, from netip.Addr, hop nextHop) (f hea
 	case src.IsUnspecified() || src.IsMulticast():
 		src = hop.src
 	}
-	f = header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, NoDF: c.noDF.Load(), TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
+	f := header.UDPFields{DstMAC: hop.mac, SrcMAC: st.mac, Src: netip.AddrPortFrom(src, c.local.Port()), Dst: to, NoDF: c.noDF.Load(), TOS: uint8(c.tos.Load()), TTL: uint8(c.ttl.Load())}
 	if to.Addr().IsMulticast() {
 		f.TTL = uint8(c.mttl.Load())
 	}
-	maxPayload = min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
+	maxPayload := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
 	if g := int(c.segment.Load()); g > 0 {
 		maxPayload = min(maxPayload, g)
 	}
-	return f, maxPayload
+	q := c.txq
+	q.txMu.Lock()
+	sent, err = c.sendLocked(q, msgs, to, &f, maxPayload, now, ts)
+	if kerr := c.st.unlockTx(q); err == nil && kerr != nil {
+		err = c.sendErr(to, kerr)
+	}
+	return sent, err
 }
 
 // sendLocked is sendBatch's part under q.txMu: msgs on q's TX ring, or

@@ -123,7 +123,6 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 			f.add("vmaxdp_program_rx_frames_total", "Frames the stack received.", dto.MetricType_COUNTER, float64(p.Stack.RxFrames), l...)
 			f.add("vmaxdp_program_rx_no_socket_total", "Datagrams steered to the stack that no socket took.", dto.MetricType_COUNTER, float64(p.Stack.RxNoSocket), l...)
 			f.add("vmaxdp_program_neigh_unresolved_total", "Sends whose next hop did not resolve.", dto.MetricType_COUNTER, float64(p.Stack.NeighUnresolved), l...)
-			f.add("vmaxdp_program_tx_neigh_drops_total", "UDP datagrams dropped while they waited for their next hop's ARP answer.", dto.MetricType_COUNTER, float64(p.Stack.TxNeighDrops), l...)
 			f.add("vmaxdp_program_rx_progress_frames_total", "Frames the progress engine drained while no receive polled.", dto.MetricType_COUNTER, float64(p.Stack.RxProgressFrames), l...)
 			f.add("vmaxdp_program_rx_partial_checksum_total", "Datagrams delivered with a partial UDP checksum (from this host's kernel, TX checksum offload on).", dto.MetricType_COUNTER, float64(p.Stack.RxPartialChecksum), l...)
 			for _, d := range p.Stack.RxDropped {

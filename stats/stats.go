@@ -279,9 +279,6 @@ type StackCounters struct {
 	RxFrames        uint64 `json:"rx_frames"`
 	RxNoSocket      uint64 `json:"rx_no_socket"`
 	NeighUnresolved uint64 `json:"neigh_unresolved"`
-	// TxNeighDrops: UDP datagrams dropped while they waited for their
-	// next hop's ARP answer (it did not come, or too many waited).
-	TxNeighDrops uint64 `json:"tx_neigh_drops"`
 	// RxProgressFrames: frames the progress engine drained while no
 	// receive polled.
 	RxProgressFrames uint64 `json:"rx_progress_frames"`

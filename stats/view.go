@@ -344,7 +344,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		}
 		line(w, "Stack rx frames"+per, "%d", p.Stack.RxFrames)
 		line(w, "No socket", "%d", p.Stack.RxNoSocket)
-		line(w, "Neighbours unresolved", "%d (datagrams dropped waiting for ARP %d)", p.Stack.NeighUnresolved, p.Stack.TxNeighDrops)
+		line(w, "Neighbours unresolved", "%d", p.Stack.NeighUnresolved)
 		line(w, "Progress engine frames"+per, "%d", p.Stack.RxProgressFrames)
 		line(w, "Partial checksums"+per, "%d (delivered: from this host's kernel, TX checksum offload on)", p.Stack.RxPartialChecksum)
 		for _, d := range p.Stack.RxDropped {

@@ -286,13 +286,14 @@ func TestRunDnsmasqForkKeepsUDP(t *testing.T) {
 
 // TestRunSpoofedSources: queries to a DNS server under vmaxdp (dnsmasq,
 // Debian's) from addresses of its subnet that nobody holds do not stall
-// it: each answer waits beside the kernel's ARP request, off the server's
-// thread, and is dropped and counted (tx_neigh_drops) when the kernel
-// gives up on the address, as the kernel queues and drops a neighbour's
-// first packets. A load generator's queries sent meanwhile are all
-// answered, offloaded (the kernel's Udp counters in the server's
-// namespace do not move). Before, the server's thread waited for ARP up
-// to a second per spoofed address, and dnsperf's queries timed out.
+// it: each answer goes through the kernel socket, which queues it beside
+// its ARP request and drops it when nobody answers, as it does its own
+// (the stack counts each such neighbour, neigh_unresolved). A load
+// generator's queries sent meanwhile are all answered, offloaded: the
+// kernel in the server's namespace receives none and sends only the
+// answers the socket's counters say it sent. Before, the server's thread
+// waited for ARP up to a second per spoofed address, and dnsperf's
+// queries timed out.
 func TestRunSpoofedSources(t *testing.T) {
 	testutil.RequireRoot(t)
 	for _, prog := range []string{"dnsmasq", "dnsperf"} {
@@ -365,14 +366,20 @@ func TestRunSpoofedSources(t *testing.T) {
 			t.Fatalf("dnsperf -n %d after %d queries from addresses nobody holds (%v): %v\n%s\nvmaxdp's log:\n%s", n, spoofed, took, err, out, tail(string(log), 20))
 		}
 		pr := waitProgram(t, vmaxdp, dir, p.pid, b.Link(testbed.B), func(pr *stats.Program) bool {
-			return pr.Stack.TxNeighDrops >= spoofed
+			return pr.Stack.NeighUnresolved >= spoofed
 		})
-		t.Logf("dnsperf's %d queries answered in %v; neighbours unresolved %d, answers dropped waiting for ARP %d", n, took, pr.Stack.NeighUnresolved, pr.Stack.TxNeighDrops)
-		if pr.Stack.TxNeighDrops != spoofed {
-			t.Errorf("answers to the addresses nobody holds: %d dropped and counted, want %d", pr.Stack.TxNeighDrops, spoofed)
+		sk := offloadedSocket(snapshotJSON(t, vmaxdp, dir, p.pid))
+		kernelSent := testutil.SNMPStat(t, b, testbed.B, "Udp", "OutDatagrams") - outBefore
+		t.Logf("dnsperf's %d queries answered in %v; neighbours unresolved %d; answers offloaded %d, through the kernel socket %d (the kernel's count %d)",
+			n, took, pr.Stack.NeighUnresolved, sk.Counters.TxOffloadPackets, sk.Counters.TxOSPackets, kernelSent)
+		if pr.Stack.NeighUnresolved != spoofed {
+			t.Errorf("neighbours unresolved: %d, want %d", pr.Stack.NeighUnresolved, spoofed)
 		}
-		if d := testutil.SNMPStat(t, b, testbed.B, "Udp", "OutDatagrams") - outBefore; d != 0 {
-			t.Errorf("the kernel in dnsmasq's namespace sent %d datagrams: answers went through it", d)
+		if sk.Counters.TxOSPackets < spoofed || sk.Counters.TxOffloadPackets+sk.Counters.TxOSPackets != n+spoofed {
+			t.Errorf("answers: %d offloaded, %d through the kernel socket; want %d in all, the %d to addresses nobody holds through the kernel", sk.Counters.TxOffloadPackets, sk.Counters.TxOSPackets, n+spoofed, spoofed)
+		}
+		if kernelSent != int(sk.Counters.TxOSPackets) {
+			t.Errorf("the kernel in dnsmasq's namespace sent %d datagrams, its socket's counters say %d went through it", kernelSent, sk.Counters.TxOSPackets)
 		}
 		if d := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - inBefore; d != 0 {
 			t.Errorf("the kernel in dnsmasq's namespace received %d datagrams: queries went through it", d)

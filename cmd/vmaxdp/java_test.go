@@ -314,6 +314,11 @@ func TestRunDualStack(t *testing.T) {
 	// one is bound by vmaxdp to :: (bound as AF_INET before, which failed,
 	// and left on the kernel); the TCP one connects through netstack, an
 	// AF_INET6 socket with mapped names (left on the kernel before).
+	// Side B knows side A's address first: the datagrams a client sends
+	// while the kernel resolves it go through the kernel socket.
+	if err := testutil.Resolve(b, testbed.B); err != nil {
+		t.Fatal(err)
+	}
 	for i, proto := range []string{"udp", "tcp"} {
 		t.Run(proto+"-client", func(t *testing.T) {
 			port, n := 11442+i, 200

@@ -806,7 +806,7 @@ func burstWhileStackOpens(t *testing.T, bed *testbed.Bed) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testutil.ResolveB(bed); err != nil {
+	if err := testutil.Resolve(bed, testbed.A); err != nil {
 		t.Fatal(err)
 	}
 	bindWhileOpening(t, bed, e, fd, port)

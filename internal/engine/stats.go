@@ -387,7 +387,7 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 	}
 	sc := &st.Counters
 	pr.Stack = stats.StackCounters{RxFrames: sc.RxFrames.Load(), RxNoSocket: sc.RxNoSocket.Load(),
-		NeighUnresolved: sc.NeighUnresolved.Load(), TxNeighDrops: sc.TxNeighDrops.Load(), RxProgressFrames: sc.RxProgressFrames.Load(),
+		NeighUnresolved: sc.NeighUnresolved.Load(), RxProgressFrames: sc.RxProgressFrames.Load(),
 		RxPartialChecksum: sc.RxPartialChecksum.Load()}
 	for r := range sc.RxDropped {
 		if n := sc.RxDropped[r].Load(); n > 0 {

@@ -105,14 +105,16 @@ func SendUDP(b *testbed.Bed, port, n, size int) error {
 	})
 }
 
-// ResolveB makes side A of b know side B's link address (ARP) before a
-// test's burst: the kernel queues only some 92 datagrams of 1400 bytes
-// (unres_qlen_bytes) for a next hop it is still resolving and drops the
-// rest in its neighbour table, where a busy machine's slow reply made a
-// burst lose 508 of 600 before they left A.
-func ResolveB(b *testbed.Bed) error {
-	return b.Do(testbed.A, func() error {
-		dst := b.Addr(testbed.B).AsSlice()
+// Resolve makes side from of b know the other side's link address (ARP)
+// before a test's burst: the kernel queues only some 92 datagrams of 1400
+// bytes (unres_qlen_bytes) for a next hop it is still resolving and drops
+// the rest in its neighbour table, where a busy machine's slow reply made
+// a burst lose 508 of 600 before they left A. vmaxdp's sends to such a
+// next hop go through the kernel socket, and that queue, too.
+func Resolve(b *testbed.Bed, from testbed.Side) error {
+	to := 1 - from
+	return b.Do(from, func() error {
+		dst := b.Addr(to).AsSlice()
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			neighs, err := netlink.NeighList(0, unix.AF_INET)
 			if err != nil {
@@ -123,15 +125,15 @@ func ResolveB(b *testbed.Bed) error {
 					return nil
 				}
 			}
-			// A datagram to the discard port makes the kernel resolve B.
-			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), 9)))
+			// A datagram to the discard port makes the kernel resolve it.
+			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(to), 9)))
 			if err != nil {
 				return err
 			}
 			c.Write([]byte{0})
 			c.Close()
 		}
-		return fmt.Errorf("%s: not resolved in 5 s", b.Addr(testbed.B))
+		return fmt.Errorf("%s: not resolved in 5 s", b.Addr(to))
 	})
 }
 
