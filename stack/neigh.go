@@ -134,6 +134,9 @@ func (st *Stack) awaitHop(dst netip.Addr, now int64) {
 			hs.pending[dst] = now + int64(pendingRetry)
 		}
 		hs.refreshMu.Unlock()
+		// The mark goes when it expires, sent to again or not: while any
+		// is left, every send looks at the marks under refreshMu.
+		time.AfterFunc(pendingRetry, func() { st.hopPending(dst, monoNow()) })
 	}
 }
 

@@ -308,6 +308,21 @@ func TestUDPSendUnresolved(t *testing.T) {
 	if n := st.Counters.NeighUnresolved.Load(); n != 1 {
 		t.Errorf("NeighUnresolved %d, want 1", n)
 	}
+
+	// More hosts nobody holds than the stack waits for at once (16): the
+	// sends to the others go through the kernel socket too.
+	os = c.Counters.TxOSPackets.Load()
+	start := time.Now()
+	for i := range 24 {
+		a[3] = byte(100 + i)
+		sendAll(netip.AddrPortFrom(netip.AddrFrom4(a), 9102), 0, 2)
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("sends to 24 hosts nobody holds took %v", took)
+	}
+	if got := c.Counters.TxOSPackets.Load() - os; got != 48 {
+		t.Errorf("to 24 hosts nobody holds: TxOSPackets %d more, want 48", got)
+	}
 }
 
 func TestMulticast(t *testing.T) {
