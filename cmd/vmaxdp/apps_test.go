@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/apps"
+	"github.com/vmaxdp/vmaxdp/internal/sockperf"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/stats"
@@ -318,17 +319,8 @@ func TestRunSpoofedSources(t *testing.T) {
 		p := startArgv(t, b, []string{"VMAXDP_LOG_FILE=" + logFile, "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
 			"dnsmasq", "-k", "--conf-file=/dev/null", "--port=53", "--no-resolv", "--no-hosts", "--user=root",
 			"--pid-file=", "--address=/example.com/198.18.0.10")
-		// Until dnsmasq's socket is offloaded: WaitOffloaded returns at a
-		// snapshot taken before the program made any.
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if _, err := os.Stat(filepath.Join(dir, stats.FileName(p.pid))); err == nil {
-				if sk := offloadedSocket(snapshotJSON(t, vmaxdp, dir, p.pid)); sk != nil && strings.HasSuffix(sk.Local, ":53") {
-					break
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("dnsmasq's socket is not offloaded after 10 s\n%s", p.out.String())
-			}
+		if err := sockperf.WaitOffloaded(context.Background(), dir, p.pid, 10*time.Second); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
 		}
 		server := netip.AddrPortFrom(b.Addr(testbed.B), 53)
 		query := []byte("\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x04host\x07example\x03com\x00\x00\x01\x00\x01")

@@ -135,9 +135,12 @@ func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, args
 }
 
 // WaitOffloaded waits up to timeout until the process pid under vmaxdp,
-// publishing its counters in dir (empty: the default), has decided every
-// socket it had when the call began: none waits for its stack to open any
-// more. Only snapshots published after the call began count.
+// publishing its counters in dir (empty: the default), has a bound socket
+// and has decided every one: none waits for its stack to open any more.
+// Only snapshots published after the call began count. A snapshot with
+// no bound socket yet does not: the program has not reached its bind (a
+// test that then counted the kernel's deliveries found dnsperf's first
+// queries there).
 func WaitOffloaded(ctx context.Context, dir string, pid int, timeout time.Duration) error {
 	path := filepath.Join(params.StatsDir(dir), stats.FileName(pid))
 	since := time.Now().UnixNano()
@@ -153,14 +156,21 @@ func WaitOffloaded(ctx context.Context, dir string, pid int, timeout time.Durati
 		if err != nil || snap.Process.Published < since {
 			continue
 		}
-		decided := true
+		bound, decided := 0, true
 		for _, sk := range snap.Sockets {
-			if sk.State == stats.StateCandidate && sk.Local != "" && !strings.HasSuffix(sk.Local, ":0") {
+			if sk.Local == "" || strings.HasSuffix(sk.Local, ":0") {
+				continue
+			}
+			bound++
+			if sk.State == stats.StateCandidate {
 				decided = false
 				last = fmt.Sprintf("fd %d (%s) undecided", sk.FD, sk.Local)
 			}
 		}
-		if decided {
+		if bound == 0 {
+			last = "no bound socket yet"
+		}
+		if bound > 0 && decided {
 			return nil
 		}
 	}
