@@ -276,7 +276,13 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 	c := s.conn.Load()
 	if c == nil {
 		local, remote := sockAddrs(s.fd)
-		rec.Local = local.String()
+		if !local.IsValid() {
+			// An AF_INET6 socket of IPv6 only, left on the kernel.
+			local, remote = sockAddrs6(s.fd)
+		}
+		if local.IsValid() {
+			rec.Local = local.String()
+		}
 		if remote.IsValid() {
 			rec.Remote = remote.String()
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/testbed"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
 
@@ -145,5 +146,42 @@ func TestStatsPublished(t *testing.T) {
 	e.Shutdown()
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("stats file %s after Shutdown: %v, want it removed", path, err)
+	}
+}
+
+// TestStatsIPv6OnlyLocal: an AF_INET6 socket of IPv6 only, which the
+// kernel serves, shows its address in the stats (it read "invalid
+// AddrPort": the IPv4 view of its name has none).
+func TestStatsIPv6OnlyLocal(t *testing.T) {
+	bed, e := newEngine(t)
+	var fd int
+	err := bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
+			return err
+		}
+		e.Socket(fd, false)
+		if err := unix.Bind(fd, &unix.SockaddrInet6{Port: 9412}); err != nil {
+			return err
+		}
+		e.Bind(fd)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.Close(fd)
+		unix.Close(fd)
+	})
+	if st := settled(e, fd); st != StateKernel {
+		t.Fatalf("state %d, want the kernel's", st)
+	}
+	var rec stats.Socket
+	e.socketRecord(e.get(fd), &rec)
+	if rec.Local != "[::]:9412" {
+		t.Errorf("local %q, want [::]:9412 (reason %q)", rec.Local, rec.Reason)
 	}
 }
