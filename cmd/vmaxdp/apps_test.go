@@ -319,7 +319,7 @@ func TestRunSpoofedSources(t *testing.T) {
 		p := startArgv(t, b, []string{"VMAXDP_LOG_FILE=" + logFile, "VMAXDP_STATS_DIR=" + dir}, vmaxdp, "run", "--",
 			"dnsmasq", "-k", "--conf-file=/dev/null", "--port=53", "--no-resolv", "--no-hosts", "--user=root",
 			"--pid-file=", "--address=/example.com/198.18.0.10")
-		if err := sockperf.WaitOffloaded(context.Background(), dir, p.pid, 10*time.Second); err != nil {
+		if err := sockperf.WaitOffloaded(context.Background(), dir, p.pid, 10*time.Second, true); err != nil {
 			t.Fatalf("%v\n%s", err, p.out.String())
 		}
 		server := netip.AddrPortFrom(b.Addr(testbed.B), 53)

@@ -85,11 +85,12 @@ type cProgram struct {
 	pid  int // the program's: ip netns exec, prlimit and vmaxdp run exec it
 }
 
-// waitOffloaded waits until the program's sockets are decided: a socket's
-// stack opens after its bind returns (engine.stackOrWait).
+// waitOffloaded waits until the program has bound a socket and decided
+// its sockets: a socket's stack opens after its bind returns
+// (engine.stackOrWait).
 func (p *cProgram) waitOffloaded(t *testing.T) {
 	t.Helper()
-	if err := sockperf.WaitOffloaded(context.Background(), "", p.pid, 10*time.Second); err != nil {
+	if err := sockperf.WaitOffloaded(context.Background(), "", p.pid, 10*time.Second, true); err != nil {
 		t.Fatalf("%v\n%s", err, p.out.String())
 	}
 }

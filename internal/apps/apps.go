@@ -196,7 +196,7 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		return res, srvOut.String(), fmt.Errorf("%s: server did not start: %w\n%s", r.App.Name, err, tail(srvOut.String(), 20))
 	}
 	if r.ServerOffload {
-		if err := sockperf.WaitOffloaded(ctx, sockperf.EnvValue(r.Env, "VMAXDP_STATS_DIR"), srv.Process.Pid, 10*time.Second); err != nil {
+		if err := sockperf.WaitOffloaded(ctx, sockperf.EnvValue(r.Env, "VMAXDP_STATS_DIR"), srv.Process.Pid, 10*time.Second, false); err != nil {
 			return res, srvOut.String(), fmt.Errorf("%s: %w", r.App.Name, err)
 		}
 	}

@@ -135,13 +135,15 @@ func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, args
 }
 
 // WaitOffloaded waits up to timeout until the process pid under vmaxdp,
-// publishing its counters in dir (empty: the default), has a bound socket
-// and has decided every one: none waits for its stack to open any more.
-// Only snapshots published after the call began count. A snapshot with
-// no bound socket yet does not: the program has not reached its bind (a
-// test that then counted the kernel's deliveries found dnsperf's first
-// queries there).
-func WaitOffloaded(ctx context.Context, dir string, pid int, timeout time.Duration) error {
+// publishing its counters in dir (empty: the default), has decided every
+// bound socket it has: none waits for its stack to open any more. Only
+// snapshots published after the call began count. With bound, a snapshot
+// with no bound socket yet does not either: the program has not reached
+// its bind (a test that then counted the kernel's deliveries found
+// dnsperf's first queries there); without, a program whose sockets come
+// later (iperf3's UDP one, after its control connection) is waited for
+// no longer.
+func WaitOffloaded(ctx context.Context, dir string, pid int, timeout time.Duration, bound bool) error {
 	path := filepath.Join(params.StatsDir(dir), stats.FileName(pid))
 	since := time.Now().UnixNano()
 	last := "no counters file yet"
@@ -156,21 +158,22 @@ func WaitOffloaded(ctx context.Context, dir string, pid int, timeout time.Durati
 		if err != nil || snap.Process.Published < since {
 			continue
 		}
-		bound, decided := 0, true
+		nbound, decided := 0, true
 		for _, sk := range snap.Sockets {
 			if sk.Local == "" || strings.HasSuffix(sk.Local, ":0") {
 				continue
 			}
-			bound++
+			nbound++
 			if sk.State == stats.StateCandidate {
 				decided = false
 				last = fmt.Sprintf("fd %d (%s) undecided", sk.FD, sk.Local)
 			}
 		}
-		if bound == 0 {
+		if nbound == 0 && bound {
 			last = "no bound socket yet"
+			continue
 		}
-		if bound > 0 && decided {
+		if decided {
 			return nil
 		}
 	}
@@ -251,7 +254,7 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		// Its stack opens after bind returns (engine.stackOrWait): the
 		// client starts once the server's socket is offloaded, so that
 		// what the kernel delivers meanwhile never counts against it.
-		if err := WaitOffloaded(ctx, EnvValue(r.Env, "VMAXDP_STATS_DIR"), srv.Process.Pid, 10*time.Second); err != nil {
+		if err := WaitOffloaded(ctx, EnvValue(r.Env, "VMAXDP_STATS_DIR"), srv.Process.Pid, 10*time.Second, false); err != nil {
 			return res, srvOut.String(), err
 		}
 	}
