@@ -112,7 +112,10 @@ func SendUDP(b *testbed.Bed, port, n, size int) error {
 // a burst lose 508 of 600 before they left A. vmaxdp's sends to such a
 // next hop go through the kernel socket, and that queue, too.
 func Resolve(b *testbed.Bed, from testbed.Side) error {
-	to := 1 - from
+	to := testbed.B
+	if from == testbed.B {
+		to = testbed.A
+	}
 	return b.Do(from, func() error {
 		dst := b.Addr(to).AsSlice()
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
