@@ -977,7 +977,7 @@ func (st *Stack) releaseLocked(q *queue, b backend.Buf) {
 
 func (st *Stack) demuxLocked(q *queue, socks map[sockKey][]*UDPConn, b backend.Buf) {
 	var p header.Packet
-	switch r := header.Parse(b.Data, &p); {
+	switch r := header.ParseOn(b.Data, &p, st.partialCsum); {
 	case r == header.NotUDP && p.IP.Protocol() == header.ProtocolTCP:
 		st.deliverTCP(p.IP)
 		st.releaseLocked(q, b)

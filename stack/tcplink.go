@@ -893,7 +893,7 @@ func (st *Stack) deliverTCP(ip header.IPv4) {
 		st.Counters.RxNoSocket.Add(1)
 		return
 	}
-	if !st.checked(header.CheckTCP(ip)) {
+	if !st.checked(header.CheckTCPOn(ip, st.partialCsum)) {
 		return
 	}
 	seg := header.TCP(ip[ip.HeaderLen():])

@@ -52,7 +52,18 @@ type Packet struct {
 // the IPv4 header checksum, no fragment, the UDP length, and the UDP
 // checksum when the sender set one (see PartialUDPChecksum). Bytes after the IPv4 total length
 // (Ethernet padding) are not part of the packet.
-func Parse(frame []byte, p *Packet) Result {
+func Parse(frame []byte, p *Packet) Result { return ParseOn(frame, p, false) }
+
+// ParseOn is Parse for a frame of a link that carries this host's
+// kernel's frames (virtual: a veth, a link without a bus), whose partial
+// checksums are good: a UDP checksum field that holds the folded
+// pseudo-header sum is found partial (PartialUDPChecksum) before the
+// payload is summed, as the kernel trusts CHECKSUM_PARTIAL without
+// summing. A full checksum that happens to hold that value is found
+// partial too, which such a link delivers all the same. The sum was 3.5%
+// of a memcached client's samples under vmaxdp (memcaslap, its server's
+// kernel sending with TX checksum offload on).
+func ParseOn(frame []byte, p *Packet, virtual bool) Result {
 	if len(frame) < EthernetLen {
 		return Truncated
 	}
@@ -108,7 +119,7 @@ func Parse(frame []byte, p *Packet) Result {
 	p.UDP = UDP(seg[:UDPLen])
 	p.Payload = seg[UDPLen:]
 	if p.UDP.Checksum() != udpChecksumNone {
-		switch checkSum(p.IP, seg, ProtocolUDP, UDPChecksumOffset) {
+		switch checkSum(p.IP, seg, ProtocolUDP, UDPChecksumOffset, virtual) {
 		case sumPartial:
 			return PartialUDPChecksum
 		case sumBad:
@@ -127,13 +138,17 @@ const (
 
 // checkSum checks the transport checksum of seg, ip's segment of protocol
 // proto whose checksum field is at off: right, partial (the folded
-// pseudo-header sum, see PartialUDPChecksum), or bad.
-func checkSum(ip IPv4, seg []byte, proto uint8, off int) int {
+// pseudo-header sum, see PartialUDPChecksum), or bad. virtual: partial
+// is looked for first (ParseOn).
+func checkSum(ip IPv4, seg []byte, proto uint8, off int, virtual bool) int {
 	pseudo := PseudoSum(ip.Src(), ip.Dst(), proto, len(seg))
+	partial := binary.BigEndian.Uint16(seg[off:]) == Fold(pseudo)
 	switch {
+	case virtual && partial:
+		return sumPartial
 	case Fold(Sum(seg, pseudo)) == 0xffff:
 		return sumOk
-	case binary.BigEndian.Uint16(seg[off:]) == Fold(pseudo):
+	case partial:
 		return sumPartial
 	}
 	return sumBad
@@ -142,12 +157,17 @@ func checkSum(ip IPv4, seg []byte, proto uint8, off int) int {
 // CheckTCP checks the TCP segment of ip, a packet Parse found NotUDP and
 // whose protocol is TCP: Ok, BadLength when it cannot hold a TCP header,
 // BadTCPChecksum, or PartialTCPChecksum (see PartialUDPChecksum).
-func CheckTCP(ip IPv4) Result {
+func CheckTCP(ip IPv4) Result { return CheckTCPOn(ip, false) }
+
+// CheckTCPOn is CheckTCP for a frame of a link that carries this host's
+// kernel's frames (virtual): a partial checksum is found before the
+// segment is summed, as ParseOn finds a datagram's.
+func CheckTCPOn(ip IPv4, virtual bool) Result {
 	seg := ip[ip.HeaderLen():]
 	if len(seg) < TCPMinLen {
 		return BadLength
 	}
-	switch checkSum(ip, seg, ProtocolTCP, TCPChecksumOffset) {
+	switch checkSum(ip, seg, ProtocolTCP, TCPChecksumOffset, virtual) {
 	case sumPartial:
 		return PartialTCPChecksum
 	case sumBad:
