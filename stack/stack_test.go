@@ -244,10 +244,7 @@ func TestStaleNextHop(t *testing.T) {
 // the caller's thread.
 func TestUDPSendUnresolved(t *testing.T) {
 	bed, st := bedStack(t, nil)
-	arp := "net.ipv4.neigh." + bed.Link(testbed.B) + ".retrans_time_ms=100"
-	if out, err := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
-		t.Fatalf("sysctl %s: %v: %s", arp, err, out)
-	}
+	testutil.ARPRetrans(t, bed, testbed.B, 100*time.Millisecond)
 	if out, err := exec.Command("ip", "-n", bed.NSName(testbed.B), "neigh", "flush", "dev", bed.Link(testbed.B)).CombinedOutput(); err != nil {
 		t.Fatalf("ip neigh flush: %v: %s", err, out)
 	}

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"runtime"
 	"sync"
 	"testing"
@@ -1078,10 +1077,7 @@ func TestTCPDialKernelServer(t *testing.T) {
 // the kernel's sockets do, by an ICMP host unreachable.
 func TestTCPDialUnresolved(t *testing.T) {
 	bed, st := bedStack(t, nil)
-	arp := "net.ipv4.neigh." + bed.Link(testbed.B) + ".retrans_time_ms=100"
-	if out, err := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
-		t.Fatalf("sysctl %s: %v: %s", arp, err, out)
-	}
+	testutil.ARPRetrans(t, bed, testbed.B, 100*time.Millisecond)
 	a := bed.Addr(testbed.A).As4()
 	a[3] = 99
 	to := netip.AddrPortFrom(netip.AddrFrom4(a), 7202)

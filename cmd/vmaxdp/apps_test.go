@@ -306,10 +306,7 @@ func TestRunSpoofedSources(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		// The kernel gives up after three requests 100 ms apart (a
 		// second apart by default), so that the drops come soon.
-		arp := "net.ipv4.neigh." + b.Link(testbed.B) + ".retrans_time_ms=100"
-		if out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.B), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
-			t.Fatalf("sysctl %s: %v: %s", arp, err, out)
-		}
+		testutil.ARPRetrans(t, b, testbed.B, 100*time.Millisecond)
 		dir := t.TempDir()
 		logFile := filepath.Join(dir, "vmaxdp.log")
 		queries := filepath.Join(dir, "queries")

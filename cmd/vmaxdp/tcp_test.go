@@ -104,10 +104,7 @@ func TestRunTCPCalls(t *testing.T) {
 	prog := buildC(t, "tcpcalls")
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		const port = 11190
-		arp := "net.ipv4.neigh." + b.Link(testbed.A) + ".retrans_time_ms=200"
-		if out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.A), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
-			t.Fatalf("sysctl %s: %v: %s", arp, err, out)
-		}
+		testutil.ARPRetrans(t, b, testbed.A, 200*time.Millisecond)
 		wantSrv, wantCli, _ := tcpTranscript(t, b, prog, port, false, false)
 		for _, p := range placements[1:] {
 			t.Run(p.name, func(t *testing.T) {

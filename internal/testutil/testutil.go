@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,6 +104,17 @@ func SendUDP(b *testbed.Bed, port, n, size int) error {
 		}
 		return nil
 	})
+}
+
+// ARPRetrans sets how long side s of b waits between its ARP requests
+// (retrans_time_ms on its link; a second by default), so that the kernel
+// gives up on a neighbour nobody holds after three times that.
+func ARPRetrans(tb testing.TB, b *testbed.Bed, s testbed.Side, d time.Duration) {
+	tb.Helper()
+	arp := fmt.Sprintf("net.ipv4.neigh.%s.retrans_time_ms=%d", b.Link(s), d.Milliseconds())
+	if out, err := exec.Command("ip", "netns", "exec", b.NSName(s), "sysctl", "-qw", arp).CombinedOutput(); err != nil {
+		tb.Fatalf("sysctl %s: %v: %s", arp, err, out)
+	}
 }
 
 // Resolve makes side from of b know the other side's link address (ARP)
