@@ -353,8 +353,8 @@ func (st *Stack) lookupHop(dst netip.Addr, wait time.Duration) (nextHop, error) 
 		if st.hops.closing.Load() {
 			return h, fmt.Errorf("neighbour %s: %w", hop, net.ErrClosed)
 		}
-		// An answer on a link comes within the first polls (a veth's in
-		// tens of microseconds, while the first packets wait for it); one
+		// An answer on a link comes within the first polls (while they
+		// last, a UDP sender's datagrams go the kernel's way); one
 		// that takes the kernel's next request (a second later) need not
 		// cost a netlink dump each millisecond.
 		time.Sleep(poll)

@@ -264,8 +264,8 @@ func TestUDPSendUnresolved(t *testing.T) {
 		return time.Since(start)
 	}
 
-	// A neighbour that answers: a burst while the kernel resolves it (some
-	// 270 datagrams of 64 bytes fit its queue), and one after.
+	// A neighbour that answers: a burst while the kernel resolves it
+	// (within its unres_qlen_bytes, 212992 of buffer), and one after.
 	peer := netip.MustParseAddrPort("198.18.0.1:9102")
 	const burst = 100
 	if took := sendAll(peer, 0, burst); took > 100*time.Millisecond {
