@@ -1035,6 +1035,82 @@ func TestReopenKeepsOrder(t *testing.T) {
 	}
 }
 
+// TestUDPReinject: what an unsteered socket had queued goes to its kernel
+// socket, for a reader the stack will not see (an io_uring ring): in
+// order, each payload whole and from its sender, on a plain veth whose
+// frames carry partial checksums. A group's datagram is dropped and said
+// (ErrNotLocal): sent, it would leave the host.
+func TestUDPReinject(t *testing.T) {
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, nil)
+	const port = 9320
+	group := netip.MustParseAddr("224.1.2.5")
+	var fd int
+	err := bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Port: port})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	c, err := st.Adopt(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.JoinGroup(group); err != nil {
+		t.Fatal(err)
+	}
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	sizes := []int{1, 64, 1472}
+	const n, groupN = 30, 3
+	for i := range n {
+		if _, err := k.WriteToUDPAddrPort(payload(i, max(4, sizes[i%len(sizes)])), netip.AddrPortFrom(bed.Addr(testbed.B), port)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range groupN {
+		if _, err := k.WriteToUDPAddrPort(payload(n+i, 8), netip.AddrPortFrom(group, port)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		c.Pending() // polls the rings into the queue
+		if q, _ := c.QueueLen(); q == n+groupN {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d of %d datagrams queued in 5 s", q, n+groupN)
+		}
+	}
+	c.Unsteer()
+	handed, dropped, err := c.Reinject()
+	if handed != n || dropped != groupN || !errors.Is(err, stack.ErrNotLocal) {
+		t.Fatalf("Reinject: %d handed, %d dropped, %v; want %d, %d, ErrNotLocal", handed, dropped, err, n, groupN)
+	}
+	from := netip.AddrPortFrom(bed.Addr(testbed.A), uint16(k.LocalAddr().(*net.UDPAddr).Port))
+	buf := make([]byte, 2048)
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; i < n; {
+		m, src, e := stack.KernelRecvFrom(fd, buf, 0)
+		if e == unix.EAGAIN && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if e != 0 {
+			t.Fatalf("kernel socket, datagram %d: %v", i, e)
+		}
+		if want := payload(i, max(4, sizes[i%len(sizes)])); !bytes.Equal(buf[:m], want) || src != from {
+			t.Fatalf("kernel socket, datagram %d: %d bytes from %v, want %d from %v", i, m, src, len(want), from)
+		}
+		i++
+	}
+	if q, _ := c.QueueLen(); q != 0 {
+		t.Errorf("%d datagrams still queued", q)
+	}
+}
+
 // TestSockAddrsIPv6: an AF_INET6 socket that carries IPv4 (IPV6_V6ONLY
 // off, on :: or an IPv4-mapped address, with an IPv4-mapped peer) has
 // IPv4 addresses; one with IPv6 traffic only has stack.ErrIPv6.

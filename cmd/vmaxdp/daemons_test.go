@@ -234,6 +234,7 @@ func sippStat(t *testing.T, path string) map[string]int {
 //     socket to the kernel, and says why: the 50 datagrams sent after that
 //     all arrive, through side B's kernel. Before, the socket stayed
 //     steered to the stack and the server got none of them.
+//   - udp-queued: below.
 //   - tcp (VMAXDP_TCP=1): a client that makes its ring, then connects:
 //     the connection stays on the kernel from its connect on, and the
 //     ring reads what side A sends. (Offloaded, its fd would name the
@@ -255,6 +256,34 @@ func TestRunIOUring(t *testing.T) {
 			}
 		}
 		wantKernelServed(t, b, p, port, count)
+	})
+	// Datagrams that come between the bind and the ring wait in the
+	// stack's queue; once the ring is seen they reach it all the same,
+	// through the kernel socket, each counted by side B's kernel. Before,
+	// they were dropped (and the log said so): the ring got none.
+	t.Run("udp-queued", func(t *testing.T) {
+		const port, count = 11473, 50
+		start := filepath.Join(t.TempDir(), "start")
+		p := startC(t, b, prog, nil, b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(count), "wait", start)
+		for _, line := range []string{"bound", "offloaded on " + b.Link(testbed.B)} {
+			if err := p.waitFor(line); err != nil {
+				t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+			}
+		}
+		udpIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+		if err := testutil.SendUDP(b, port, count, 64); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(start, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.exited(); err != nil {
+			t.Errorf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		p.wantSaid(t, fmt.Sprintf("got %d\n", count), fmt.Sprintf("the %d datagrams it had queued are handed to its kernel socket", count))
+		if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != count {
+			t.Errorf("side B's kernel took %d UDP datagrams, want the %d sent", n, count)
+		}
 	})
 	t.Run("tcp", func(t *testing.T) {
 		const port, size = 11472, 64 * 50

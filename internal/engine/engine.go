@@ -1293,8 +1293,8 @@ func (e *Engine) Close(fd int) {
 func (e *Engine) toKernel(s *Socket, cause string) { e.handBack(s, cause, true) }
 
 // handBack is toKernel; without serve, what an offloaded socket queued is
-// dropped, and the log counts it: no read of the engine's will ask for
-// it (an io_uring ring reads the kernel socket).
+// handed to its kernel socket (stack.UDPConn.Reinject): no read of the
+// engine's will ask for it (an io_uring ring reads the kernel socket).
 func (e *Engine) handBack(s *Socket, cause string, serve bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1312,7 +1312,12 @@ func (e *Engine) handBack(s *Socket, cause string, serve bool) {
 			s.draining.Store(true)
 			e.Log.Printf(params.LevelInfo, "fd %d: %s; the %d datagrams queued are served first", s.fd, cause, n)
 		case n > 0:
-			e.Log.Printf(params.LevelWarning, "fd %d: %s; the %d datagrams it had queued are dropped", s.fd, cause, n)
+			handed, dropped, err := c.Reinject()
+			if dropped > 0 {
+				e.Log.Printf(params.LevelWarning, "fd %d: %s; of the %d datagrams it had queued, %d are handed to its kernel socket and %d dropped: %v", s.fd, cause, handed+dropped, handed, dropped, err)
+			} else {
+				e.Log.Printf(params.LevelInfo, "fd %d: %s; the %d datagrams it had queued are handed to its kernel socket", s.fd, cause, handed)
+			}
 			e.fallBack(s, c)
 		default:
 			e.fallBack(s, c)

@@ -125,7 +125,7 @@ func (e *Engine) ringLoop() {
 }
 
 // ringSeen hands every socket to the kernel (ioUringCause): UDP sockets at
-// once, with what their queues held dropped and counted in the log, TCP
+// once, with what their queues held handed to their kernel sockets, TCP
 // listeners through a handover, and netstack's connections to kernel
 // sockets under the same fds where they can go (connToKernel): the
 // application's fd of one names its mirror, from which a ring's read

@@ -4,11 +4,13 @@
  * "ready", and receives COUNT datagrams with IORING_OP_RECV, each within
  * 5 s. It prints "got COUNT" at the end, or what it got when one does not
  * come. vmaxdp cannot see the ring's calls: the socket must be the
- * kernel's by the time the datagrams come. With tcp, it makes its ring
- * first, then connects to ADDR:PORT, and receives COUNT bytes through the
- * ring.
+ * kernel's by the time the datagrams come. With wait, it prints "bound"
+ * after its bind and makes its ring only once FILE exists: datagrams sent
+ * meanwhile wait in vmaxdp's stack, and must reach the ring all the same.
+ * With tcp, it makes its ring first, then connects to ADDR:PORT, and
+ * receives COUNT bytes through the ring.
  *
- *   uringrecv ADDR PORT COUNT [tcp]
+ *   uringrecv ADDR PORT COUNT [tcp | wait FILE]
  */
 #include <arpa/inet.h>
 #include <liburing.h>
@@ -16,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "watchdog.h"
@@ -23,8 +27,9 @@
 int main(int argc, char **argv)
 {
 	int tcp = argc == 5 && strcmp(argv[4], "tcp") == 0;
-	if (argc != 4 && !tcp) {
-		fprintf(stderr, "usage: uringrecv ADDR PORT COUNT [tcp]\n");
+	const char *wait = argc == 6 && strcmp(argv[4], "wait") == 0 ? argv[5] : NULL;
+	if (argc != 4 && !tcp && !wait) {
+		fprintf(stderr, "usage: uringrecv ADDR PORT COUNT [tcp | wait FILE]\n");
 		return 2;
 	}
 	start_watchdog();
@@ -40,6 +45,14 @@ int main(int argc, char **argv)
 	if (fd < 0 || r < 0 || (tcp ? connect(fd, (struct sockaddr *)&a, sizeof a) : bind(fd, (struct sockaddr *)&a, sizeof a)) != 0) {
 		perror("uringrecv: socket, ring, connect or bind");
 		return 2;
+	}
+	if (wait) {
+		printf("bound\n");
+		fflush(stdout);
+		struct stat st;
+		struct timespec tick = {.tv_nsec = 10 * 1000 * 1000};
+		while (stat(wait, &st) != 0) /* the watchdog bounds the wait */
+			nanosleep(&tick, NULL);
 	}
 	if (!tcp && (r = io_uring_queue_init(8, &ring, 0)) < 0) {
 		fprintf(stderr, "uringrecv: io_uring_queue_init: %s\n", strerror(-r));
