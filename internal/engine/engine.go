@@ -1288,13 +1288,19 @@ func (e *Engine) Close(fd int) {
 
 // toKernel hands s to the kernel for cause, for good: a candidate is
 // decided for the kernel; an offloaded socket is no longer steered, its
-// queued datagrams are still served to its reads, and once they are the
-// kernel serves it.
+// queued datagrams are still served to its reads, in order, and once they
+// are the kernel serves it.
 func (e *Engine) toKernel(s *Socket, cause string) { e.handBack(s, cause, true) }
 
-// handBack is toKernel; without serve, what an offloaded socket queued is
-// handed to its kernel socket (stack.UDPConn.Reinject): no read of the
-// engine's will ask for it (an io_uring ring reads the kernel socket).
+// toOthers is toKernel for a socket that readers the engine does not see
+// will read through the kernel (an io_uring ring, another process after
+// fork or SCM_RIGHTS): what an offloaded one queued goes to its kernel
+// socket (stack.UDPConn.Reinject), where they find it. Served to this
+// process's reads, a master that never reads again would hold it for
+// ever.
+func (e *Engine) toOthers(s *Socket, cause string) { e.handBack(s, cause, false) }
+
+// handBack is toKernel, or with serve false toOthers.
 func (e *Engine) handBack(s *Socket, cause string, serve bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -165,8 +165,8 @@ const forkedCause = "shared with a child process after fork: the child cannot us
 // process, a datagram or connection would never reach a child that reads
 // or accepts on the socket (a server that forks its workers after opening
 // its sockets, as nsd and prefork servers do). A socket's datagrams
-// already queued are still served to this process's reads; once they
-// are, the kernel serves it. netstack's connections not yet accepted on
+// already queued go to its kernel socket, where either process finds
+// them (toOthers). netstack's connections not yet accepted on
 // a listener go to kernel sockets for the first accepts in any of the
 // processes (openHandoff; without a slot for them, they are reset, as a
 // closed listener's are); a listener in handover (going to the kernel
@@ -198,7 +198,7 @@ func (e *Engine) Forked() {
 			continue
 		}
 		seen[s] = true
-		e.toKernel(s, forkedCause)
+		e.toOthers(s, forkedCause)
 	}
 }
 
@@ -387,7 +387,7 @@ func (e *Engine) claimed(fd int) {
 		e.handover(fd, o, cause)
 	case *Socket:
 		if e.fds[fd].Load() == o {
-			e.toKernel(o, cause)
+			e.toOthers(o, cause)
 		}
 	}
 	for _, f := range fds {
@@ -439,7 +439,7 @@ const passedCause = "passed to another process (SCM_RIGHTS), which reaches it th
 // nothing once the socket was steered (a broker that binds a port and
 // hands it to a worker; a server that hands a connection or its listener
 // on). The kernel serves it from now on: a UDP socket goes back (what it
-// queued is served to this process's receives first), a TCP listener
+// queued goes to its kernel socket, for that process too), a TCP listener
 // hands over, and a TCP connection moves to a kernel socket under the
 // same fds when it can (as at fork). A forked child claims what it
 // passes instead (the preload library).
@@ -453,6 +453,6 @@ func (e *Engine) Passed(fd int) {
 		return
 	}
 	if s := e.get(fd); s != nil {
-		e.toKernel(s, passedCause)
+		e.toOthers(s, passedCause)
 	}
 }

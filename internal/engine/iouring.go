@@ -135,7 +135,7 @@ func (e *Engine) ringSeen() {
 	e.Log.Printf(params.LevelWarning, "%s (every socket, from now on; a ring for files only costs their offload)", ioUringCause)
 	for fd := range e.fds {
 		if s := e.fds[fd].Load(); s != nil && s.fd == fd {
-			e.handBack(s, ioUringCause, false)
+			e.toOthers(s, ioUringCause)
 		}
 	}
 	for fd := range e.listeners {
