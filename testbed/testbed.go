@@ -1,9 +1,11 @@
 // Package testbed builds the veth test bed that tests, benchmarks and
 // `make demo` run on: two network namespaces, A and B, joined by one veth
-// pair, with addresses from the benchmarking range 198.18.0.0/15.
+// pair, with addresses from the benchmarking range 198.18.0.0/15; or, as
+// a container network on one host has it, each joined by a veth pair to a
+// bridge in a third namespace, Hub (Options.Bridged).
 //
-// A bed is named; its namespaces are "vmx-NAME-a" and "vmx-NAME-b" and its
-// links "vmxa" (in A) and "vmxb" (in B). Up removes any bed of the same name
+// A bed is named; its namespaces are "vmx-NAME-a", "vmx-NAME-b" (and
+// "vmx-NAME-h") and its links "vmxa" (in A) and "vmxb" (in B). Up removes any bed of the same name
 // first, so a bed left by a killed run never blocks the next one, and
 // RemoveStale removes beds whose name carries the pid of a process that is
 // gone (the names tests use). A bed must never route anywhere but between
@@ -37,9 +39,14 @@ type Side int
 const (
 	A Side = iota
 	B
+	// Hub is a bridged bed's third namespace (Options.Bridged): the host
+	// of the container network, whose bridge joins A and B.
+	Hub
 )
 
-func (s Side) String() string { return [...]string{"a", "b"}[s] }
+const numSides = 3
+
+func (s Side) String() string { return [...]string{"a", "b", "h"}[s] }
 
 // Options configure a bed. The zero value means defaults: a tuned bed.
 type Options struct {
@@ -55,6 +62,13 @@ type Options struct {
 	// Queues queues allocated and running, TX checksum offload and IPv6
 	// off. Both beds route multicast to the veth. Plain excludes Queues.
 	Plain bool
+	// Bridged joins A and B through a bridge in a third namespace, Hub,
+	// as docker's default network joins containers: each side's veth end
+	// pairs with a port of the bridge, and the bridge holds the sides'
+	// gateway, Gateway. Hub also holds Addr(Hub), in another subnet, which
+	// the sides reach through the gateway: a routed peer, whose frames
+	// come from the gateway's MAC address. A bridged bed is plain.
+	Bridged bool
 }
 
 // Bed is a running test bed.
@@ -65,19 +79,45 @@ type Bed struct {
 	MTU    int
 	// Plain: the bed was made with Options.Plain (TX checksum offload on).
 	Plain bool
-	ns    [2]netns.NsHandle
+	// Bridged: the bed has a Hub (Options.Bridged).
+	Bridged bool
+	ns      [numSides]netns.NsHandle
 }
 
 // Prefix is the bed's subnet; side A is .1 and side B is .2.
 var Prefix = netip.MustParsePrefix("198.18.0.0/24")
 
-// Addr is the IPv4 address of a side.
+// Gateway is a bridged bed's bridge address, the sides' gateway to
+// Beyond.
+var Gateway = netip.MustParseAddr("198.18.0.254")
+
+// Beyond is the subnet behind a bridged bed's gateway, where Addr(Hub) is.
+var Beyond = netip.MustParsePrefix("198.18.1.0/24")
+
+// Addr is the IPv4 address of a side; Hub's is in Beyond.
 func (b *Bed) Addr(s Side) netip.Addr {
-	return [...]netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")}[s]
+	return [...]netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.1.1")}[s]
 }
 
-// Link is the name of a side's veth end, inside that side's namespace.
-func (b *Bed) Link(s Side) string { return "vmx" + s.String() }
+// Link is the name of a side's veth end, inside that side's namespace;
+// Hub's is the bridge.
+func (b *Bed) Link(s Side) string {
+	if s == Hub {
+		return "vmxbr"
+	}
+	return "vmx" + s.String()
+}
+
+// port is the name of the bridge's port that pairs with side s, in Hub.
+func port(s Side) string { return "vmxp" + s.String() }
+
+// sides are the bed's namespaces.
+func (b *Bed) sides() []Side {
+	if b.Bridged {
+		return []Side{A, B, Hub}
+	}
+	return []Side{A, B}
+}
 
 // NSName is the name of a side's namespace (for `ip netns exec`).
 func (b *Bed) NSName(s Side) string { return nsName(b.Name, s) }
@@ -96,6 +136,9 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 	var o Options
 	if opts != nil {
 		o = *opts
+	}
+	if o.Bridged {
+		o.Plain = true
 	}
 	if o.Plain && o.Queues != 0 {
 		return nil, fmt.Errorf("testbed %s: a plain bed has the kernel's default queues: %d queues asked", name, o.Queues)
@@ -118,17 +161,23 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 	if err := Down(name); err != nil {
 		return nil, err
 	}
-	b := &Bed{Name: name, Queues: o.Queues, MTU: o.MTU, Plain: o.Plain, ns: [2]netns.NsHandle{-1, -1}}
+	b := &Bed{Name: name, Queues: o.Queues, MTU: o.MTU, Plain: o.Plain, Bridged: o.Bridged, ns: [numSides]netns.NsHandle{-1, -1, -1}}
 	defer func() {
 		if err != nil {
 			b.Down()
 			err = fmt.Errorf("testbed %s: %w", name, err)
 		}
 	}()
-	for _, s := range []Side{A, B} {
+	for _, s := range b.sides() {
 		if b.ns[s], err = newNamedNS(b.NSName(s)); err != nil {
 			return b, fmt.Errorf("create namespace %s: %w", b.NSName(s), err)
 		}
+	}
+	if o.Bridged {
+		if err := b.bridge(); err != nil {
+			return b, err
+		}
+		return b, b.readQueues()
 	}
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{
@@ -153,6 +202,90 @@ func Up(name string, opts *Options) (_ *Bed, err error) {
 		}
 	}
 	return b, b.readQueues()
+}
+
+// bridge makes a bridged bed's links: the bridge in Hub, a veth pair from
+// each side to a port of it, and the addresses and routes (Options.Bridged).
+func (b *Bed) bridge() error {
+	h, err := netlink.NewHandleAt(b.ns[Hub])
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", b.NSName(Hub), err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: b.Link(Hub), MTU: b.MTU}}); err != nil {
+		return fmt.Errorf("add bridge %s in %s: %w", b.Link(Hub), b.NSName(Hub), err)
+	}
+	br, err := netnsutil.LinkByName(h, b.Link(Hub))
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", b.Link(Hub), b.NSName(Hub), err)
+	}
+	for _, s := range []Side{A, B} {
+		// Created from the host namespace straight into the side and Hub,
+		// as Up's pair, with the kernel's default queues.
+		veth := &netlink.Veth{
+			LinkAttrs: netlink.LinkAttrs{Name: b.Link(s), MTU: b.MTU, Namespace: netlink.NsFd(b.ns[s])},
+			PeerName:  port(s), PeerMTU: uint32(b.MTU), PeerNamespace: netlink.NsFd(b.ns[Hub]),
+		}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth pair %s-%s: %w", b.Link(s), port(s), err)
+		}
+		p, err := netnsutil.LinkByName(h, port(s))
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", port(s), b.NSName(Hub), err)
+		}
+		if err := h.LinkSetMaster(p, br); err != nil {
+			return fmt.Errorf("%s into %s: %w", port(s), b.Link(Hub), err)
+		}
+		if err := h.LinkSetUp(p); err != nil {
+			return fmt.Errorf("set %s up in %s: %w", port(s), b.NSName(Hub), err)
+		}
+		if err := b.configure(s); err != nil {
+			return err
+		}
+		if err := b.addRoute(s, &netlink.Route{Dst: prefixNet(Beyond), Gw: Gateway.AsSlice()}); err != nil {
+			return err
+		}
+	}
+	gw := &netlink.Addr{IPNet: &net.IPNet{IP: Gateway.AsSlice(), Mask: net.CIDRMask(Prefix.Bits(), 32)}}
+	if err := h.AddrAdd(br, gw); err != nil {
+		return fmt.Errorf("address %s on %s: %w", gw, b.Link(Hub), err)
+	}
+	lo, err := netnsutil.LinkByName(h, "lo")
+	if err != nil {
+		return fmt.Errorf("lo in %s: %w", b.NSName(Hub), err)
+	}
+	beyond := &netlink.Addr{IPNet: &net.IPNet{IP: b.Addr(Hub).AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	if err := h.AddrAdd(lo, beyond); err != nil {
+		return fmt.Errorf("address %s on lo in %s: %w", beyond, b.NSName(Hub), err)
+	}
+	for _, l := range []netlink.Link{lo, br} {
+		if err := h.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set %s up in %s: %w", l.Attrs().Name, b.NSName(Hub), err)
+		}
+	}
+	return nil
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// addRoute adds r in side s's namespace, through s's link.
+func (b *Bed) addRoute(s Side, r *netlink.Route) error {
+	h, err := netlink.NewHandleAt(b.ns[s])
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", b.NSName(s), err)
+	}
+	defer h.Close()
+	l, err := netnsutil.LinkByName(h, b.Link(s))
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", b.Link(s), b.NSName(s), err)
+	}
+	r.LinkIndex = l.Attrs().Index
+	if err := h.RouteAdd(r); err != nil {
+		return fmt.Errorf("route %s on %s in %s: %w", r.Dst, b.Link(s), b.NSName(s), err)
+	}
+	return nil
 }
 
 // readQueues reads the queues side A runs, and whether it offloads TX
@@ -237,7 +370,7 @@ func (b *Bed) Down() error {
 // pins and lock files that engines killed in its namespaces left behind.
 func Down(name string) error {
 	var errs []error
-	for _, s := range []Side{A, B} {
+	for _, s := range []Side{A, B, Hub} {
 		n := nsName(name, s)
 		fi, err := os.Stat(filepath.Join(nsDir, n))
 		if err != nil {
@@ -324,7 +457,7 @@ func RemoveStale() ([]string, error) {
 
 // Open returns a bed that already exists.
 func Open(name string) (*Bed, error) {
-	b := &Bed{Name: name, ns: [2]netns.NsHandle{-1, -1}}
+	b := &Bed{Name: name, ns: [numSides]netns.NsHandle{-1, -1, -1}}
 	for _, s := range []Side{A, B} {
 		h, err := netns.GetFromName(b.NSName(s))
 		if err != nil {
@@ -332,6 +465,9 @@ func Open(name string) (*Bed, error) {
 			return nil, fmt.Errorf("testbed %s: namespace %s: %w", name, b.NSName(s), err)
 		}
 		b.ns[s] = h
+	}
+	if h, err := netns.GetFromName(b.NSName(Hub)); err == nil {
+		b.ns[Hub], b.Bridged = h, true
 	}
 	h, err := netlink.NewHandleAt(b.ns[A])
 	if err == nil {

@@ -1,10 +1,12 @@
 package testbed_test
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
@@ -82,5 +84,49 @@ func TestDownRemovesUnmountedFile(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("%s still there after Down: %v", path, err)
+	}
+}
+
+// A bridged bed: each side routes to Hub's address through the gateway;
+// Open finds the Hub again, and Down removes it.
+func TestBridged(t *testing.T) {
+	testutil.RequireRoot(t)
+	const name = "t999999997-1"
+	b, err := testbed.Up(name, &testbed.Options{Bridged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Down() })
+	if !b.Plain || b.Queues != 1 {
+		t.Errorf("bridged bed: plain %v, %d queues running; want plain, 1", b.Plain, b.Queues)
+	}
+	for _, s := range []testbed.Side{testbed.A, testbed.B} {
+		err := b.Do(s, func() error {
+			rs, err := netlink.RouteGet(b.Addr(testbed.Hub).AsSlice())
+			if err != nil {
+				return err
+			}
+			if len(rs) != 1 || !rs[0].Gw.Equal(testbed.Gateway.AsSlice()) || !rs[0].Src.Equal(b.Addr(s).AsSlice()) {
+				return fmt.Errorf("routes to %v: %v; want one through %v from %v", b.Addr(testbed.Hub), rs, testbed.Gateway, b.Addr(s))
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("side %v: %v", s, err)
+		}
+	}
+	o, err := testbed.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Bridged {
+		t.Error("Open did not find the Hub")
+	}
+	o.Close()
+	if err := testbed.Down(name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/var/run/netns/vmx-" + name + "-h"); !os.IsNotExist(err) {
+		t.Errorf("Hub's namespace still there after Down: %v", err)
 	}
 }

@@ -109,6 +109,7 @@ func runTestbed(args []string, out io.Writer) error {
 	queues := fs.Int("queues", 0, "RX/TX queues per veth end (default 1; not with -plain)")
 	mtu := fs.Int("mtu", 1500, "MTU of both ends")
 	plain := fs.Bool("plain", false, "make the veth pair as `ip link add` does: the kernel's default queues, every offload on (TX checksums partial), IPv6 on")
+	bridged := fs.Bool("bridged", false, "join the sides through a bridge in a third namespace, vmx-NAME-h, as a container network has it: the gateway "+testbed.Gateway.String()+" on the bridge, and "+testbed.Beyond.String()+" behind it (a plain bed)")
 	if len(args) == 0 {
 		return fmt.Errorf("testbed: want up, down or status: %w", errUsage)
 	}
@@ -117,7 +118,7 @@ func runTestbed(args []string, out io.Writer) error {
 	}
 	switch args[0] {
 	case "up":
-		b, err := testbed.Up(*name, &testbed.Options{Queues: *queues, MTU: *mtu, Plain: *plain})
+		b, err := testbed.Up(*name, &testbed.Options{Queues: *queues, MTU: *mtu, Plain: *plain, Bridged: *bridged})
 		if err != nil {
 			return err
 		}
@@ -158,6 +159,10 @@ func runTestbed(args []string, out io.Writer) error {
 
 // bedKind says whether a bed is plain or tuned (testbed.Options.Plain).
 func bedKind(b *testbed.Bed) string {
+	if b.Bridged {
+		return fmt.Sprintf("bridged through %s in %s (gateway %s, %s behind it), plain (kernel defaults, TX checksum offload on)",
+			b.Link(testbed.Hub), b.NSName(testbed.Hub), testbed.Gateway, b.Addr(testbed.Hub))
+	}
 	if b.Plain {
 		return "plain (kernel defaults, TX checksum offload on)"
 	}

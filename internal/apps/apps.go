@@ -129,6 +129,18 @@ type Run struct {
 	Env []string
 	// Dir holds the run's files (default: a temporary directory, removed).
 	Dir string
+	// ServerSide and ClientSide are the sides the server and the load
+	// generator run on; both zero (or equal), B and A. On a bridged bed,
+	// one of them on testbed.Hub is a peer beyond the gateway.
+	ServerSide, ClientSide testbed.Side
+}
+
+// sides are the run's server and client sides (Run.ServerSide).
+func (r *Run) sides() (server, client testbed.Side) {
+	if r.ServerSide == r.ClientSide {
+		return testbed.B, testbed.A
+	}
+	return r.ServerSide, r.ClientSide
 }
 
 // Do starts the server, waits until it listens, runs the load generator
@@ -152,9 +164,10 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 		}
 		defer os.RemoveAll(dir)
 	}
-	addr := r.Bed.Addr(testbed.B).String()
+	ss, cs := r.sides()
+	addr := r.Bed.Addr(ss).String()
 	srvOut := &sockperf.SyncBuffer{}
-	srv := r.command(ctx, testbed.B, r.ServerOffload, r.App.Server(dir, addr))
+	srv := r.command(ctx, ss, r.ServerOffload, r.App.Server(dir, addr))
 	// Daemons point stderr at /dev/null once they run (dnsmasq does):
 	// vmaxdp logs into the run's directory, and the logs are read back.
 	srv.Env = append(srv.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, "server-vmaxdp.%d.log"),
@@ -192,7 +205,7 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 			res.RingDrops += full + dropped
 		}
 	}()
-	if err := r.waitListening(ctx); err != nil {
+	if err := r.waitListening(ctx, ss); err != nil {
 		return res, srvOut.String(), fmt.Errorf("%s: server did not start: %w\n%s", r.App.Name, err, tail(srvOut.String(), 20))
 	}
 	if r.ServerOffload {
@@ -202,7 +215,7 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	}
 	var out, repeated string
 	for try := 1; ; try++ {
-		cli := r.command(ctx, testbed.A, r.ClientOffload, r.App.Client(dir, addr, d, r.Paced))
+		cli := r.command(ctx, cs, r.ClientOffload, r.App.Client(dir, addr, d, r.Paced))
 		cli.Dir = dir
 		cli.Env = append(cli.Env, "VMAXDP_LOG_FILE="+filepath.Join(dir, fmt.Sprintf("client-vmaxdp.%d.%%d.log", try)),
 			"VMAXDP_STATS_FILE="+filepath.Join(dir, fmt.Sprintf("client-stats.%d.txt", try)))
@@ -252,12 +265,12 @@ func (r *Run) command(ctx context.Context, side testbed.Side, offload bool, argv
 	return cmd
 }
 
-// waitListening waits up to 10 s for the server's socket in side B.
-func (r *Run) waitListening(ctx context.Context) error {
+// waitListening waits up to 10 s for the server's socket in side ss.
+func (r *Run) waitListening(ctx context.Context, ss testbed.Side) error {
 	want := fmt.Sprintf(":%04X ", r.App.Port)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var table []byte
-		err := r.Bed.Do(testbed.B, func() (err error) {
+		err := r.Bed.Do(ss, func() (err error) {
 			table, err = os.ReadFile("/proc/thread-self/net/" + r.App.Proto)
 			return err
 		})
