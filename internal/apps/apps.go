@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,6 +134,9 @@ type Run struct {
 	// generator run on; both zero (or equal), B and A. On a bridged bed,
 	// one of them on testbed.Hub is a peer beyond the gateway.
 	ServerSide, ClientSide testbed.Side
+	// ServerAddr is the address the server serves at (default: its
+	// side's Addr).
+	ServerAddr netip.Addr
 }
 
 // sides are the run's server and client sides (Run.ServerSide).
@@ -166,6 +170,9 @@ func (r *Run) Do(ctx context.Context) (res Result, serverLog string, err error) 
 	}
 	ss, cs := r.sides()
 	addr := r.Bed.Addr(ss).String()
+	if r.ServerAddr.IsValid() {
+		addr = r.ServerAddr.String()
+	}
 	srvOut := &sockperf.SyncBuffer{}
 	srv := r.command(ctx, ss, r.ServerOffload, r.App.Server(dir, addr))
 	// Daemons point stderr at /dev/null once they run (dnsmasq does):

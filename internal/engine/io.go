@@ -240,6 +240,14 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, m SendCmsg, flags int
 			return 0, unix.EDESTADDRREQ
 		}
 	}
+	if m.Src.IsValid() && !m.Src.IsUnspecified() && !c.Stack().HasAddr(m.Src) {
+		// A source (IP_PKTINFO) of another interface, or of lo: the
+		// kernel sends from any address of the host, and refuses the
+		// others itself. A server bound to 0.0.0.0 answers so what came
+		// to an address of lo through this interface (a host's service
+		// address, an anycast one).
+		return 0, passSend(c)
+	}
 	tx := s.tx.Load()
 	stamp := tx != nil && tx.all.Load()
 	if m.StampSet {
