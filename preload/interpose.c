@@ -1498,6 +1498,16 @@ ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
 	return read(fd, buf, len);
 }
 
+/* sent_os counts what the kernel socket of an offloaded fd sent when the
+ * engine passed it a send (a flag, a cork or a source it does not serve):
+ * the socket's tx_os counters, as the stack counts the sends it hands the
+ * kernel socket itself. */
+static void sent_os(int fd, long packets, long bytes)
+{
+	if (packets > 0 && state(fd) == VMX_OFFLOADED)
+		vmxgo_sent_os(fd, packets, bytes);
+}
+
 ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t alen)
 {
 	if (orphan(fd))
@@ -1515,6 +1525,10 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 		long r = vmxgo_sendto(fd, (void *)buf, len, flags, (struct sockaddr *)to, alen);
 		if (r != -VMX_PASS)
 			return ret(r);
+		ssize_t n = REAL(sendto)(fd, buf, len, flags, to, alen);
+		if (n >= 0)
+			sent_os(fd, 1, n);
+		return n;
 	}
 	return REAL(sendto)(fd, buf, len, flags, to, alen);
 }
@@ -1577,6 +1591,10 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 		long r = vmxgo_sendmsg(fd, (struct msghdr *)msg, flags);
 		if (r != -VMX_PASS)
 			return ret(r);
+		ssize_t n = REAL(sendmsg)(fd, msg, flags);
+		if (n >= 0)
+			sent_os(fd, 1, n);
+		return n;
 	}
 	return REAL(sendmsg)(fd, msg, flags);
 }
@@ -1610,8 +1628,16 @@ int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 	vmx_thread();
 	for (i = 0; i < n; i++) {
 		long r = vmxgo_sendmsg(fd, &v[i].msg_hdr, flags);
+		if (r == -VMX_PASS && i == 0) {
+			int k = REAL(sendmmsg)(fd, v, n, flags);
+			long bytes = 0;
+			for (int j = 0; j < k; j++)
+				bytes += v[j].msg_len;
+			sent_os(fd, k, bytes);
+			return k;
+		}
 		if (r == -VMX_PASS)
-			return i ? (int)i : REAL(sendmmsg)(fd, v, n, flags);
+			return (int)i;
 		if (r < 0)
 			return i ? (int)i : (int)ret(r);
 		v[i].msg_len = (unsigned int)r;

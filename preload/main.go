@@ -223,6 +223,12 @@ func vmxgo_forked() { eng.Forked() }
 //export vmxgo_passed
 func vmxgo_passed(fd C.int) { eng.Passed(int(fd)) }
 
+// vmxgo_sent_os: the kernel socket of fd, offloaded, sent packets
+// datagrams (bytes in all) that the engine passed to it.
+//
+//export vmxgo_sent_os
+func vmxgo_sent_os(fd C.int, packets, bytes C.long) { eng.SentOS(int(fd), int(packets), int(bytes)) }
+
 // vmxgo_before_setuid: the calling thread is about to set the process's
 // user IDs (-1: unchanged) with call.
 //

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +32,8 @@ import (
 // EINVAL before, and every query went unanswered). Every
 // request is answered, the log says the socket is offloaded, and the
 // kernel of the offloaded side's namespace delivered (nearly) none of it.
+var reTxOS = regexp.MustCompile(`Tx OS info: \d+ KB / (\d+) /`)
+
 func TestRunBridged(t *testing.T) {
 	testutil.RequireRoot(t)
 	vmaxdp := tools(t)
@@ -68,6 +72,7 @@ func TestRunBridged(t *testing.T) {
 					return testutil.UDPStat(t, b, c.offloaded, "InDatagrams")
 				}
 				before := kernel()
+				sentBefore := testutil.UDPStat(t, b, c.offloaded, "OutDatagrams")
 				run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerSide: c.server, ClientSide: c.client, ServerAddr: c.at,
 					ServerOffload: c.server == c.offloaded, ClientOffload: c.client == c.offloaded,
 					Duration: time.Second, Paced: !tcp, Env: []string{"VMAXDP_TCP=1", "VMAXDP_TRACELEVEL=4"}}
@@ -99,6 +104,20 @@ func TestRunBridged(t *testing.T) {
 				}
 				if moved > limit {
 					t.Errorf("the kernel took %d of the %s run's packets in the offloaded side's namespace: not offloaded\n%s", moved, a.Name, tail(log, 30))
+				}
+				// Answers from lo's address leave through the kernel
+				// socket, and the socket's counters say so (tx_os), as
+				// many as the kernel sent.
+				if c.wildcard {
+					sent := testutil.UDPStat(t, b, c.offloaded, "OutDatagrams") - sentBefore
+					var osTx int
+					for _, m := range reTxOS.FindAllStringSubmatch(res.Reports, -1) {
+						n, _ := strconv.Atoi(m[1])
+						osTx += n
+					}
+					if osTx != sent || int64(sent) < res.Sent-res.Lost {
+						t.Errorf("the kernel sent %d datagrams for %d answers; the sockets' counters say %d went through it\n%s", sent, res.Sent-res.Lost, osTx, res.Reports)
+					}
 				}
 			})
 		}

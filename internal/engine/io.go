@@ -285,6 +285,19 @@ func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, b []byte, s
 	return len(b), 0
 }
 
+// SentOS counts what fd's kernel socket sent when Send passed it
+// (ErrPassOS): packets datagrams, bytes in all, in its stack socket's
+// counters (tx_os), as the stack counts those it sends through the kernel
+// socket itself. The interposer calls it once the kernel has sent them.
+func (e *Engine) SentOS(fd, packets, bytes int) {
+	if s := e.get(fd); s != nil {
+		if c := s.conn.Load(); c != nil {
+			c.Counters.TxOSPackets.Add(uint64(packets))
+			c.Counters.TxOSBytes.Add(uint64(bytes))
+		}
+	}
+}
+
 // passSend hands a send to the kernel socket (ErrPassOS) once what the
 // stack socket c (nil: none) left on its TX ring has gone: the datagrams
 // leave in the order sent.
