@@ -165,9 +165,9 @@ func writeTable(w io.Writer, socks []*Socket, deltas bool) {
 		poll := pct(c.RxPollHit, c.RxPollHit+c.RxPollMiss)
 		if !s.Offloaded() {
 			if deltas {
-				fmt.Fprintf(w, "%3d  %s: %s\n", s.FD, notOffloaded(s), s.Reason)
+				fmt.Fprintf(w, "%3d  %s\n", s.FD, notOffloaded(s))
 			} else {
-				fmt.Fprintf(w, "%-4d%s: %s\n", s.FD, notOffloaded(s), s.Reason)
+				fmt.Fprintf(w, "%-4d%s\n", s.FD, notOffloaded(s))
 			}
 			continue
 		}
@@ -188,11 +188,17 @@ func writeTable(w io.Writer, socks []*Socket, deltas bool) {
 	}
 }
 
+// notOffloaded says why s is not offloaded; a candidate closed before
+// its bind or first send has no reason.
 func notOffloaded(s *Socket) string {
+	what := "not offloaded"
 	if s.State == StateCandidate {
-		return "not offloaded yet (not bound, nothing sent)"
+		what = "not offloaded yet (not bound, nothing sent)"
 	}
-	return "not offloaded"
+	if s.Reason == "" {
+		return what
+	}
+	return what + ": " + s.Reason
 }
 
 func writeIomux(w io.Writer, s *Snapshot, deltas bool) {
@@ -230,7 +236,8 @@ func writeSocketBlock(w io.Writer, s *Socket, group []*Socket, deltas bool) {
 	if s.Offloaded() {
 		fmt.Fprintf(w, "- Offloaded on %s\n", s.Interface)
 	} else {
-		fmt.Fprintf(w, "- %s: %s\n", strings.ToUpper(notOffloaded(s)[:1])+notOffloaded(s)[1:], s.Reason)
+		why := notOffloaded(s)
+		fmt.Fprintf(w, "- %s\n", strings.ToUpper(why[:1])+why[1:])
 	}
 	fmt.Fprintf(w, "- Bound IF  = [%s]\n", s.Local)
 	if s.Remote != "" {
@@ -460,7 +467,7 @@ func WriteCloseReport(w io.Writer, s *Socket) {
 	c := &s.Counters
 	p := fmt.Sprintf("vmaxdp: [fd=%d]", s.FD)
 	if !s.Offloaded() {
-		fmt.Fprintf(w, "%s %s: %s\n", p, notOffloaded(s), s.Reason)
+		fmt.Fprintf(w, "%s %s\n", p, notOffloaded(s))
 		return
 	}
 	fmt.Fprintf(w, "%s Tx Offload: %d KB / %d / %d [bytes/packets/errors]\n", p, kb(c.TxOffloadBytes), c.TxOffloadPackets, c.TxErrors)

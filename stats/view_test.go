@@ -126,3 +126,19 @@ vmaxdp: [vmxb] Rx dropped: bad_udp_checksum 3 truncated 1
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }
+
+// A socket closed before its bind or first send has no reason: its
+// lines end with what it is, not with ": ".
+func TestNotOffloadedWithoutReason(t *testing.T) {
+	s := &Socket{FD: 4, State: StateCandidate}
+	var b strings.Builder
+	WriteCloseReport(&b, s)
+	if want := "vmaxdp: [fd=4] not offloaded yet (not bound, nothing sent)\n"; b.String() != want {
+		t.Errorf("close report %q, want %q", b.String(), want)
+	}
+	b.Reset()
+	WriteView(&b, &Snapshot{Sockets: []Socket{*s}}, ViewOptions{View: 3})
+	if !strings.Contains(b.String(), "- Not offloaded yet (not bound, nothing sent)\n") {
+		t.Errorf("view 3:\n%s\nwant the socket's line without a reason", b.String())
+	}
+}
