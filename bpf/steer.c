@@ -5,7 +5,8 @@
 // It takes from the kernel only what a rule asks for: a packet whose IPv4
 // UDP/TCP tuple matches a rule is redirected to the AF_XDP socket of the
 // queue it arrived on; everything else (ARP, ICMP, IPv6, fragments, other
-// ports, malformed headers) gets XDP_PASS. Lookups go from the most to the
+// ports, malformed headers, and a rule's packets from a source the kernel
+// drops as martian) gets XDP_PASS. Lookups go from the most to the
 // least specific rule: 5-tuple, multicast group:port, local addr:port,
 // local port on any address.
 //
@@ -75,6 +76,7 @@ struct prog_counters {
 	__u64 non_ip;
 	__u64 fragments;
 	__u64 parse_errors;
+	__u64 martian_sources; // passed to the kernel, which drops them (martian_source)
 };
 
 // max_frame_len is the longest frame an AF_XDP socket of the engine takes
@@ -298,7 +300,7 @@ static __always_inline void note_stack_syn(struct iphdr *ip, struct l4_ports *l4
 	bpf_map_update_elem(&stack_syns, &fk, &now, BPF_ANY);
 }
 
-enum verdict_kind { V_PASS, V_NON_IP, V_FRAGMENT, V_PARSE_ERROR };
+enum verdict_kind { V_PASS, V_NON_IP, V_FRAGMENT, V_PARSE_ERROR, V_MARTIAN };
 
 static __always_inline int pass(struct prog_counters *ps, enum verdict_kind kind)
 {
@@ -314,11 +316,27 @@ static __always_inline int pass(struct prog_counters *ps, enum verdict_kind kind
 		case V_PARSE_ERROR:
 			ps->parse_errors++;
 			break;
+		case V_MARTIAN:
+			ps->martian_sources++;
+			break;
 		default:
 			break;
 		}
 	}
 	return XDP_PASS;
+}
+
+// martian_source: a source the kernel drops on input whatever its
+// rp_filter says (ip_route_input_slow): a group or the limited broadcast
+// address, 0.0.0.0 (to an address other than the limited broadcast one,
+// which the kernel takes: a DHCP client's), or loopback's 127.0.0.0/8
+// (which route_localnet lets in: the kernel applies that itself).
+// Steered, the stack would deliver what the kernel drops.
+static __always_inline int martian_source(__be32 saddr)
+{
+	__u32 s = bpf_ntohl(saddr);
+
+	return (s & 0xf0000000) == 0xe0000000 || s == 0xffffffff || s == 0 || (s >> 24) == 127;
 }
 
 static __always_inline struct rule_value *lookup(struct flow_key *k, __be32 saddr, __be16 sport)
@@ -396,6 +414,8 @@ int vmaxdp_steer(struct xdp_md *ctx)
 	struct rule_value *rv = lookup(&k, ip->saddr, l4->source);
 	if (!rv || (rv->flags & RULE_KERNEL))
 		return pass(ps, V_PASS);
+	if (martian_source(ip->saddr))
+		return pass(ps, V_MARTIAN);
 
 	__u32 id = rv->rule_id;
 	struct rule_counters *rs = bpf_map_lookup_elem(&rule_stats, &id);

@@ -24,12 +24,13 @@ type SteerFlowKey struct {
 }
 
 type SteerProgCounters struct {
-	_           structs.HostLayout
-	Passed      uint64
-	Redirected  uint64
-	NonIp       uint64
-	Fragments   uint64
-	ParseErrors uint64
+	_              structs.HostLayout
+	Passed         uint64
+	Redirected     uint64
+	NonIp          uint64
+	Fragments      uint64
+	ParseErrors    uint64
+	MartianSources uint64
 }
 
 type SteerRuleCounters struct {

@@ -634,6 +634,81 @@ func TestMalformedFramesCounted(t *testing.T) {
 	}
 }
 
+// TestMartianSources: a datagram from a source the kernel drops on input
+// whatever rp_filter says (a group, 0.0.0.0, 127.0.0.0/8) is not
+// steered: the program passes it to the kernel, which drops it, and
+// counts it (martian_sources). Before, the stack delivered it. One from
+// 0.1.2.3 is no martian since Linux 5.3, and is delivered.
+func TestMartianSources(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	var fd int
+	err := bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Port: 9710})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	c, err := st.Adopt(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	var dstMAC header.MAC
+	bed.Do(testbed.B, func() error {
+		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
+		if err == nil {
+			dstMAC = header.MAC(ifi.HardwareAddr)
+		}
+		return err
+	})
+	frame := func(src, payload string) []byte {
+		f := make([]byte, header.UDPHeadersLen+len(payload))
+		copy(f[header.UDPHeadersLen:], payload)
+		return f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC, Src: netip.MustParseAddrPort(src),
+			Dst: netip.AddrPortFrom(bed.Addr(testbed.B), 9710), TTL: 64}, len(payload))]
+	}
+	martians := []string{"127.0.0.1:5555", "224.1.2.3:5555", "0.0.0.0:5555"}
+	var frames [][]byte
+	for _, src := range martians {
+		frames = append(frames, frame(src, "martian"))
+	}
+	frames = append(frames, frame("0.1.2.3:5555", "zeronet!"), frame(bed.Addr(testbed.A).String()+":5555", "payload!"))
+	err = bed.Do(testbed.A, func() error {
+		raw, err := rawSocket(bed.Link(testbed.A), 0)
+		if err != nil {
+			return err
+		}
+		defer raw.Close()
+		for _, f := range frames {
+			if _, err := raw.Write(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	for _, want := range []string{"zeronet!", "payload!"} {
+		if n, from, err := c.ReadFromUDPAddrPort(buf); err != nil || string(buf[:n]) != want {
+			t.Fatalf("datagram %q from %v, %v; want %q, the martians' never", buf[:n], from, err, want)
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, from, err := c.ReadFromUDPAddrPort(buf); err == nil {
+		t.Errorf("a datagram %q from %v came after", buf[:n], from)
+	}
+	if pc, _ := st.Program().Counters(); pc.MartianSources != uint64(len(martians)) {
+		t.Errorf("martian_sources %d, want %d", pc.MartianSources, len(martians))
+	}
+}
+
 // TestNonblockOSRatio: a nonblocking receive that finds nothing reads the
 // kernel socket once every RxPollOSRatio calls (100), as VMA's
 // RX_UDP_POLL_OS_RATIO does. Before, auto polling (RxPoll 0) read it at

@@ -347,7 +347,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		} else {
 			c := &p.Counters
 			line(w, "Redirected"+per, "%d", c.Redirected)
-			line(w, "Passed"+per, "%d (non-IP %d, fragments %d, parse errors %d)", c.Passed, c.NonIP, c.Fragments, c.ParseErrors)
+			line(w, "Passed"+per, "%d (non-IP %d, fragments %d, parse errors %d, martian sources %d)", c.Passed, c.NonIP, c.Fragments, c.ParseErrors, c.MartianSources)
 		}
 		line(w, "Stack rx frames"+per, "%d", p.Stack.RxFrames)
 		line(w, "No socket", "%d", p.Stack.RxNoSocket)

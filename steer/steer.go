@@ -220,6 +220,9 @@ type ProgCounters struct {
 	NonIP       uint64 `json:"non_ip"`
 	Fragments   uint64 `json:"fragments"`
 	ParseErrors uint64 `json:"parse_errors"`
+	// MartianSources: a rule's packets from a source the kernel drops on
+	// input (a group, 0.0.0.0, 127.0.0.0/8), passed to it to drop.
+	MartianSources uint64 `json:"martian_sources"`
 }
 
 // Program is the steering program attached to one interface.
@@ -1150,6 +1153,7 @@ func ReadProgCounters(m *ebpf.Map) (ProgCounters, error) {
 		c.NonIP += v.NonIp
 		c.Fragments += v.Fragments
 		c.ParseErrors += v.ParseErrors
+		c.MartianSources += v.MartianSources
 	}
 	return c, nil
 }

@@ -405,7 +405,7 @@ func vmaxdp(now uint64, nss []Namespace, names map[[2]uint32]string) ([]tracefil
 			continue
 		}
 		out = append(out, tracefile.Counters{Time: now, Source: "vmaxdp", Netns: netns, Device: linkName(nss, names, netns, ifindex), Values: map[string]uint64{
-			"passed": c.Passed, "redirected": c.Redirected, "non_ip": c.NonIP, "fragments": c.Fragments, "parse_errors": c.ParseErrors,
+			"passed": c.Passed, "redirected": c.Redirected, "non_ip": c.NonIP, "fragments": c.Fragments, "parse_errors": c.ParseErrors, "martian_sources": c.MartianSources,
 		}})
 	}
 	return out, errors.Join(errs...)
