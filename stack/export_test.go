@@ -89,3 +89,6 @@ func ShrinkMSS(st *Stack) { st.shrinkMSS() }
 // StopArrivalStamps has st's steering program stop writing arrival
 // stamps, as a driver without XDP metadata room never writes them.
 func StopArrivalStamps(st *Stack) error { return st.prog.StampArrivals(false) }
+
+// RPMode is the rp_filter the watcher last read.
+func RPMode(st *Stack) int32 { return st.rpMode.Load() }

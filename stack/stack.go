@@ -158,6 +158,12 @@ type Counters struct {
 	// TX checksum offload on. On a link with a bus they are dropped as
 	// bad_udp_checksum or bad_tcp_checksum.
 	RxPartialChecksum atomic.Uint64
+	// RxSourceRejected counts datagrams and TCP segments dropped for a
+	// source the kernel would have refused on input (source.go), and
+	// RxSourceUnchecked those from a new source past the checks a second
+	// allows.
+	RxSourceRejected  atomic.Uint64
+	RxSourceUnchecked atomic.Uint64
 }
 
 // Zero sets every counter to zero (vmaxdp stats -z).
@@ -170,6 +176,8 @@ func (c *Counters) Zero() {
 	c.NeighUnresolved.Store(0)
 	c.RxProgressFrames.Store(0)
 	c.RxPartialChecksum.Store(0)
+	c.RxSourceRejected.Store(0)
+	c.RxSourceUnchecked.Store(0)
 }
 
 // queue is one backend queue.
@@ -283,12 +291,23 @@ type Stack struct {
 	watchStop  int           // eventfd that ends the watcher
 	watchDone  chan struct{} // nil: no watcher
 	ctlFD      int           // AF_INET socket for ethtool ioctls (-1: none)
-	nlFD       int           // NETLINK_ROUTE socket for the stack's queries (rtnl.go; -1: none)
-	nlMu       sync.Mutex    // one query at a time on nlFD
-	nlSeq      uint32        // the last query's sequence number
-	nlBuf      []byte
-	diag       *diag // lists the kernel sockets on a port (nil: none)
-	shareKick  int   // eventfd: look for shared ports now (-1: none)
+	// rp and rpMode are the interface's rp_filter and its value as the
+	// watcher last read it; sources are the verdicts of the kernel's
+	// source check since sourcesSince, under rxMu, with the checks left
+	// in checkSecond (source.go).
+	rp            rpFilter
+	rpMode        atomic.Int32
+	sources       map[[4]byte]bool
+	sourcesSince  time.Time
+	checkSecond   int64
+	checksLeft    int
+	sourceErrTold atomic.Bool
+	nlFD          int        // NETLINK_ROUTE socket for the stack's queries (rtnl.go; -1: none)
+	nlMu          sync.Mutex // one query at a time on nlFD
+	nlSeq         uint32     // the last query's sequence number
+	nlBuf         []byte
+	diag          *diag // lists the kernel sockets on a port (nil: none)
+	shareKick     int   // eventfd: look for shared ports now (-1: none)
 
 	// mcMembers: the groups the interface is a member of in the stack's
 	// namespace, sorted; nil when the kernel does not say (mcmember.go).
@@ -426,7 +445,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, nlFD: -1, shareKick: -1, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
+	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, nlFD: -1, shareKick: -1, rp: rpFilter{fds: [2]int{-1, -1}}, sources: map[[4]byte]bool{}, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
 		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]ruleUse{}, copyQ: &queue{idx: -1}}
 	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
 	st.kickTimer.Stop()
@@ -498,6 +517,11 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, err
 	}
 	st.partialCsum = virtualLink(st.ctlFD, ifname)
+	if st.rp, err = openRPFilter(ifname); err != nil {
+		return st, err
+	}
+	st.rpMode.Store(st.rp.mode())
+	st.sourcesSince = time.Now()
 	ch, err := xsk.QueueChannels(st.ctlFD, ifname, a.NumRxQueues, a.NumTxQueues)
 	if err != nil {
 		return st, err
@@ -979,10 +1003,16 @@ func (st *Stack) demuxLocked(q *queue, socks map[sockKey][]*UDPConn, b backend.B
 	var p header.Packet
 	switch r := header.ParseOn(b.Data, &p, st.partialCsum); {
 	case r == header.NotUDP && p.IP.Protocol() == header.ProtocolTCP:
-		st.deliverTCP(p.IP)
+		if st.sourceOKLocked(p.IP) {
+			st.deliverTCP(p.IP)
+		}
 		st.releaseLocked(q, b)
 		return
 	case !st.checked(r):
+		st.releaseLocked(q, b)
+		return
+	}
+	if !st.sourceOKLocked(p.IP) {
 		st.releaseLocked(q, b)
 		return
 	}
@@ -1254,6 +1284,7 @@ func (st *Stack) Close() error {
 		highfd.Close(st.ctlFD)
 		st.ctlFD = -1
 	}
+	st.rp.close()
 	st.nlMu.Lock() // a late query must not write to a number reused since
 	if st.nlFD >= 0 {
 		highfd.Close(st.nlFD)

@@ -657,42 +657,13 @@ func TestMartianSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	var dstMAC header.MAC
-	bed.Do(testbed.B, func() error {
-		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
-		if err == nil {
-			dstMAC = header.MAC(ifi.HardwareAddr)
-		}
-		return err
-	})
-	frame := func(src, payload string) []byte {
-		f := make([]byte, header.UDPHeadersLen+len(payload))
-		copy(f[header.UDPHeadersLen:], payload)
-		return f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC, Src: netip.MustParseAddrPort(src),
-			Dst: netip.AddrPortFrom(bed.Addr(testbed.B), 9710), TTL: 64}, len(payload))]
-	}
 	martians := []string{"127.0.0.1:5555", "224.1.2.3:5555", "0.0.0.0:5555"}
-	var frames [][]byte
+	var sends []rawSend
 	for _, src := range martians {
-		frames = append(frames, frame(src, "martian"))
+		sends = append(sends, rawSend{src, "martian"})
 	}
-	frames = append(frames, frame("0.1.2.3:5555", "zeronet!"), frame(bed.Addr(testbed.A).String()+":5555", "payload!"))
-	err = bed.Do(testbed.A, func() error {
-		raw, err := rawSocket(bed.Link(testbed.A), 0)
-		if err != nil {
-			return err
-		}
-		defer raw.Close()
-		for _, f := range frames {
-			if _, err := raw.Write(f); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sends = append(sends, rawSend{"0.1.2.3:5555", "zeronet!"}, rawSend{bed.Addr(testbed.A).String() + ":5555", "payload!"})
+	sendRawUDP(t, bed, 9710, sends...)
 	buf := make([]byte, 64)
 	c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	for _, want := range []string{"zeronet!", "payload!"} {
@@ -706,6 +677,118 @@ func TestMartianSources(t *testing.T) {
 	}
 	if pc, _ := st.Program().Counters(); pc.MartianSources != uint64(len(martians)) {
 		t.Errorf("martian_sources %d, want %d", pc.MartianSources, len(martians))
+	}
+}
+
+// rawSend is a datagram sendRawUDP sends: its source and payload.
+type rawSend struct{ src, payload string }
+
+// sendRawUDP sends each datagram from side A's link, as a frame built
+// whole (any source), to port on side B's address.
+func sendRawUDP(t *testing.T, bed *testbed.Bed, port int, sends ...rawSend) {
+	t.Helper()
+	var dstMAC header.MAC
+	err := bed.Do(testbed.B, func() error {
+		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
+		if err == nil {
+			dstMAC = header.MAC(ifi.HardwareAddr)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bed.Do(testbed.A, func() error {
+		raw, err := rawSocket(bed.Link(testbed.A), 0)
+		if err != nil {
+			return err
+		}
+		defer raw.Close()
+		for _, d := range sends {
+			f := make([]byte, header.UDPHeadersLen+len(d.payload))
+			copy(f[header.UDPHeadersLen:], d.payload)
+			f = f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC, Src: netip.MustParseAddrPort(d.src),
+				Dst: netip.AddrPortFrom(bed.Addr(testbed.B), uint16(port)), TTL: 64}, len(d.payload))]
+			if _, err := raw.Write(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSourceChecks: the stack drops, and counts, what the kernel would
+// refuse for its source. With rp_filter 1 (strict) on side B, a source
+// the kernel would not route back through the interface (198.18.9.9) and
+// one of side B's own addresses are refused, while side A's comes
+// through; with rp_filter back at 0 (the watcher reads it every
+// second), 198.18.9.9 comes through and B's own address is still
+// refused. Before, the stack delivered them all.
+func TestSourceChecks(t *testing.T) {
+	bed := testutil.Bed(t, &testbed.Options{Plain: true})
+	setRP := func(v string) {
+		t.Helper()
+		err := bed.Do(testbed.B, func() error {
+			for _, k := range []string{"all", bed.Link(testbed.B)} {
+				if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+k+"/rp_filter", []byte(v), 0); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRP("1")
+	_, st := stackOn(t, bed, nil)
+	var fd int
+	err := bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Port: 9720})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	c, err := st.Adopt(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	own := bed.Addr(testbed.B).String() + ":5555"
+	read := func(want string) {
+		t.Helper()
+		buf := make([]byte, 64)
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if n, from, err := c.ReadFromUDPAddrPort(buf); err != nil || string(buf[:n]) != want {
+			t.Fatalf("datagram %q from %v, %v; want %q", buf[:n], from, err, want)
+		}
+	}
+	sendRawUDP(t, bed, 9720, rawSend{"198.18.9.9:5555", "spoofed"}, rawSend{"198.18.9.9:5555", "spoofed"}, rawSend{own, "own"},
+		rawSend{bed.Addr(testbed.A).String() + ":5555", "side A"})
+	read("side A")
+	if n := st.Counters.RxSourceRejected.Load(); n != 3 {
+		t.Errorf("rp_filter 1: %d sources rejected, want 3", n)
+	}
+	setRP("0")
+	for deadline := time.Now().Add(5 * time.Second); stack.RPMode(st) != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watcher did not read rp_filter 0 within 5 s")
+		}
+	}
+	sendRawUDP(t, bed, 9720, rawSend{own, "own"}, rawSend{"198.18.9.9:5555", "spoofed"})
+	read("spoofed")
+	if n := st.Counters.RxSourceRejected.Load(); n != 4 {
+		t.Errorf("rp_filter 0: %d sources rejected in all, want 4", n)
+	}
+	if n := st.Counters.RxSourceUnchecked.Load(); n != 0 {
+		t.Errorf("%d sources unchecked, want 0", n)
 	}
 }
 

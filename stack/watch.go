@@ -91,7 +91,8 @@ func (st *Stack) stopWatch() {
 // error); a new MTU bounds what the stack sends itself; an address change
 // forgets the next hops (their source addresses); more RX queues get an
 // AF_XDP socket each; a deleted interface leaves every socket to its
-// kernel socket for good. Each change is logged once.
+// kernel socket for good. Each change is logged once. Every watchEvery it
+// reads the interface's rp_filter too (source.go).
 func (st *Stack) watch(fd int, last linkState) {
 	defer close(st.watchDone)
 	defer highfd.Close(fd)
@@ -127,6 +128,7 @@ func (st *Stack) watch(fd int, last linkState) {
 				continue
 			}
 			channelsRead = time.Now()
+			st.followRPFilter(channelsRead)
 			if ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, last.rx, last.rx); err == nil && ch.Rx != last.rx && len(st.opts.Queues) == 0 {
 				st.followChannels(ch.Rx, last.rx)
 				last.rx = ch.Rx

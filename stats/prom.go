@@ -125,6 +125,8 @@ func MetricFamilies(snaps []*Snapshot) []*dto.MetricFamily {
 			f.add("vmaxdp_program_neigh_unresolved_total", "Sends whose next hop did not resolve.", dto.MetricType_COUNTER, float64(p.Stack.NeighUnresolved), l...)
 			f.add("vmaxdp_program_rx_progress_frames_total", "Frames the progress engine drained while no receive polled.", dto.MetricType_COUNTER, float64(p.Stack.RxProgressFrames), l...)
 			f.add("vmaxdp_program_rx_partial_checksum_total", "Datagrams delivered with a partial UDP checksum (from this host's kernel, TX checksum offload on).", dto.MetricType_COUNTER, float64(p.Stack.RxPartialChecksum), l...)
+			f.add("vmaxdp_program_rx_source_rejected_total", "Datagrams and TCP segments dropped for a source the kernel would refuse (rp_filter, its own address).", dto.MetricType_COUNTER, float64(p.Stack.RxSourceRejected), l...)
+			f.add("vmaxdp_program_rx_source_unchecked_total", "Datagrams and TCP segments from a new source dropped past the source checks a second allows.", dto.MetricType_COUNTER, float64(p.Stack.RxSourceUnchecked), l...)
 			for _, d := range p.Stack.RxDropped {
 				f.add("vmaxdp_program_rx_dropped_total", "Frames the stack's parser dropped, by reason.", dto.MetricType_COUNTER, float64(d.Packets), append(l, "reason", d.Reason)...)
 			}

@@ -285,6 +285,12 @@ type StackCounters struct {
 	// RxPartialChecksum: datagrams delivered with a partial UDP checksum
 	// (from this host's kernel over a veth with TX checksum offload on).
 	RxPartialChecksum uint64 `json:"rx_partial_checksum"`
+	// RxSourceRejected: datagrams and TCP segments dropped for a source
+	// the kernel would refuse (its own address; with rp_filter on, what
+	// its reverse-path check refuses); RxSourceUnchecked: those from a new
+	// source past the checks a second allows.
+	RxSourceRejected  uint64 `json:"rx_source_rejected"`
+	RxSourceUnchecked uint64 `json:"rx_source_unchecked"`
 	// RxDropped counts the frames the parser dropped, by reason
 	// (header.Result names).
 	RxDropped []Drop `json:"rx_dropped"`

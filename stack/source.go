@@ -1,0 +1,180 @@
+package stack
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/stack/header"
+)
+
+// The source checks the kernel makes on input, which the steering program
+// comes before. The kernel drops a packet from one of its own addresses,
+// and, with the interface's reverse-path filter on (rp_filter 1, strict,
+// or 2, loose: the greater of net.ipv4.conf.all's and the interface's), one
+// whose source it would not route back as the mode asks
+// (TcpExtIPReversePathFilter). Martian sources are the program's
+// (martian_sources). The stack drops and counts (RxSourceRejected) what
+// the kernel would drop: with rp_filter off, a source that is an address of
+// the interface; on, whatever the kernel's own check refuses, asked once
+// for each new source with an input route lookup (RTM_GETROUTE with
+// RTA_IIF, which runs fib_validate_source) and kept for sourceTTL, as
+// routes change.
+
+const (
+	sourceTTL = 10 * time.Second
+	sourceMax = 1 << 16 // verdicts kept; all are forgotten when full
+	// sourceChecksPerSecond bounds the lookups: past it, a new source is
+	// dropped and counted (RxSourceUnchecked), so that a flood from
+	// random spoofed sources costs a lookup each only so often.
+	sourceChecksPerSecond = 2000
+)
+
+// rpFilter is the source check in force, read by the watcher.
+type rpFilter struct {
+	fds [2]int // net.ipv4.conf.all.rp_filter and the interface's, opened in its namespace
+}
+
+// openRPFilter opens the interface's rp_filter files in the calling
+// thread's namespace (the stack's), at high fds: a file of /proc/sys/net
+// is the namespace's it was opened in, and the watcher reads it again
+// from any thread without taking a low fd from the application.
+func openRPFilter(ifname string) (rpFilter, error) {
+	f := rpFilter{fds: [2]int{-1, -1}}
+	for i, name := range []string{"all", ifname} {
+		fd, err := unix.Open("/proc/sys/net/ipv4/conf/"+name+"/rp_filter", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			f.close()
+			return f, fmt.Errorf("net.ipv4.conf.%s.rp_filter: %w", name, err)
+		}
+		f.fds[i] = highfd.Move(fd)
+	}
+	return f, nil
+}
+
+func (f *rpFilter) close() {
+	for i, fd := range f.fds {
+		if fd >= 0 {
+			highfd.Close(fd)
+			f.fds[i] = -1
+		}
+	}
+}
+
+// mode is the greater of the two settings, as the kernel's
+// IN_DEV_RPFILTER takes it; 0 when they cannot be read.
+func (f *rpFilter) mode() int32 {
+	var m int32
+	var b [16]byte
+	for _, fd := range f.fds {
+		if fd < 0 {
+			continue
+		}
+		n, err := unix.Pread(fd, b[:], 0)
+		if err != nil || n == 0 {
+			continue
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+		if err == nil && int32(v) > m {
+			m = int32(v)
+		}
+	}
+	return m
+}
+
+// followRPFilter reads the interface's rp_filter again; a change, or
+// sourceTTL since the verdicts were last forgotten, forgets them.
+func (st *Stack) followRPFilter(now time.Time) {
+	m := st.rp.mode()
+	old := st.rpMode.Swap(m)
+	if m != old {
+		slog.Info(fmt.Sprintf("stack %s: rp_filter %d (was %d): %s", st.ifname, m, old, rpFilterSays(m)))
+	}
+	st.rxMu.Lock()
+	if m != old || now.Sub(st.sourcesSince) >= sourceTTL {
+		clear(st.sources)
+		st.sourcesSince = now
+	}
+	st.rxMu.Unlock()
+}
+
+func rpFilterSays(m int32) string {
+	if m == 0 {
+		return "sources are not checked but for the interface's own addresses"
+	}
+	return "each new source is checked as the kernel checks it"
+}
+
+// sourceOKLocked says whether the kernel would take a packet with IPv4
+// header ip on the stack's interface, as far as its source goes, and
+// counts it when not. Caller holds rxMu.
+func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
+	if st.rpMode.Load() == 0 {
+		if p := st.addrs.Load(); p != nil && slices.Contains(*p, ip.Src()) {
+			st.Counters.RxSourceRejected.Add(1)
+			return false
+		}
+		return true
+	}
+	k := [4]byte(ip[12:16])
+	ok, known := st.sources[k]
+	if !known {
+		now := time.Now().Unix()
+		if now != st.checkSecond {
+			st.checkSecond, st.checksLeft = now, sourceChecksPerSecond
+		}
+		if st.checksLeft == 0 {
+			st.Counters.RxSourceUnchecked.Add(1)
+			return false
+		}
+		st.checksLeft--
+		var err error
+		if ok, err = st.sourceValid(ip.Src(), ip.Dst()); err != nil {
+			if !st.sourceErrTold.Swap(true) {
+				slog.Warn(fmt.Sprintf("stack %s: the kernel's check of source %v failed: %v; sources it cannot check are taken", st.ifname, ip.Src(), err))
+			}
+			ok = true // for sourceTTL: not asked again for each packet
+		}
+		if len(st.sources) >= sourceMax {
+			clear(st.sources)
+		}
+		st.sources[k] = ok
+	}
+	if !ok {
+		st.Counters.RxSourceRejected.Add(1)
+	}
+	return ok
+}
+
+// sourceValid asks the kernel whether it would take a packet from src to
+// dst arriving on the stack's interface: its input route lookup, which
+// checks the source (fib_validate_source: EXDEV for the reverse-path
+// filter, EINVAL for a martian or local one). Another error is returned.
+func (st *Stack) sourceValid(src, dst netip.Addr) (bool, error) {
+	req := rtMessage(unix.RTM_GETROUTE, 0, unix.SizeofRtMsg)
+	rt := req[unix.SizeofNlMsghdr:]
+	rt[0], rt[1], rt[2] = unix.AF_INET, 32, 32 // family, dst_len, src_len
+	d, s := dst.As4(), src.As4()
+	req = rtAttr(req, unix.RTA_DST, d[:])
+	req = rtAttr(req, unix.RTA_SRC, s[:])
+	var iif [4]byte
+	binary.NativeEndian.PutUint32(iif[:], uint32(st.ifindex))
+	req = rtAttr(req, unix.RTA_IIF, iif[:])
+	_, err := st.rtDo(req)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EINVAL):
+		return false, nil
+	}
+	return false, err
+}
