@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"net"
@@ -518,7 +519,9 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	st.partialCsum = virtualLink(st.ctlFD, ifname)
 	if st.rp, err = openRPFilter(ifname); err != nil {
-		return st, err
+		// Not a reason to leave the interface to the kernel: its sources
+		// go unchecked, as before the checks, and the log says so.
+		slog.Warn(fmt.Sprintf("stack %s: sources are not checked as the kernel checks them (rp_filter): %v", ifname, err))
 	}
 	st.rpMode.Store(st.rp.mode())
 	st.sourcesSince = time.Now()
