@@ -641,22 +641,7 @@ func TestMalformedFramesCounted(t *testing.T) {
 // 0.1.2.3 is no martian since Linux 5.3, and is delivered.
 func TestMartianSources(t *testing.T) {
 	bed, st := bedStack(t, nil)
-	var fd int
-	err := bed.Do(testbed.B, func() (err error) {
-		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrInet4{Port: 9710})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	c, err := st.Adopt(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	_, c := adoptOnB(t, bed, st, 9710)
 	martians := []string{"127.0.0.1:5555", "224.1.2.3:5555", "0.0.0.0:5555"}
 	var sends []rawSend
 	for _, src := range martians {
@@ -678,6 +663,29 @@ func TestMartianSources(t *testing.T) {
 	if pc, _ := st.Program().Counters(); pc.MartianSources != uint64(len(martians)) {
 		t.Errorf("martian_sources %d, want %d", pc.MartianSources, len(martians))
 	}
+}
+
+// adoptOnB binds a kernel UDP socket to 0.0.0.0:port in side B and serves
+// it with st, until the test ends.
+func adoptOnB(t *testing.T, bed *testbed.Bed, st *stack.Stack, port int) (int, *stack.UDPConn) {
+	t.Helper()
+	var fd int
+	err := bed.Do(testbed.B, func() (err error) {
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Port: port})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	c, err := st.Adopt(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return fd, c
 }
 
 // rawSend is a datagram sendRawUDP sends: its source and payload.
@@ -745,22 +753,7 @@ func TestSourceChecks(t *testing.T) {
 	}
 	setRP("1")
 	_, st := stackOn(t, bed, nil)
-	var fd int
-	err := bed.Do(testbed.B, func() (err error) {
-		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrInet4{Port: 9720})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	c, err := st.Adopt(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	_, c := adoptOnB(t, bed, st, 9720)
 	own := bed.Addr(testbed.B).String() + ":5555"
 	read := func(want string) {
 		t.Helper()
@@ -1202,22 +1195,7 @@ func TestUDPReinject(t *testing.T) {
 	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, nil)
 	const port = 9320
 	group := netip.MustParseAddr("224.1.2.5")
-	var fd int
-	err := bed.Do(testbed.B, func() (err error) {
-		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-			return err
-		}
-		return unix.Bind(fd, &unix.SockaddrInet4{Port: port})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	c, err := st.Adopt(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	fd, c := adoptOnB(t, bed, st, port)
 	if err := c.JoinGroup(group); err != nil {
 		t.Fatal(err)
 	}

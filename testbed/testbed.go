@@ -270,17 +270,28 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// addRoute adds r in side s's namespace, through s's link.
-func (b *Bed) addRoute(s Side, r *netlink.Route) error {
+// handle opens a netlink handle in side s's namespace (the caller closes
+// it) and finds s's link there.
+func (b *Bed) handle(s Side) (*netlink.Handle, netlink.Link, error) {
 	h, err := netlink.NewHandleAt(b.ns[s])
 	if err != nil {
-		return fmt.Errorf("netlink in %s: %w", b.NSName(s), err)
+		return nil, nil, fmt.Errorf("netlink in %s: %w", b.NSName(s), err)
 	}
-	defer h.Close()
 	l, err := netnsutil.LinkByName(h, b.Link(s))
 	if err != nil {
-		return fmt.Errorf("%s in %s: %w", b.Link(s), b.NSName(s), err)
+		h.Close()
+		return nil, nil, fmt.Errorf("%s in %s: %w", b.Link(s), b.NSName(s), err)
 	}
+	return h, l, nil
+}
+
+// addRoute adds r in side s's namespace, through s's link.
+func (b *Bed) addRoute(s Side, r *netlink.Route) error {
+	h, l, err := b.handle(s)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
 	r.LinkIndex = l.Attrs().Index
 	if err := h.RouteAdd(r); err != nil {
 		return fmt.Errorf("route %s on %s in %s: %w", r.Dst, b.Link(s), b.NSName(s), err)
@@ -299,15 +310,11 @@ func (b *Bed) readQueues() error {
 }
 
 func (b *Bed) configure(s Side) error {
-	h, err := netlink.NewHandleAt(b.ns[s])
+	h, l, err := b.handle(s)
 	if err != nil {
-		return fmt.Errorf("netlink in %s: %w", b.NSName(s), err)
+		return err
 	}
 	defer h.Close()
-	l, err := netnsutil.LinkByName(h, b.Link(s))
-	if err != nil {
-		return fmt.Errorf("%s in %s: %w", b.Link(s), b.NSName(s), err)
-	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: b.Addr(s).AsSlice(), Mask: net.CIDRMask(Prefix.Bits(), 32)}}
 	if err := h.AddrAdd(l, addr); err != nil {
 		return fmt.Errorf("address %s on %s: %w", addr, b.Link(s), err)
