@@ -195,14 +195,7 @@ func TestPartialChecksum(t *testing.T) {
 		t.Errorf("bad_udp_checksum %d, want 0", got)
 	}
 	// A frame whose checksum is neither right nor partial is dropped.
-	var dstMAC header.MAC
-	bed.Do(testbed.B, func() error {
-		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
-		if err == nil {
-			dstMAC = header.MAC(ifi.HardwareAddr)
-		}
-		return err
-	})
+	dstMAC := linkMAC(t, bed, testbed.B)
 	f := make([]byte, header.UDPHeadersLen+8)
 	copy(f[header.UDPHeadersLen:], "corrupt!")
 	f = f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC, Src: netip.MustParseAddrPort("198.18.0.1:5555"),

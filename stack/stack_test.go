@@ -575,14 +575,7 @@ func TestMalformedFramesCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dstMAC header.MAC
-	bed.Do(testbed.B, func() error {
-		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
-		if err == nil {
-			dstMAC = header.MAC(ifi.HardwareAddr)
-		}
-		return err
-	})
+	dstMAC := linkMAC(t, bed, testbed.B)
 	good := func() []byte {
 		f := make([]byte, header.UDPHeadersLen+8)
 		copy(f[header.UDPHeadersLen:], "payload!")
@@ -596,23 +589,7 @@ func TestMalformedFramesCounted(t *testing.T) {
 	badIHL := good()
 	badIHL[14] = 0x44
 	truncated := good()[:14+20+4]
-	frames := [][]byte{badUDP, badIP, badIHL, truncated, good()}
-	err = bed.Do(testbed.A, func() error {
-		fd, err := rawSocket(bed.Link(testbed.A), 0)
-		if err != nil {
-			return err
-		}
-		defer fd.Close()
-		for _, f := range frames {
-			if _, err := fd.Write(f); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeFrames(t, bed, badUDP, badIP, badIHL, truncated, good())
 	c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	buf := make([]byte, 64)
 	n, _, err := c.ReadFromUDPAddrPort(buf)
@@ -695,28 +672,44 @@ type rawSend struct{ src, payload string }
 // whole (any source), to port on side B's address.
 func sendRawUDP(t *testing.T, bed *testbed.Bed, port int, sends ...rawSend) {
 	t.Helper()
-	var dstMAC header.MAC
-	err := bed.Do(testbed.B, func() error {
-		ifi, err := net.InterfaceByName(bed.Link(testbed.B))
+	dstMAC := linkMAC(t, bed, testbed.B)
+	var frames [][]byte
+	for _, d := range sends {
+		f := make([]byte, header.UDPHeadersLen+len(d.payload))
+		copy(f[header.UDPHeadersLen:], d.payload)
+		frames = append(frames, f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC, Src: netip.MustParseAddrPort(d.src),
+			Dst: netip.AddrPortFrom(bed.Addr(testbed.B), uint16(port)), TTL: 64}, len(d.payload))])
+	}
+	writeFrames(t, bed, frames...)
+}
+
+// linkMAC is the hardware address of side s's link.
+func linkMAC(t *testing.T, bed *testbed.Bed, s testbed.Side) header.MAC {
+	t.Helper()
+	var mac header.MAC
+	err := bed.Do(s, func() error {
+		ifi, err := net.InterfaceByName(bed.Link(s))
 		if err == nil {
-			dstMAC = header.MAC(ifi.HardwareAddr)
+			mac = header.MAC(ifi.HardwareAddr)
 		}
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = bed.Do(testbed.A, func() error {
+	return mac
+}
+
+// writeFrames writes each frame whole onto side A's link.
+func writeFrames(t *testing.T, bed *testbed.Bed, frames ...[]byte) {
+	t.Helper()
+	err := bed.Do(testbed.A, func() error {
 		raw, err := rawSocket(bed.Link(testbed.A), 0)
 		if err != nil {
 			return err
 		}
 		defer raw.Close()
-		for _, d := range sends {
-			f := make([]byte, header.UDPHeadersLen+len(d.payload))
-			copy(f[header.UDPHeadersLen:], d.payload)
-			f = f[:header.BuildUDP(f, &header.UDPFields{DstMAC: dstMAC, Src: netip.MustParseAddrPort(d.src),
-				Dst: netip.AddrPortFrom(bed.Addr(testbed.B), uint16(port)), TTL: 64}, len(d.payload))]
+		for _, f := range frames {
 			if _, err := raw.Write(f); err != nil {
 				return err
 			}

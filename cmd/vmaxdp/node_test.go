@@ -81,17 +81,14 @@ func TestRunNode(t *testing.T) {
 	t.Run("client", func(t *testing.T) {
 		port++
 		const count = 1000
-		srv := listenA(t, b, port)
-		go func() {
-			buf := make([]byte, 2048)
-			for {
-				n, from, err := srv.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					return
-				}
-				srv.WriteToUDPAddrPort(buf[:n], from)
-			}
-		}()
+		var stop func()
+		if err := b.Do(testbed.A, func() (err error) {
+			stop, err = kernelEcho("udp", netip.AddrPortFrom(b.Addr(testbed.A), uint16(port)))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
 		before := testutil.UDPStat(t, b, testbed.B, "InDatagrams")
 		p := startArgv(t, b, nil, vmaxdp, "run", "--", "node", script, "client", b.Addr(testbed.A).String(), strconv.Itoa(port), strconv.Itoa(count))
 		if err := p.exited(); err != nil {
