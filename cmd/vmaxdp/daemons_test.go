@@ -359,8 +359,12 @@ func wantQueuedServed(t *testing.T, b *testbed.Bed, p *cProgram, start string, p
 	if err := os.WriteFile(start, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.waitFor("ready"); err != nil {
-		t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+	// A forked worker may say "ready" before its parent has handed the
+	// socket back: the rest is sent once the log says it has.
+	for _, line := range []string{"ready", "datagrams it had queued are handed to its kernel socket"} {
+		if err := p.waitFor(line); err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
 	}
 	if count > queued {
 		if err := testutil.SendUDP(b, port, count-queued, 64); err != nil {
