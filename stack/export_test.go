@@ -92,3 +92,9 @@ func StopArrivalStamps(st *Stack) error { return st.prog.StampArrivals(false) }
 
 // RPMode is the rp_filter the watcher last read.
 func RPMode(st *Stack) int32 { return st.rpMode.Load() }
+
+// AcceptLocal is the accept_local the watcher last read.
+func AcceptLocal(st *Stack) bool { return st.acceptLocal.Load() }
+
+// LocalAddrCount is how many addresses of its namespace the stack knows.
+func LocalAddrCount(st *Stack) int { return len(*st.localAddrs.Load()) }

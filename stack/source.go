@@ -25,8 +25,9 @@ import (
 // (TcpExtIPReversePathFilter). Martian sources are the program's
 // (martian_sources). The stack drops and counts (RxSourceRejected) what
 // the kernel would drop: with rp_filter off, a source that is an address of
-// the interface; on, whatever the kernel's own check refuses, asked once
-// for each new source with an input route lookup (RTM_GETROUTE with
+// any interface of the namespace, unless accept_local is on (in all or
+// the interface's); on, whatever the kernel's own check refuses, asked
+// once for each new source with an input route lookup (RTM_GETROUTE with
 // RTA_IIF, which runs fib_validate_source) and kept for sourceTTL, as
 // routes change.
 
@@ -39,43 +40,57 @@ const (
 	sourceChecksPerSecond = 2000
 )
 
-// rpFilter is the source check in force, read by the watcher.
-type rpFilter struct {
-	fds [2]int // net.ipv4.conf.all.rp_filter and the interface's, opened in its namespace
+// sourceConf is what the kernel's source check reads of the interface's
+// settings: rp_filter and accept_local, each of net.ipv4.conf.all and of
+// the interface, as files opened in its namespace.
+type sourceConf struct {
+	rpFilter, acceptLocal [2]int
 }
 
-// openRPFilter opens the interface's rp_filter files in the calling
-// thread's namespace (the stack's), at high fds: a file of /proc/sys/net
-// is the namespace's it was opened in, and the watcher reads it again
-// from any thread without taking a low fd from the application.
-func openRPFilter(ifname string) (rpFilter, error) {
-	f := rpFilter{fds: [2]int{-1, -1}}
-	for i, name := range []string{"all", ifname} {
-		fd, err := unix.Open("/proc/sys/net/ipv4/conf/"+name+"/rp_filter", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			f.close()
-			return f, fmt.Errorf("net.ipv4.conf.%s.rp_filter: %w", name, err)
+// openSourceConf opens the interface's files in the calling thread's
+// namespace (the stack's), at high fds: a file of /proc/sys/net is the
+// namespace's it was opened in, and the watcher reads it again from any
+// thread without taking a low fd from the application.
+func openSourceConf(ifname string) (sourceConf, error) {
+	f := sourceConf{rpFilter: [2]int{-1, -1}, acceptLocal: [2]int{-1, -1}}
+	for _, set := range []struct {
+		fds  *[2]int
+		name string
+	}{{&f.rpFilter, "rp_filter"}, {&f.acceptLocal, "accept_local"}} {
+		for i, conf := range []string{"all", ifname} {
+			fd, err := unix.Open("/proc/sys/net/ipv4/conf/"+conf+"/"+set.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				f.close()
+				return f, fmt.Errorf("net.ipv4.conf.%s.%s: %w", conf, set.name, err)
+			}
+			set.fds[i] = highfd.Move(fd)
 		}
-		f.fds[i] = highfd.Move(fd)
 	}
 	return f, nil
 }
 
-func (f *rpFilter) close() {
-	for i, fd := range f.fds {
-		if fd >= 0 {
-			highfd.Close(fd)
-			f.fds[i] = -1
+func (f *sourceConf) close() {
+	for _, fds := range []*[2]int{&f.rpFilter, &f.acceptLocal} {
+		for i, fd := range fds {
+			if fd >= 0 {
+				highfd.Close(fd)
+				fds[i] = -1
+			}
 		}
 	}
 }
 
-// mode is the greater of the two settings, as the kernel's
+// rpMode is the greater of the two rp_filter settings, as the kernel's
 // IN_DEV_RPFILTER takes it; 0 when they cannot be read.
-func (f *rpFilter) mode() int32 {
+func (f *sourceConf) rpMode() int32 { return greatest(f.rpFilter) }
+
+// acceptsLocal is accept_local on in either (IN_DEV_ACCEPT_LOCAL).
+func (f *sourceConf) acceptsLocal() bool { return greatest(f.acceptLocal) > 0 }
+
+func greatest(fds [2]int) int32 {
 	var m int32
 	var b [16]byte
-	for _, fd := range f.fds {
+	for _, fd := range fds {
 		if fd < 0 {
 			continue
 		}
@@ -91,27 +106,45 @@ func (f *rpFilter) mode() int32 {
 	return m
 }
 
-// followRPFilter reads the interface's rp_filter again; a change, or
-// sourceTTL since the verdicts were last forgotten, forgets them.
-func (st *Stack) followRPFilter(now time.Time) {
-	m := st.rp.mode()
-	old := st.rpMode.Swap(m)
-	if m != old {
-		slog.Info(fmt.Sprintf("stack %s: rp_filter %d (was %d): %s", st.ifname, m, old, rpFilterSays(m)))
+// followSourceConf reads the interface's rp_filter and accept_local
+// again; a change, or sourceTTL since the verdicts were last forgotten,
+// forgets them.
+func (st *Stack) followSourceConf(now time.Time) {
+	m, local := st.srcConf.rpMode(), st.srcConf.acceptsLocal()
+	old, oldLocal := st.rpMode.Swap(m), st.acceptLocal.Swap(local)
+	if m != old || local != oldLocal {
+		slog.Info(fmt.Sprintf("stack %s: rp_filter %d, accept_local %v (were %d, %v): %s", st.ifname, m, local, old, oldLocal, sourceChecksSay(m, local)))
 	}
 	st.rxMu.Lock()
-	if m != old || now.Sub(st.sourcesSince) >= sourceTTL {
+	if m != old || local != oldLocal || now.Sub(st.sourcesSince) >= sourceTTL {
 		clear(st.sources)
 		st.sourcesSince = now
 	}
 	st.rxMu.Unlock()
 }
 
-func rpFilterSays(m int32) string {
-	if m == 0 {
-		return "sources are not checked but for the interface's own addresses"
+func sourceChecksSay(m int32, acceptLocal bool) string {
+	switch {
+	case m != 0:
+		return "each new source is checked as the kernel checks it"
+	case acceptLocal:
+		return "sources are not checked"
 	}
-	return "each new source is checked as the kernel checks it"
+	return "sources are not checked but for the namespace's own addresses"
+}
+
+// sortedAddrs is addrs as big-endian numbers, sorted, for a binary search
+// on the receive path.
+func sortedAddrs(addrs []netip.Addr) []uint32 {
+	v := make([]uint32, 0, len(addrs))
+	for _, a := range addrs {
+		if a.Is4() {
+			b := a.As4()
+			v = append(v, binary.BigEndian.Uint32(b[:]))
+		}
+	}
+	slices.Sort(v)
+	return slices.Compact(v)
 }
 
 // sourceOKLocked says whether the kernel would take a packet with IPv4
@@ -119,9 +152,14 @@ func rpFilterSays(m int32) string {
 // counts it when not. Caller holds rxMu.
 func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 	if st.rpMode.Load() == 0 {
-		if p := st.addrs.Load(); p != nil && slices.Contains(*p, ip.Src()) {
-			st.Counters.RxSourceRejected.Add(1)
-			return false
+		if st.acceptLocal.Load() {
+			return true
+		}
+		if p := st.localAddrs.Load(); p != nil {
+			if _, own := slices.BinarySearch(*p, binary.BigEndian.Uint32(ip[12:16])); own {
+				st.Counters.RxSourceRejected.Add(1)
+				return false
+			}
 		}
 		return true
 	}

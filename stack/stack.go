@@ -292,12 +292,15 @@ type Stack struct {
 	watchStop  int           // eventfd that ends the watcher
 	watchDone  chan struct{} // nil: no watcher
 	ctlFD      int           // AF_INET socket for ethtool ioctls (-1: none)
-	// rp and rpMode are the interface's rp_filter and its value as the
-	// watcher last read it; sources are the verdicts of the kernel's
-	// source check since sourcesSince, under rxMu, with the checks left
-	// in checkSecond (source.go).
-	rp            rpFilter
+	// srcConf is the interface's rp_filter and accept_local, rpMode and
+	// acceptLocal their values as the watcher last read them, localAddrs
+	// the namespace's IPv4 addresses (sortedAddrs); sources are the
+	// verdicts of the kernel's source check since sourcesSince, under
+	// rxMu, with the checks left in checkSecond (source.go).
+	srcConf       sourceConf
 	rpMode        atomic.Int32
+	acceptLocal   atomic.Bool
+	localAddrs    atomic.Pointer[[]uint32]
 	sources       map[[4]byte]bool
 	sourcesSince  time.Time
 	checkSecond   int64
@@ -446,7 +449,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 			return xsk.Open(ifname, q, &xq)
 		}
 	}
-	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, nlFD: -1, shareKick: -1, rp: rpFilter{fds: [2]int{-1, -1}}, sources: map[[4]byte]bool{}, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
+	st := &Stack{opts: o, ifname: ifname, ns: -1, ctlFD: -1, nlFD: -1, shareKick: -1, srcConf: sourceConf{rpFilter: [2]int{-1, -1}, acceptLocal: [2]int{-1, -1}}, sources: map[[4]byte]bool{}, conns: map[*UDPConn]struct{}{}, listeners: map[*NetstackListener]struct{}{}, queuedNow: make([]*UDPConn, 0, 16), adaptive: adaptive,
 		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]ruleUse{}, copyQ: &queue{idx: -1}}
 	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
 	st.kickTimer.Stop()
@@ -518,13 +521,20 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, err
 	}
 	st.partialCsum = virtualLink(st.ctlFD, ifname)
-	if st.rp, err = openRPFilter(ifname); err != nil {
+	if st.srcConf, err = openSourceConf(ifname); err != nil {
 		// Not a reason to leave the interface to the kernel: its sources
 		// go unchecked, as before the checks, and the log says so.
-		slog.Warn(fmt.Sprintf("stack %s: sources are not checked as the kernel checks them (rp_filter): %v", ifname, err))
+		slog.Warn(fmt.Sprintf("stack %s: sources are not checked as the kernel checks them: %v", ifname, err))
 	}
-	st.rpMode.Store(st.rp.mode())
+	st.rpMode.Store(st.srcConf.rpMode())
+	st.acceptLocal.Store(st.srcConf.acceptsLocal())
 	st.sourcesSince = time.Now()
+	var local []netip.Addr
+	if err := st.dumpAddrs(func(_ int, a netip.Addr) { local = append(local, a) }); err != nil {
+		return st, fmt.Errorf("namespace addresses: %w", err)
+	}
+	localAddrs := sortedAddrs(local)
+	st.localAddrs.Store(&localAddrs)
 	ch, err := xsk.QueueChannels(st.ctlFD, ifname, a.NumRxQueues, a.NumTxQueues)
 	if err != nil {
 		return st, err
@@ -555,7 +565,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	empty := map[sockKey][]*UDPConn{}
 	st.socks.Store(&empty)
-	ls := linkState{up: a.Flags&net.FlagUp != 0, mtu: a.MTU, addr: st.Addr(), addrs: *st.addrs.Load(), rx: ch.Rx}
+	ls := linkState{up: a.Flags&net.FlagUp != 0, mtu: a.MTU, addr: st.Addr(), addrs: *st.addrs.Load(), rx: ch.Rx, local: localAddrs}
 	if !ls.up {
 		reason := fmt.Sprintf("interface %s is down", ifname)
 		st.kernelOnly.Store(&reason)
@@ -1287,7 +1297,7 @@ func (st *Stack) Close() error {
 		highfd.Close(st.ctlFD)
 		st.ctlFD = -1
 	}
-	st.rp.close()
+	st.srcConf.close()
 	st.nlMu.Lock() // a late query must not write to a number reused since
 	if st.nlFD >= 0 {
 		highfd.Close(st.nlFD)

@@ -727,7 +727,10 @@ func writeFrames(t *testing.T, bed *testbed.Bed, frames ...[]byte) {
 // one of side B's own addresses are refused, while side A's comes
 // through; with rp_filter back at 0 (the watcher reads it every
 // second), 198.18.9.9 comes through and B's own address is still
-// refused. Before, the stack delivered them all.
+// refused, and so is an address of B's loopback, added while the stack
+// runs; with accept_local on, both come through. A kernel socket of
+// side B beside the stack's gets the same datagrams, or none, each time.
+// Before, the stack delivered them all, and then took the loopback's.
 func TestSourceChecks(t *testing.T) {
 	bed := testutil.Bed(t, &testbed.Options{Plain: true})
 	setRP := func(v string) {
@@ -772,6 +775,74 @@ func TestSourceChecks(t *testing.T) {
 	read("spoofed")
 	if n := st.Counters.RxSourceRejected.Load(); n != 4 {
 		t.Errorf("rp_filter 0: %d sources rejected in all, want 4", n)
+	}
+
+	// The kernel refuses any address of the namespace as a source, not
+	// only the interface's: a kernel socket of B's on port 9721 shows it.
+	kernelGot := func(sends ...rawSend) []string {
+		t.Helper()
+		var k *net.UDPConn
+		if err := bed.Do(testbed.B, func() (err error) {
+			k, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(bed.Addr(testbed.B), 9721)))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer k.Close()
+		sendRawUDP(t, bed, 9721, sends...)
+		var got []string
+		buf := make([]byte, 64)
+		for {
+			k.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			n, err := k.Read(buf)
+			if err != nil {
+				return got
+			}
+			got = append(got, string(buf[:n]))
+		}
+	}
+	const lo = "198.18.7.7"
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"-n", bed.NSName(testbed.B)}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	ip("addr", "add", lo+"/32", "dev", "lo")
+	for deadline := time.Now().Add(5 * time.Second); stack.LocalAddrCount(st) != 3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stack knows %d addresses of its namespace, want 3 (127.0.0.1, %v, %s)", stack.LocalAddrCount(st), bed.Addr(testbed.B), lo)
+		}
+	}
+	fromLo, fromA := rawSend{lo + ":5555", "lo's"}, rawSend{bed.Addr(testbed.A).String() + ":5555", "side A"}
+	if got := kernelGot(fromLo, fromA); !slices.Equal(got, []string{"side A"}) {
+		t.Fatalf("B's kernel got %q from lo's address and side A's, want only side A's", got)
+	}
+	sendRawUDP(t, bed, 9720, fromLo, fromA)
+	read("side A")
+	if n := st.Counters.RxSourceRejected.Load(); n != 5 {
+		t.Errorf("rp_filter 0, an address of lo: %d sources rejected in all, want 5", n)
+	}
+
+	if err := bed.Do(testbed.B, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/conf/"+bed.Link(testbed.B)+"/accept_local", []byte("1"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !stack.AcceptLocal(st); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watcher did not read accept_local 1 within 5 s")
+		}
+	}
+	fromOwn := rawSend{own, "own"}
+	if got := kernelGot(fromLo, fromOwn); !slices.Equal(got, []string{"lo's", "own"}) {
+		t.Fatalf("with accept_local, B's kernel got %q, want lo's and own", got)
+	}
+	sendRawUDP(t, bed, 9720, fromLo, fromOwn)
+	read("lo's")
+	read("own")
+	if n := st.Counters.RxSourceRejected.Load(); n != 5 {
+		t.Errorf("accept_local 1: %d sources rejected in all, want 5", n)
 	}
 	if n := st.Counters.RxSourceUnchecked.Load(); n != 0 {
 		t.Errorf("%d sources unchecked, want 0", n)

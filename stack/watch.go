@@ -29,6 +29,7 @@ type linkState struct {
 	addr  netip.Addr   // the first IPv4 address
 	addrs []netip.Addr // all of them
 	rx    int          // RX queues the interface runs
+	local []uint32     // the namespace's IPv4 addresses (sortedAddrs)
 }
 
 // startWatch opens a netlink socket subscribed to the link and IPv4
@@ -128,7 +129,7 @@ func (st *Stack) watch(fd int, last linkState) {
 				continue
 			}
 			channelsRead = time.Now()
-			st.followRPFilter(channelsRead)
+			st.followSourceConf(channelsRead)
 			if ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, last.rx, last.rx); err == nil && ch.Rx != last.rx && len(st.opts.Queues) == 0 {
 				st.followChannels(ch.Rx, last.rx)
 				last.rx = ch.Rx
@@ -178,8 +179,9 @@ func (st *Stack) detachIdle(since time.Time) time.Time {
 const idleDetach = time.Second
 
 // drainEvents reads the pending events and says whether one concerns the
-// stack's interface (link) or its multicast memberships (members); both
-// when the socket lost events, as it must then be assumed it did.
+// stack's interface or the namespace's addresses (link), or the
+// interface's multicast memberships (members); both when the socket lost
+// events, as it must then be assumed it did.
 func (st *Stack) drainEvents(fd int, buf []byte) (link, members bool) {
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
@@ -200,9 +202,7 @@ func (st *Stack) drainEvents(fd int, buf []byte) (link, members bool) {
 					link = true
 				}
 			case unix.RTM_NEWADDR, unix.RTM_DELADDR:
-				if len(m.Data) >= unix.SizeofIfAddrmsg && int((*unix.IfAddrmsg)(ptr(m.Data)).Index) == st.ifindex {
-					link = true
-				}
+				link = true // any interface's: the sources the kernel refuses
 			case rtmNewMulticast, rtmDelMulticast:
 				if _, ok := memberOf(m.Data, st.ifindex); ok {
 					members = true
@@ -248,6 +248,9 @@ func (st *Stack) follow(last linkState) (linkState, bool) {
 	}
 	if !slices.Equal(now.addrs, last.addrs) {
 		st.addrs.Store(&now.addrs)
+	}
+	if !slices.Equal(now.local, last.local) {
+		st.localAddrs.Store(&now.local)
 	}
 	if now.addr != last.addr {
 		st.forgetHops()
@@ -328,8 +331,33 @@ func (st *Stack) readLink() (linkState, error) {
 	if !found {
 		return s, fmt.Errorf("interface %d: %w", st.ifindex, unix.ENODEV)
 	}
-	err = st.rtDump(routeDump(unix.RTM_GETADDR, unix.SizeofIfAddrmsg, unix.AF_INET), func(data []byte) {
-		if len(data) < unix.SizeofIfAddrmsg || int((*unix.IfAddrmsg)(ptr(data)).Index) != st.ifindex {
+	var local []netip.Addr
+	err = st.dumpAddrs(func(index int, a netip.Addr) {
+		local = append(local, a)
+		if index == st.ifindex {
+			s.addrs = append(s.addrs, a)
+		}
+	})
+	if err != nil {
+		return s, fmt.Errorf("interface %d addresses: %w", st.ifindex, err)
+	}
+	s.local = sortedAddrs(local)
+	if len(s.addrs) > 0 {
+		s.addr = s.addrs[0]
+	}
+	ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, numRx, numTx)
+	if err != nil {
+		return s, err
+	}
+	s.rx = ch.Rx
+	return s, nil
+}
+
+// dumpAddrs calls each with every IPv4 address of the namespace and its
+// interface's index.
+func (st *Stack) dumpAddrs(each func(index int, a netip.Addr)) error {
+	return st.rtDump(routeDump(unix.RTM_GETADDR, unix.SizeofIfAddrmsg, unix.AF_INET), func(data []byte) {
+		if len(data) < unix.SizeofIfAddrmsg {
 			return
 		}
 		attrs, _ := syscall.ParseNetlinkRouteAttr(&syscall.NetlinkMessage{Header: syscall.NlMsghdr{Type: unix.RTM_NEWADDR}, Data: data})
@@ -348,21 +376,9 @@ func (st *Stack) readLink() (linkState, error) {
 			local = address // the local address, as netlink's own AddrList takes it
 		}
 		if local.IsValid() {
-			s.addrs = append(s.addrs, local)
+			each(int((*unix.IfAddrmsg)(ptr(data)).Index), local)
 		}
 	})
-	if err != nil {
-		return s, fmt.Errorf("interface %d addresses: %w", st.ifindex, err)
-	}
-	if len(s.addrs) > 0 {
-		s.addr = s.addrs[0]
-	}
-	ch, err := xsk.QueueChannels(st.ctlFD, st.ifname, numRx, numTx)
-	if err != nil {
-		return s, err
-	}
-	s.rx = ch.Rx
-	return s, nil
 }
 
 // forgetHops drops every cached next hop: routes or source addresses
