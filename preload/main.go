@@ -722,23 +722,27 @@ func vmxgo_sendmsg(fd C.int, msg *C.struct_msghdr, flags C.int) C.long {
 		}
 	}
 	iov := iovecs(msg)
-	var b []byte
-	switch len(iov) {
-	case 0:
-	case 1:
-		b = bytesOf(unsafe.Pointer(iov[0].Base), C.size_t(iov[0].Len))
-	default:
-		if iovLen(iov) > 65536 {
-			return -C.long(engine.ErrPassOS)
+	if iovLen(iov) > 65536 {
+		return -C.long(engine.ErrPassOS)
+	}
+	// Each piece is copied once, into the frame; past 16 the pieces are
+	// gathered here first, as a send of that many is rare.
+	var pieces [16][]byte
+	vec := pieces[:0]
+	if len(iov) <= len(pieces) {
+		for _, v := range iov {
+			vec = append(vec, bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len)))
 		}
+	} else {
 		scratch := eng.Scratch()
 		defer eng.PutScratch(scratch)
-		b = (*scratch)[:0]
+		b := (*scratch)[:0]
 		for _, v := range iov {
 			b = append(b, bytesOf(unsafe.Pointer(v.Base), C.size_t(v.Len))...)
 		}
+		vec = append(vec, b)
 	}
-	sent, errno := eng.Send(int(fd), b, to, m, int(flags))
+	sent, errno := eng.SendVec(int(fd), vec, to, m, int(flags))
 	if errno != 0 {
 		return -C.long(errno)
 	}

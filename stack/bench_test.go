@@ -72,6 +72,25 @@ func BenchmarkSend(b *testing.B) {
 	}
 }
 
+// BenchmarkSendGather sends a 64-byte datagram in four pieces, as a
+// server's sendmsg does with a header and a value.
+func BenchmarkSendGather(b *testing.B) {
+	bed, st := bedStack(b, nil)
+	kernelConn(b, bed, "198.18.0.1:7778")
+	c, err := st.ListenUDP(netip.AddrPort{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	vec := [][]byte{make([]byte, 8), make([]byte, 24), make([]byte, 27), make([]byte, 5)}
+	dst := netip.MustParseAddrPort("198.18.0.1:7778")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.WriteVecFromTo(vec, netip.Addr{}, dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkSendBatch32(b *testing.B) {
 	bed, st := bedStack(b, nil)
 	kernelConn(b, bed, "198.18.0.1:7778")

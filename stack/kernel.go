@@ -109,6 +109,31 @@ func parseControl(b []byte, meta *RecvMeta) {
 	}
 }
 
+// kernelSendVec sends vec's pieces as one datagram to to on the kernel
+// socket fd; more than 16 pieces take an allocation.
+func kernelSendVec(fd int, vec [][]byte, to netip.AddrPort) unix.Errno {
+	sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: to.Port()>>8 | to.Port()<<8, Addr: to.Addr().As4()}
+	var small [16]unix.Iovec
+	iov := small[:0]
+	if len(vec) > len(small) {
+		iov = make([]unix.Iovec, 0, len(vec))
+	}
+	for _, p := range vec {
+		if len(p) > 0 {
+			v := unix.Iovec{Base: &p[0]}
+			v.SetLen(len(p))
+			iov = append(iov, v)
+		}
+	}
+	m := unix.Msghdr{Name: (*byte)(unsafe.Pointer(&sa)), Namelen: uint32(unsafe.Sizeof(sa))}
+	if len(iov) > 0 {
+		m.Iov = &iov[0]
+		m.SetIovlen(len(iov))
+	}
+	_, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&m)), 0)
+	return e
+}
+
 func kernelSendTo(fd int, b []byte, to netip.AddrPort) unix.Errno {
 	sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: to.Port()>>8 | to.Port()<<8, Addr: to.Addr().As4()}
 	var p unsafe.Pointer

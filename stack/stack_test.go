@@ -171,6 +171,59 @@ func TestSendToKernel(t *testing.T) {
 	}
 }
 
+// TestSendGather: a datagram sent as pieces (sendmsg's iovecs) reaches a
+// kernel receiver as the pieces one after the other, whatever their
+// count and sizes, empty ones included; one too long for a frame goes
+// whole through the kernel socket, with more pieces than the kernel path
+// keeps on its stack as well.
+func TestSendGather(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	k := kernelConn(t, bed, "198.18.0.1:9110")
+	resolved(t, bed)
+	c, err := st.ListenUDP(netip.AddrPort{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := netip.MustParseAddrPort("198.18.0.1:9110")
+	cases := []struct {
+		name   string
+		sizes  []int
+		kernel bool
+	}{
+		{"none", nil, false},
+		{"one empty", []int{0}, false},
+		{"small", []int{1, 2, 3}, false},
+		{"empty between", []int{8, 0, 100, 0, 1}, false},
+		{"twenty", []int{5, 9, 1, 70, 3, 3, 0, 12, 40, 1, 1, 2, 8, 30, 7, 100, 0, 4, 4, 60}, false},
+		{"too long", []int{1000, 2000, 1000}, true},
+		{"too long, twenty", []int{300, 100, 0, 250, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 1}, true},
+	}
+	buf := make([]byte, 8192)
+	for i, tc := range cases {
+		var vec [][]byte
+		var want []byte
+		for j, n := range tc.sizes {
+			p := bytes.Repeat([]byte{byte(i*31 + j)}, n)
+			vec = append(vec, p)
+			want = append(want, p...)
+		}
+		offloaded, os := c.Counters.TxOffloadPackets.Load(), c.Counters.TxOSPackets.Load()
+		n, err := c.WriteVecFromTo(vec, netip.Addr{}, to)
+		if err != nil || n != len(want) {
+			t.Fatalf("%s: WriteVecFromTo = %d, %v; want %d", tc.name, n, err, len(want))
+		}
+		k.SetReadDeadline(time.Now().Add(3 * time.Second))
+		m, _, err := k.ReadFromUDPAddrPort(buf)
+		if err != nil || !bytes.Equal(buf[:m], want) {
+			t.Fatalf("%s: the kernel read %d bytes (%v), want the %d bytes sent", tc.name, m, err, len(want))
+		}
+		dOff, dOS := c.Counters.TxOffloadPackets.Load()-offloaded, c.Counters.TxOSPackets.Load()-os
+		if tc.kernel && (dOff != 0 || dOS != 1) || !tc.kernel && (dOff != 1 || dOS != 0) {
+			t.Errorf("%s: offloaded %d, through the kernel socket %d", tc.name, dOff, dOS)
+		}
+	}
+}
+
 // TestStaleNextHop: once its cached next hop expires, a send to a known
 // destination does not wait for the kernel's tables: it goes out through
 // the engine at once with the entry it had, while a background lookup

@@ -1249,14 +1249,24 @@ func (c *UDPConn) send(b []byte, to netip.AddrPort) (int, error) {
 // interface does not have is refused with EINVAL, as the kernel refuses
 // it. It does not allocate.
 func (c *UDPConn) WriteFromTo(b []byte, src netip.Addr, addr netip.AddrPort) (int, error) {
+	msgs := [1][]byte{b}
+	return c.WriteVecFromTo(msgs[:], src, addr)
+}
+
+// WriteVecFromTo sends vec's pieces, one after the other, as one datagram
+// (the gather of writev and of sendmsg's iovecs), as WriteFromTo sends
+// one buffer: each piece is copied once, into the frame. It returns the
+// datagram's length. It does not allocate, but to hand the kernel socket
+// a datagram of more than 16 pieces.
+func (c *UDPConn) WriteVecFromTo(vec [][]byte, src netip.Addr, addr netip.AddrPort) (int, error) {
 	if src.IsValid() && !src.IsUnspecified() && !c.st.HasAddr(src) {
 		return 0, c.sendErr(addr, unix.EINVAL)
 	}
-	msgs := [1][]byte{b}
-	if _, err := c.sendBatch(msgs[:], addr, src, nil); err != nil {
+	d := gathered(vec)
+	if _, err := c.sendBatch(d, addr, src, nil); err != nil {
 		return 0, err
 	}
-	return len(b), nil
+	return d.size(0), nil
 }
 
 // TxStamp is what WriteStamped reports of the datagram it sent: At, the
@@ -1271,25 +1281,69 @@ type TxStamp struct {
 	At     int64
 }
 
-// WriteStamped sends b as WriteFromTo does and fills ts for a transmit
-// timestamp (SO_TIMESTAMPING), with the frame as the kernel loops a sent
-// packet back to its socket's error queue when ts.Frame is set. It does
+// WriteStamped sends vec's pieces as one datagram, as WriteVecFromTo
+// does, and fills ts for a transmit timestamp (SO_TIMESTAMPING), with the
+// frame as the kernel loops a sent packet back to its socket's error
+// queue when ts.Frame is set. It returns the datagram's length. It does
 // not allocate.
-func (c *UDPConn) WriteStamped(b []byte, src netip.Addr, addr netip.AddrPort, ts *TxStamp) error {
+func (c *UDPConn) WriteStamped(vec [][]byte, src netip.Addr, addr netip.AddrPort, ts *TxStamp) (int, error) {
 	if src.IsValid() && !src.IsUnspecified() && !c.st.HasAddr(src) {
-		return c.sendErr(addr, unix.EINVAL)
+		return 0, c.sendErr(addr, unix.EINVAL)
 	}
 	ts.Looped, ts.At = 0, 0
-	msgs := [1][]byte{b}
-	_, err := c.sendBatch(msgs[:], addr, src, ts)
-	return err
+	d := gathered(vec)
+	if _, err := c.sendBatch(d, addr, src, ts); err != nil {
+		return 0, err
+	}
+	return d.size(0), nil
 }
 
 // WriteBatchToUDPAddrPort sends each of msgs to addr as one datagram, with
 // one wakeup of the kernel for the whole batch (sendmmsg's counterpart). It
 // returns how many were sent; it does not allocate.
 func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (int, error) {
-	return c.sendBatch(msgs, addr, netip.Addr{}, nil)
+	return c.sendBatch(datagrams{msgs: msgs}, addr, netip.Addr{}, nil)
+}
+
+// datagrams is what one send puts out: each of msgs a datagram, or, when
+// gather is set, msgs' pieces together one datagram of gatherLen bytes.
+type datagrams struct {
+	msgs      [][]byte
+	gather    bool
+	gatherLen int
+}
+
+func gathered(vec [][]byte) datagrams {
+	n := 0
+	for _, p := range vec {
+		n += len(p)
+	}
+	return datagrams{msgs: vec, gather: true, gatherLen: n}
+}
+
+func (d *datagrams) count() int {
+	if d.gather {
+		return 1
+	}
+	return len(d.msgs)
+}
+
+func (d *datagrams) size(i int) int {
+	if d.gather {
+		return d.gatherLen
+	}
+	return len(d.msgs[i])
+}
+
+// copyTo copies datagram i to the start of b, which holds it.
+func (d *datagrams) copyTo(i int, b []byte) {
+	if !d.gather {
+		copy(b, d.msgs[i])
+		return
+	}
+	for _, p := range d.msgs {
+		b = b[copy(b, p):]
+	}
 }
 
 // hopTo returns the next hop to to at now (monoNow); stamped: for a send
@@ -1309,16 +1363,23 @@ func (c *UDPConn) hopTo(to netip.AddrPort, now int64, stamped bool) (nextHop, er
 	return h, err
 }
 
-func (c *UDPConn) sendKernel(b []byte, to netip.AddrPort) error {
-	if e := kernelSendTo(c.FD(), b, to); e != 0 {
-		return c.sendErr(to, os.NewSyscallError("sendto", e))
+// sendKernel sends datagram i of d through the kernel socket.
+func (c *UDPConn) sendKernel(d *datagrams, i int, to netip.AddrPort) error {
+	call, e := "sendto", unix.Errno(0)
+	if d.gather {
+		call, e = "sendmsg", kernelSendVec(c.FD(), d.msgs, to)
+	} else {
+		e = kernelSendTo(c.FD(), d.msgs[i], to)
 	}
-	n := 1
-	if g := int(c.segment.Load()); g > 0 && len(b) > g {
-		n = (len(b) + g - 1) / g // the kernel socket's UDP_SEGMENT cut it
+	if e != 0 {
+		return c.sendErr(to, os.NewSyscallError(call, e))
+	}
+	size, n := d.size(i), 1
+	if g := int(c.segment.Load()); g > 0 && size > g {
+		n = (size + g - 1) / g // the kernel socket's UDP_SEGMENT cut it
 	}
 	c.Counters.TxOSPackets.Add(uint64(n))
-	c.Counters.TxOSBytes.Add(uint64(len(b)))
+	c.Counters.TxOSBytes.Add(uint64(size))
 	return nil
 }
 
@@ -1338,9 +1399,9 @@ func (c *UDPConn) SetSegment(size int) { c.segment.Store(int32(size)) }
 // metadata (BenchmarkEcho, 4 interleaved runs each).
 const txSoftSumMax = 256
 
-// sendBatch sends msgs to to from from (zero: the socket's address); a
+// sendBatch sends d to to from from (zero: the socket's address); a
 // non-nil ts is filled for the last frame put on the ring.
-func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, ts *TxStamp) (sent int, err error) {
+func (c *UDPConn) sendBatch(d datagrams, to netip.AddrPort, from netip.Addr, ts *TxStamp) (sent int, err error) {
 	if !c.enter() {
 		return 0, net.ErrClosed
 	}
@@ -1364,12 +1425,12 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 	}
 	if kernel {
 		c.FlushSends() // what this socket's earlier sends left on the ring leaves first
-		for i, b := range msgs {
-			if err := c.sendKernel(b, to); err != nil {
+		for i := range d.count() {
+			if err := c.sendKernel(&d, i, to); err != nil {
 				return i, err
 			}
 		}
-		return len(msgs), nil
+		return d.count(), nil
 	}
 	src := c.local.Addr()
 	switch {
@@ -1388,23 +1449,23 @@ func (c *UDPConn) sendBatch(msgs [][]byte, to netip.AddrPort, from netip.Addr, t
 	}
 	q := c.txq
 	q.txMu.Lock()
-	sent, err = c.sendLocked(q, msgs, to, &f, maxPayload, now, ts)
+	sent, err = c.sendLocked(q, &d, to, &f, maxPayload, now, ts)
 	if kerr := c.st.unlockTx(q); err == nil && kerr != nil {
 		err = c.sendErr(to, kerr)
 	}
 	return sent, err
 }
 
-// sendLocked is sendBatch's part under q.txMu: msgs on q's TX ring, or
-// to the kernel when they are too long.
-func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *header.UDPFields, maxPayload int, now int64, ts *TxStamp) (sent int, err error) {
+// sendLocked is sendBatch's part under q.txMu: d on q's TX ring, or to
+// the kernel when a datagram is too long.
+func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *header.UDPFields, maxPayload int, now int64, ts *TxStamp) (sent int, err error) {
 	st := c.st
-	for sent < len(msgs) {
-		if len(msgs[sent]) > maxPayload {
+	for sent < d.count() {
+		if d.size(sent) > maxPayload {
 			// Larger than the MTU or a transmit frame: the kernel sends it
 			// (and fragments it when it must); longer than UDP_SEGMENT:
 			// the kernel cuts it.
-			if err := c.sendKernel(msgs[sent], to); err != nil {
+			if err := c.sendKernel(d, sent, to); err != nil {
 				return sent, err
 			}
 			sent++
@@ -1414,7 +1475,7 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 			continue
 		}
 		run := 1
-		for run < len(q.txBufs) && sent+run < len(msgs) && len(msgs[sent+run]) <= maxPayload {
+		for run < len(q.txBufs) && sent+run < d.count() && d.size(sent+run) <= maxPayload {
 			run++
 		}
 		got := 0
@@ -1427,15 +1488,16 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 		}
 		bytes := 0
 		devSum := q.be.TxChecksum()
-		for i, b := range msgs[sent : sent+got] {
+		for i := range got {
 			tb := &q.txBufs[i]
-			copy(tb.Data[header.UDPHeadersLen:], b)
+			n := d.size(sent + i)
+			d.copyTo(sent+i, tb.Data[header.UDPHeadersLen:])
 			// Neither this stack nor a kernel receiver on this host sums
 			// the payload when the backend has the checksum finished; a
 			// small one is summed here all the same (txSoftSumMax).
-			f.PartialChecksum = devSum && len(b) > txSoftSumMax
+			f.PartialChecksum = devSum && n > txSoftSumMax
 			f.ID = uint16(st.ipID.Add(1))
-			tb.Data = tb.Data[:header.BuildUDP(tb.Data, f, len(b))]
+			tb.Data = tb.Data[:header.BuildUDP(tb.Data, f, n)]
 			if f.PartialChecksum {
 				tb.CsumStart, tb.CsumOffset = header.UDPChecksumStart, header.UDPChecksumOffset
 			}
@@ -1443,7 +1505,7 @@ func (c *UDPConn) sendLocked(q *queue, msgs [][]byte, to netip.AddrPort, f *head
 				ts.Looped = len(tb.Data)
 				copy(ts.Frame, tb.Data)
 			}
-			bytes += len(b)
+			bytes += n
 		}
 		if ts != nil {
 			// As close to the device as the stack sees: the transmit may

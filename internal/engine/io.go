@@ -210,6 +210,13 @@ func (e *Engine) Pending(fd int) (int, unix.Errno) {
 // what its ancillary data asks (m: the source address, a transmit
 // stamp). The first send of a candidate socket decides its offload.
 func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, m SendCmsg, flags int) (int, unix.Errno) {
+	vec := [1][]byte{b}
+	return e.SendVec(fd, vec[:], to, m, flags)
+}
+
+// SendVec is Send of one datagram made of vec's pieces (sendmsg's and
+// writev's iovecs), each copied once, into the frame.
+func (e *Engine) SendVec(fd int, vec [][]byte, to netip.AddrPort, m SendCmsg, flags int) (int, unix.Errno) {
 	s := e.get(fd)
 	if s == nil {
 		return 0, ErrPassOS
@@ -254,35 +261,37 @@ func (e *Engine) Send(fd int, b []byte, to netip.AddrPort, m SendCmsg, flags int
 		stamp = m.Stamp // the message's flags stand for the socket's, as in the kernel
 	}
 	if !stamp {
-		if _, err := c.WriteFromTo(b, m.Src, to); err != nil {
+		n, err := c.WriteVecFromTo(vec, m.Src, to)
+		if err != nil {
 			return 0, errnoOf(err)
 		}
-		return len(b), 0
+		return n, 0
 	}
 	if tx == nil {
 		tx = s.txQueue()
 	}
-	return e.sendStamped(fd, c, tx, b, m.Src, to)
+	return e.sendStamped(fd, c, tx, vec, m.Src, to)
 }
 
 // sendStamped is Send for a socket with transmit stamps on: the stack's
 // send is stamped as its frame goes on the ring (with the frame, when the
 // packet is looped back); one the stack handed its kernel socket (too
 // long for a frame) the kernel stamps itself, in its own error queue.
-func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, b []byte, src netip.Addr, to netip.AddrPort) (int, unix.Errno) {
+func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, vec [][]byte, src netip.Addr, to netip.AddrPort) (int, unix.Errno) {
 	var ts stack.TxStamp
 	if tx.looped() {
 		frame := e.Scratch()
 		defer e.PutScratch(frame)
 		ts.Frame = *frame
 	}
-	if err := c.WriteStamped(b, src, to, &ts); err != nil {
+	n, err := c.WriteStamped(vec, src, to, &ts)
+	if err != nil {
 		return 0, errnoOf(err)
 	}
 	if ts.At != 0 {
 		e.stampSend(fd, c, tx, ts.At, ts.Frame[:ts.Looped])
 	}
-	return len(b), 0
+	return n, 0
 }
 
 // SentOS counts what fd's kernel socket sent when Send passed it

@@ -11,6 +11,8 @@ ADDR:PORT echoes every datagram to its source, and one that begins with
 import ctypes
 import errno
 import fcntl
+import hashlib
+import os
 import socket
 import struct
 import sys
@@ -192,6 +194,32 @@ def scattered():
 
 
 note("scattered", scattered)
+
+
+def gathered(pieces, sock=None, connected=False):
+    """A datagram sent as pieces (sendmsg's iovecs, or writev's on a
+    connected socket): its length and digest as the echo had it."""
+    if connected:
+        d = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        d.settimeout(2)
+        d.connect(A)
+        n = os.writev(d.fileno(), pieces)
+    else:
+        d = s
+        n = d.sendmsg(pieces, [], 0, A)
+    back = d.recv(70000)
+    return f"sent {n}, back {len(back)} {hashlib.sha1(back).hexdigest()[:12]}"
+
+
+def pieces(sizes):
+    return [bytes([i + 65]) * n for i, n in enumerate(sizes)]
+
+
+note("gathered, 3 pieces", lambda: gathered(pieces([1, 0, 40])))
+note("gathered, 40 pieces", lambda: gathered(pieces([i % 7 for i in range(40)])))
+note("gathered, too long for a frame", lambda: gathered(pieces([1000, 2000, 1000])))
+note("gathered, 20 pieces too long for a frame", lambda: gathered(pieces([200] * 20)))
+note("writev", lambda: gathered(pieces([3, 5, 0, 9]), connected=True))
 
 SIOCGSTAMP, SIOCGSTAMPNS = 0x8906, 0x8907
 g = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
