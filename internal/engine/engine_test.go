@@ -244,6 +244,37 @@ func BenchmarkEpollWaitEmpty(b *testing.B) {
 	}
 }
 
+// BenchmarkEpollWaitEmpty16 is an empty look of an event loop with 16
+// offloaded sockets in its set, as memcaslap's 16 concurrent requests
+// keep: each look polls the stack once and reads every member.
+func BenchmarkEpollWaitEmpty16(b *testing.B) {
+	bed, e, fd := offloaded(b, 9410, true)
+	epfd, _ := epollOf(b, e, fd)
+	for i := 1; i < 16; i++ {
+		fd := socketB(b, bed, e, true)
+		if err := bindB(bed, e, fd, 9410+i); err != nil {
+			b.Fatal(err)
+		}
+		if st := settled(e, fd); st != StateOffloaded {
+			b.Fatalf("Bind: state %d, reason %q", st, e.Reason(fd))
+		}
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			b.Fatal(err)
+		}
+		if e.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev) != StateEpoll {
+			b.Fatal("epoll set not the engine's")
+		}
+	}
+	out := make([]unix.EpollEvent, 16)
+	b.ReportAllocs()
+	for b.Loop() {
+		if n, errno := e.EpollWait(epfd, out, 0, nil, nil); n != 0 || errno != 0 {
+			b.Fatal(n, errno)
+		}
+	}
+}
+
 // BenchmarkEpollCtlMod changes an engine member's events, as an event
 // loop does when it starts or stops watching for output (libuv, libevent).
 func BenchmarkEpollCtlMod(b *testing.B) {
