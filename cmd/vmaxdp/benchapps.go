@@ -70,6 +70,11 @@ func runBenchApps(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer bed.Down()
 	fmt.Fprintf(out, "vmaxdp %s bench apps: %s bed, %d rounds of %s per run, placements rotated in each round\n", version, bedKind(bed), *rounds, *d)
+	for _, a := range list {
+		if e := appEnv(a, strings.Fields(*env)); len(e) > 0 {
+			fmt.Fprintf(out, "%s: vmaxdp runs with %s\n", a.Name, strings.Join(e, " "))
+		}
+	}
 	// rates[app][placement][round]
 	rates := make([][][]float64, len(list))
 	lost := make([][]int64, len(list))
@@ -85,7 +90,7 @@ func runBenchApps(ctx context.Context, args []string, out io.Writer) error {
 					return ctx.Err()
 				}
 				run := &apps.Run{Bed: bed, App: a, Vmaxdp: exe, ServerOffload: placements[p].server, ClientOffload: placements[p].client,
-					Duration: *d, Env: strings.Fields(*env)}
+					Duration: *d, Env: appEnv(a, strings.Fields(*env))}
 				res, _, err := run.Do(ctx)
 				if err != nil {
 					if errors.Is(err, apps.ErrNotInstalled) {
@@ -128,6 +133,17 @@ func runBenchApps(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	return nil
+}
+
+// appEnv is the environment of a's vmaxdp sides: env, and for a TCP
+// application VMAXDP_TCP=1 unless env sets VMAXDP_TCP, so that its cells
+// measure TCP offload (without it vmaxdp only passes the sockets through
+// to the kernel, and the ratios say nothing of TCP).
+func appEnv(a *apps.App, env []string) []string {
+	if !slices.Contains(apps.TCP, a) || slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "VMAXDP_TCP=") }) {
+		return env
+	}
+	return append(env[:len(env):len(env)], "VMAXDP_TCP=1")
 }
 
 func appNames() string {
