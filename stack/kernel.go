@@ -109,10 +109,15 @@ func parseControl(b []byte, meta *RecvMeta) {
 	}
 }
 
+// rawSockaddr4 is to as the kernel takes it: the port in network order.
+func rawSockaddr4(to netip.AddrPort) unix.RawSockaddrInet4 {
+	return unix.RawSockaddrInet4{Family: unix.AF_INET, Port: to.Port()>>8 | to.Port()<<8, Addr: to.Addr().As4()}
+}
+
 // kernelSendVec sends vec's pieces as one datagram to to on the kernel
 // socket fd; more than 16 pieces take an allocation.
 func kernelSendVec(fd int, vec [][]byte, to netip.AddrPort) unix.Errno {
-	sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: to.Port()>>8 | to.Port()<<8, Addr: to.Addr().As4()}
+	sa := rawSockaddr4(to)
 	var small [16]unix.Iovec
 	iov := small[:0]
 	if len(vec) > len(small) {
@@ -135,7 +140,7 @@ func kernelSendVec(fd int, vec [][]byte, to netip.AddrPort) unix.Errno {
 }
 
 func kernelSendTo(fd int, b []byte, to netip.AddrPort) unix.Errno {
-	sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: to.Port()>>8 | to.Port()<<8, Addr: to.Addr().As4()}
+	sa := rawSockaddr4(to)
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])
