@@ -98,3 +98,25 @@ func AcceptLocal(st *Stack) bool { return st.acceptLocal.Load() }
 
 // LocalAddrCount is how many addresses of its namespace the stack knows.
 func LocalAddrCount(st *Stack) int { return len(*st.localAddrs.Load()) }
+
+// SourceVerdicts is the verdict of the copy of the routes (fib.go) and the
+// kernel's on a packet from src to dst arriving on st's interface, under
+// the rp_filter and accept_local in force now; the copy's error when the
+// namespace routes in a way it does not follow.
+func SourceVerdicts(st *Stack, src, dst netip.Addr) (copied, kernel bool, err error) {
+	f, err := st.readFIB()
+	if err != nil {
+		return false, false, err
+	}
+	p := st.addrs.Load()
+	copied = f.sourceOK(src, st.ifindex, st.srcConf.rpMode(), st.srcConf.acceptsLocal(), p != nil && len(*p) > 0)
+	kernel, err = st.sourceValid(src, dst)
+	return copied, kernel, err
+}
+
+// FIBFollowed says whether st checks sources against its copy of the
+// routes.
+func FIBFollowed(st *Stack) bool { return st.fib.Load() != nil }
+
+// ErrFIBCustom is errFIBCustom.
+var ErrFIBCustom = errFIBCustom

@@ -26,9 +26,12 @@ import (
 // (martian_sources). The stack drops and counts (RxSourceRejected) what
 // the kernel would drop: with rp_filter off, a source that is an address of
 // any interface of the namespace, unless accept_local is on (in all or
-// the interface's); on, whatever the kernel's own check refuses, asked
-// once for each new source with an input route lookup (RTM_GETROUTE with
-// RTA_IIF, which runs fib_validate_source) and kept for sourceTTL, as
+// the interface's); on, whatever the kernel's own check refuses. That is
+// decided against a copy of the namespace's routes (fib.go), followed at
+// every route event, or, where the namespace routes in a way the copy
+// does not follow, asked of the kernel once for each new source with an
+// input route lookup (RTM_GETROUTE with RTA_IIF, which runs
+// fib_validate_source). A verdict is kept for sourceTTL, or until the
 // routes change.
 
 const (
@@ -166,6 +169,15 @@ func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 	k := [4]byte(ip[12:16])
 	ok, known := st.sources[k]
 	if !known {
+		if f := st.fib.Load(); f != nil {
+			p := st.addrs.Load()
+			ok = f.sourceOK(ip.Src(), st.ifindex, st.rpMode.Load(), st.acceptLocal.Load(), p != nil && len(*p) > 0)
+			st.keepVerdictLocked(k, ok)
+			if !ok {
+				st.Counters.RxSourceRejected.Add(1)
+			}
+			return ok
+		}
 		now := time.Now().Unix()
 		if now != st.checkSecond {
 			st.checkSecond, st.checksLeft = now, sourceChecksPerSecond
@@ -182,15 +194,43 @@ func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 			}
 			ok = true // for sourceTTL: not asked again for each packet
 		}
-		if len(st.sources) >= sourceMax {
-			clear(st.sources)
-		}
-		st.sources[k] = ok
+		st.keepVerdictLocked(k, ok)
 	}
 	if !ok {
 		st.Counters.RxSourceRejected.Add(1)
 	}
 	return ok
+}
+
+// keepVerdictLocked keeps source k's verdict, until sourceTTL or a
+// change of the routes forgets it. Caller holds rxMu.
+func (st *Stack) keepVerdictLocked(k [4]byte, ok bool) {
+	if len(st.sources) >= sourceMax {
+		clear(st.sources)
+	}
+	st.sources[k] = ok
+}
+
+// followFIB reads the namespace's routes again for the source check
+// (fib.go) and forgets the verdicts taken with the old ones. The watcher
+// calls it at every route or rule event.
+func (st *Stack) followFIB() {
+	f, err := st.readFIB()
+	if err != nil {
+		f = nil
+		if why := err.Error(); why != st.fibWhy {
+			slog.Info(fmt.Sprintf("stack %s: with rp_filter on, each new source is asked of the kernel (one lookup each, at most %d a second): %v", st.ifname, sourceChecksPerSecond, err))
+			st.fibWhy = why
+		}
+	} else if st.fibWhy != "" {
+		slog.Info(fmt.Sprintf("stack %s: with rp_filter on, sources are checked against a copy of the routes", st.ifname))
+		st.fibWhy = ""
+	}
+	st.fib.Store(f)
+	st.rxMu.Lock()
+	clear(st.sources)
+	st.sourcesSince = time.Now()
+	st.rxMu.Unlock()
 }
 
 // sourceValid asks the kernel whether it would take a packet from src to

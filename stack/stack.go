@@ -301,6 +301,8 @@ type Stack struct {
 	rpMode        atomic.Int32
 	acceptLocal   atomic.Bool
 	localAddrs    atomic.Pointer[[]uint32]
+	fib           atomic.Pointer[fibCopy] // nil: each new source is asked of the kernel
+	fibWhy        string                  // why not, as last logged (the watcher's)
 	sources       map[[4]byte]bool
 	sourcesSince  time.Time
 	checkSecond   int64
@@ -535,6 +537,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	localAddrs := sortedAddrs(local)
 	st.localAddrs.Store(&localAddrs)
+	st.followFIB()
 	ch, err := xsk.QueueChannels(st.ctlFD, ifname, a.NumRxQueues, a.NumTxQueues)
 	if err != nil {
 		return st, err

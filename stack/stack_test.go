@@ -786,21 +786,7 @@ func writeFrames(t *testing.T, bed *testbed.Bed, frames ...[]byte) {
 // Before, the stack delivered them all, and then took the loopback's.
 func TestSourceChecks(t *testing.T) {
 	bed := testutil.Bed(t, &testbed.Options{Plain: true})
-	setRP := func(v string) {
-		t.Helper()
-		err := bed.Do(testbed.B, func() error {
-			for _, k := range []string{"all", bed.Link(testbed.B)} {
-				if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+k+"/rp_filter", []byte(v), 0); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	setRP("1")
+	setSourceConf(t, bed, "1", "0")
 	_, st := stackOn(t, bed, nil)
 	_, c := adoptOnB(t, bed, st, 9720)
 	own := bed.Addr(testbed.B).String() + ":5555"
@@ -818,7 +804,7 @@ func TestSourceChecks(t *testing.T) {
 	if n := st.Counters.RxSourceRejected.Load(); n != 3 {
 		t.Errorf("rp_filter 1: %d sources rejected, want 3", n)
 	}
-	setRP("0")
+	setSourceConf(t, bed, "0", "0")
 	for deadline := time.Now().Add(5 * time.Second); stack.RPMode(st) != 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the watcher did not read rp_filter 0 within 5 s")
@@ -855,13 +841,7 @@ func TestSourceChecks(t *testing.T) {
 		}
 	}
 	const lo = "198.18.7.7"
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", append([]string{"-n", bed.NSName(testbed.B)}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("addr", "add", lo+"/32", "dev", "lo")
+	mustRun(t, bed, testbed.B, "ip", "addr", "add", lo+"/32", "dev", "lo")
 	for deadline := time.Now().Add(5 * time.Second); stack.LocalAddrCount(st) != 3; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the stack knows %d addresses of its namespace, want 3 (127.0.0.1, %v, %s)", stack.LocalAddrCount(st), bed.Addr(testbed.B), lo)
@@ -877,11 +857,7 @@ func TestSourceChecks(t *testing.T) {
 		t.Errorf("rp_filter 0, an address of lo: %d sources rejected in all, want 5", n)
 	}
 
-	if err := bed.Do(testbed.B, func() error {
-		return os.WriteFile("/proc/sys/net/ipv4/conf/"+bed.Link(testbed.B)+"/accept_local", []byte("1"), 0)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	setSourceConf(t, bed, "0", "1")
 	for deadline := time.Now().Add(5 * time.Second); !stack.AcceptLocal(st); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the watcher did not read accept_local 1 within 5 s")

@@ -42,7 +42,7 @@ func (st *Stack) startWatch(initial linkState) error {
 		if err != nil {
 			return err
 		}
-		return unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_LINK | unix.RTMGRP_IPV4_IFADDR})
+		return unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_LINK | unix.RTMGRP_IPV4_IFADDR | unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_IPV4_RULE})
 	})
 	if err != nil {
 		if fd > 0 {
@@ -136,7 +136,10 @@ func (st *Stack) watch(fd int, last linkState) {
 			}
 			continue
 		}
-		link, members := st.drainEvents(fd, buf)
+		link, members, routes := st.drainEvents(fd, buf)
+		if routes {
+			st.followFIB()
+		}
 		if members {
 			if err := st.readMembers(); err != nil {
 				slog.Warn(fmt.Sprintf("stack %s: multicast with IP_MULTICAST_LOOP on goes through the kernel: %v", st.ifname, err))
@@ -179,21 +182,22 @@ func (st *Stack) detachIdle(since time.Time) time.Time {
 const idleDetach = time.Second
 
 // drainEvents reads the pending events and says whether one concerns the
-// stack's interface or the namespace's addresses (link), or the
-// interface's multicast memberships (members); both when the socket lost
-// events, as it must then be assumed it did.
-func (st *Stack) drainEvents(fd int, buf []byte) (link, members bool) {
+// stack's interface or the namespace's addresses (link), the interface's
+// multicast memberships (members), or the namespace's IPv4 routes or
+// rules (routes); all when the socket lost events, as it must then be
+// assumed it did.
+func (st *Stack) drainEvents(fd int, buf []byte) (link, members, routes bool) {
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err == unix.EAGAIN {
-			return link, members
+			return link, members, routes
 		}
 		if err != nil {
-			return true, st.mcMembers.Load() != nil // ENOBUFS: events lost
+			return true, st.mcMembers.Load() != nil, true // ENOBUFS: events lost
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return true, st.mcMembers.Load() != nil
+			return true, st.mcMembers.Load() != nil, true
 		}
 		for _, m := range msgs {
 			switch m.Header.Type {
@@ -203,6 +207,8 @@ func (st *Stack) drainEvents(fd int, buf []byte) (link, members bool) {
 				}
 			case unix.RTM_NEWADDR, unix.RTM_DELADDR:
 				link = true // any interface's: the sources the kernel refuses
+			case unix.RTM_NEWROUTE, unix.RTM_DELROUTE, unix.RTM_NEWRULE, unix.RTM_DELRULE:
+				routes = true
 			case rtmNewMulticast, rtmDelMulticast:
 				if _, ok := memberOf(m.Data, st.ifindex); ok {
 					members = true
