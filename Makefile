@@ -73,7 +73,7 @@ bench: $(STAMP) build ## benchmarks: go test -bench, then vmaxdp bench side by s
 
 FUZZTIME ?= 60s
 # package:target pairs, every parser of untrusted input.
-FUZZ := ./stack/header:FuzzParse ./internal/engine:FuzzParseSendCmsg ./stack:FuzzParseDiagMsg ./stack:FuzzNetstack ./stack:FuzzMemberOf ./tracefile:FuzzReader ./tracefile:FuzzEvents ./tracefile:FuzzEventsRoundTrip ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse ./stats:FuzzDecode
+FUZZ := ./stack/header:FuzzParse ./internal/engine:FuzzParseSendCmsg ./stack:FuzzParseDiagMsg ./stack:FuzzNetstack ./stack:FuzzMemberOf ./stack:FuzzParseFIBRoute ./tracefile:FuzzReader ./tracefile:FuzzEvents ./tracefile:FuzzEventsRoundTrip ./internal/ksym:FuzzParse ./internal/snapshot:FuzzParsers ./report:FuzzBuild ./internal/rules:FuzzParse ./stats:FuzzDecode
 
 # A run that fails with "context deadline exceeded" and writes no failing
 # input met a race in Go's fuzzing coordinator at the -fuzztime deadline
