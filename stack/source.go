@@ -111,7 +111,7 @@ func greatest(fds [2]int) int32 {
 
 // followSourceConf reads the interface's rp_filter and accept_local
 // again; a change, or sourceTTL since the verdicts were last forgotten,
-// forgets them.
+// forgets them. The routes are read again if they are due.
 func (st *Stack) followSourceConf(now time.Time) {
 	m, local := st.srcConf.rpMode(), st.srcConf.acceptsLocal()
 	old, oldLocal := st.rpMode.Swap(m), st.acceptLocal.Swap(local)
@@ -124,6 +124,7 @@ func (st *Stack) followSourceConf(now time.Time) {
 		st.sourcesSince = now
 	}
 	st.rxMu.Unlock()
+	st.followFIBIfDue(now)
 }
 
 func sourceChecksSay(m int32, acceptLocal bool) string {
@@ -211,10 +212,32 @@ func (st *Stack) keepVerdictLocked(k [4]byte, ok bool) {
 	st.sources[k] = ok
 }
 
-// followFIB reads the namespace's routes again for the source check
-// (fib.go) and forgets the verdicts taken with the old ones. The watcher
-// calls it at every route or rule event.
-func (st *Stack) followFIB() {
+// fibEvery is the least time between two reads of the routes: those of
+// a host whose routes churn (a routing daemon's) are read ten times a
+// second at most.
+const fibEvery = 100 * time.Millisecond
+
+// routesChanged notes a route or rule event: the copy of the routes is
+// read again now, or at the watcher's next look once fibEvery has passed.
+// The watcher's.
+func (st *Stack) routesChanged(now time.Time) {
+	st.fibStale = true
+	st.followFIBIfDue(now)
+}
+
+// followFIBIfDue reads the routes again (followFIB) when they changed
+// since the last read, fibEvery has passed, and rp_filter is on: with it
+// off, the copy is not used, and is read when it is turned on.
+func (st *Stack) followFIBIfDue(now time.Time) {
+	if st.fibStale && st.rpMode.Load() != 0 && now.Sub(st.fibRead) >= fibEvery {
+		st.followFIB(now)
+	}
+}
+
+// followFIB reads the namespace's routes for the source check (fib.go)
+// and forgets the verdicts taken with the old ones.
+func (st *Stack) followFIB(now time.Time) {
+	st.fibRead, st.fibStale = now, false
 	f, err := st.readFIB()
 	if err != nil {
 		f = nil
@@ -229,7 +252,7 @@ func (st *Stack) followFIB() {
 	st.fib.Store(f)
 	st.rxMu.Lock()
 	clear(st.sources)
-	st.sourcesSince = time.Now()
+	st.sourcesSince = now
 	st.rxMu.Unlock()
 }
 

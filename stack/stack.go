@@ -302,7 +302,9 @@ type Stack struct {
 	acceptLocal   atomic.Bool
 	localAddrs    atomic.Pointer[[]uint32]
 	fib           atomic.Pointer[fibCopy] // nil: each new source is asked of the kernel
-	fibWhy        string                  // why not, as last logged (the watcher's)
+	fibWhy        string                  // why not, as last logged; the rest is the watcher's too:
+	fibRead       time.Time               // when the routes were last read
+	fibStale      bool                    // they changed since
 	sources       map[[4]byte]bool
 	sourcesSince  time.Time
 	checkSecond   int64
@@ -537,7 +539,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	localAddrs := sortedAddrs(local)
 	st.localAddrs.Store(&localAddrs)
-	st.followFIB()
+	st.routesChanged(time.Now())
 	ch, err := xsk.QueueChannels(st.ctlFD, ifname, a.NumRxQueues, a.NumTxQueues)
 	if err != nil {
 		return st, err

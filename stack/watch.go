@@ -138,7 +138,7 @@ func (st *Stack) watch(fd int, last linkState) {
 		}
 		link, members, routes := st.drainEvents(fd, buf)
 		if routes {
-			st.followFIB()
+			st.routesChanged(time.Now())
 		}
 		if members {
 			if err := st.readMembers(); err != nil {
