@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
@@ -199,7 +201,8 @@ func echoTCP(network, raddr string, conns, rounds int) error {
 // give the source IPv4-mapped, and an accepted connection is an AF_INET6
 // socket with mapped names, as the kernel's are. Its IPv6 is the kernel's:
 // every echo comes back, and the source has its scope, the interface's
-// index, as the kernel gives it.
+// index, as the kernel gives it. A member of an IPv4 group on such a
+// socket gets the group's datagrams through the stack.
 func TestRunDualStack(t *testing.T) {
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -276,6 +279,60 @@ func TestRunDualStack(t *testing.T) {
 			p.wantSaid(t, "offloaded on "+b.Link(testbed.B), mapped, "from ipv6 ('fe80::", fmt.Sprintf(", 0, %d)", index))
 		})
 	}
+	// A member of an IPv4 group on the same kind of socket
+	// (IP_ADD_MEMBERSHIP, as a dual-stack socket may): every datagram
+	// sent to the group from side A comes, with its source mapped, and
+	// side B's kernel delivers none of them.
+	t.Run("group", func(t *testing.T) {
+		const port, n = 11445, 200
+		group := netip.MustParseAddr("239.1.2.45")
+		p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/dualstack.py", "group", group.String(), b.Addr(testbed.B).String(),
+			strconv.Itoa(port), strconv.Itoa(n), "20")
+		if err := p.waitFor("ready\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		p.waitOffloaded(t)
+		before := testutil.UDPStat(t, b, testbed.B, "InDatagrams")
+		err := b.Do(testbed.A, func() error {
+			c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), 0)))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			raw, err := c.SyscallConn()
+			if err != nil {
+				return err
+			}
+			var serr error
+			if err := raw.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInet4Addr(int(fd), unix.IPPROTO_IP, unix.IP_MULTICAST_IF, b.Addr(testbed.A).As4())
+			}); err != nil {
+				return err
+			}
+			if serr != nil {
+				return serr
+			}
+			for i := range n {
+				if _, err := c.WriteToUDPAddrPort([]byte(fmt.Sprint(i)), netip.AddrPortFrom(group, port)); err != nil {
+					return err
+				}
+				if i%50 == 49 {
+					time.Sleep(time.Millisecond) // integrity, not rate
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.waitFor(fmt.Sprintf("got %d of %d from ::ffff:%s\n", n, n, b.Addr(testbed.A))); err != nil {
+			t.Fatalf("%v\n%s", err, tail(p.out.String(), 20))
+		}
+		if moved := testutil.UDPStat(t, b, testbed.B, "InDatagrams") - before; moved != 0 {
+			t.Errorf("side B's kernel delivered %d of the group's datagrams: not offloaded", moved)
+		}
+		p.wantSaid(t, "group "+group.String()+" offloaded")
+	})
 	// Python's ForkingTCPServer on the same kind of socket: the
 	// connection accepted and not used yet goes to a kernel socket for the
 	// child (TCP_REPAIR), an AF_INET6 one with mapped names as the

@@ -19,6 +19,13 @@ SO_DOMAIN, getsockname and getpeername.
 Forking, it is a socketserver.ForkingTCPServer on the same kind of socket,
 whose child answers each connection's line with the line and its
 getpeername.
+
+    python3 dualstack.py group GROUP IFADDR PORT N SECONDS
+
+As a group member, the socket joins the IPv4 GROUP on the interface of
+IFADDR with IP_ADD_MEMBERSHIP, as a dual-stack socket may, prints
+"ready", and prints "got K of N from SOURCE" once N datagrams came, or
+SECONDS passed.
 """
 import socket
 import sys
@@ -52,6 +59,24 @@ if sys.argv[1] == "client":
         except socket.timeout:
             continue
     say("echoed", echoed, "of", n)
+    sys.exit(0)
+
+if sys.argv[1] == "group":
+    group, ifaddr, port, n, seconds = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+    g = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    g.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    g.bind(("::", port))
+    g.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(group) + socket.inet_aton(ifaddr))
+    g.settimeout(0.2)
+    say("ready")
+    got, src, end = 0, None, time.time() + seconds
+    while got < n and time.time() < end:
+        try:
+            _, src = g.recvfrom(65536)
+            got += 1
+        except socket.timeout:
+            pass
+    say("got", got, "of", n, "from", src and src[0])
     sys.exit(0)
 
 if sys.argv[1] == "forking":
