@@ -471,7 +471,7 @@ func (p *Program) maps() map[string]**ebpf.Map {
 		"prog_stats": &o.ProgStats, "rule_stats": &o.RuleStats,
 		"rules_5tuple": &o.Rules5tuple, "rules_mcast": &o.RulesMcast, "rules_3tuple": &o.Rules3tuple,
 		"rules_port": &o.RulesPort, "xsks_map": &o.XsksMap, "active_ports": &o.ActivePorts,
-		"handover_flows": &o.HandoverFlows, "stack_syns": &o.StackSyns,
+		"handover_flows": &o.HandoverFlows, "stack_syns": &o.StackSyns, "arrival_stamps": &o.ArrivalStamps,
 	}
 }
 

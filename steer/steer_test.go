@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/testbed"
@@ -519,5 +520,55 @@ func TestPinDirName(t *testing.T) {
 		if _, _, ok := steer.ParsePinDirName(bad); ok {
 			t.Errorf("ParsePinDirName(%q) accepted", bad)
 		}
+	}
+}
+
+// lowFDs lists the fds below highfd's floor that this process holds, with
+// what each is.
+func lowFDs(t *testing.T) map[int]string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := map[int]string{}
+	for _, e := range ents {
+		var fd int
+		if _, err := fmt.Sscan(e.Name(), &fd); err != nil || fd >= highfd.Floor() {
+			continue
+		}
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil {
+			fds[fd] = l
+		}
+	}
+	return fds
+}
+
+// TestAttachKeepsNoLowFD: once attached, the program keeps none of its
+// fds (program, link, maps) below highfd's floor, where they would sit on
+// the application's next numbers and be closed by its closefrom. Before,
+// the arrival_stamps map stayed where the loader put it.
+func TestAttachKeepsNoLowFD(t *testing.T) {
+	bed := testutil.Bed(t, &testbed.Options{Plain: true})
+	if highfd.Floor() == 0 {
+		t.Skip("the fd limit is too low for highfd's range")
+	}
+	err := bed.Do(testbed.B, func() error {
+		before := lowFDs(t)
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		for fd, what := range lowFDs(t) {
+			if _, had := before[fd]; !had && strings.HasPrefix(what, "anon_inode:") {
+				t.Errorf("fd %d (%s) kept below the floor, %d", fd, what, highfd.Floor())
+			}
+		}
+		return nil
+	})
+	testutil.SkipIfNotSupported(t, err)
+	if err != nil {
+		t.Fatal(err)
 	}
 }
