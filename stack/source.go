@@ -173,27 +173,9 @@ func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 		if f := st.fib.Load(); f != nil {
 			p := st.addrs.Load()
 			ok = f.sourceOK(ip.Src(), st.ifindex, st.rpMode.Load(), st.acceptLocal.Load(), p != nil && len(*p) > 0)
-			st.keepVerdictLocked(k, ok)
-			if !ok {
-				st.Counters.RxSourceRejected.Add(1)
-			}
-			return ok
-		}
-		now := time.Now().Unix()
-		if now != st.checkSecond {
-			st.checkSecond, st.checksLeft = now, sourceChecksPerSecond
-		}
-		if st.checksLeft == 0 {
+		} else if ok, known = st.askSourceLocked(ip); !known {
 			st.Counters.RxSourceUnchecked.Add(1)
 			return false
-		}
-		st.checksLeft--
-		var err error
-		if ok, err = st.sourceValid(ip.Src(), ip.Dst()); err != nil {
-			if !st.sourceErrTold.Swap(true) {
-				slog.Warn(fmt.Sprintf("stack %s: the kernel's check of source %v failed: %v; sources it cannot check are taken", st.ifname, ip.Src(), err))
-			}
-			ok = true // for sourceTTL: not asked again for each packet
 		}
 		st.keepVerdictLocked(k, ok)
 	}
@@ -201,6 +183,29 @@ func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 		st.Counters.RxSourceRejected.Add(1)
 	}
 	return ok
+}
+
+// askSourceLocked asks the kernel for the verdict on ip's source
+// (sourceValid), unless sourceChecksPerSecond have been asked this second
+// (asked false). A source the kernel's check fails on is taken. Caller
+// holds rxMu.
+func (st *Stack) askSourceLocked(ip header.IPv4) (ok, asked bool) {
+	now := time.Now().Unix()
+	if now != st.checkSecond {
+		st.checkSecond, st.checksLeft = now, sourceChecksPerSecond
+	}
+	if st.checksLeft == 0 {
+		return false, false
+	}
+	st.checksLeft--
+	ok, err := st.sourceValid(ip.Src(), ip.Dst())
+	if err != nil {
+		if !st.sourceErrTold.Swap(true) {
+			slog.Warn(fmt.Sprintf("stack %s: the kernel's check of source %v failed: %v; sources it cannot check are taken", st.ifname, ip.Src(), err))
+		}
+		ok = true // for sourceTTL: not asked again for each packet
+	}
+	return ok, true
 }
 
 // keepVerdictLocked keeps source k's verdict, until sourceTTL or a
