@@ -120,3 +120,18 @@ func FIBFollowed(st *Stack) bool { return st.fib.Load() != nil }
 
 // ErrFIBCustom is errFIBCustom.
 var ErrFIBCustom = errFIBCustom
+
+// SourceVerdict is one verdict on src arriving on st's interface: from
+// the copy of the routes st follows (false when it follows none), or the
+// kernel's (to dst).
+func SourceVerdict(st *Stack, src, dst netip.Addr, kernel bool) (ok, decided bool) {
+	if kernel {
+		ok, err := st.sourceValid(src, dst)
+		return ok, err == nil
+	}
+	f := st.fib.Load()
+	if f == nil {
+		return false, false
+	}
+	return f.sourceOK(src, st.ifindex, st.rpMode.Load(), st.acceptLocal.Load(), true), true
+}

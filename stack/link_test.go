@@ -20,7 +20,7 @@ import (
 )
 
 // run runs a command (ip, ethtool) in side s's namespace.
-func run(t *testing.T, b *testbed.Bed, s testbed.Side, args ...string) error {
+func run(t testing.TB, b *testbed.Bed, s testbed.Side, args ...string) error {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", b.NSName(s)}, args...)...).CombinedOutput()
 	if err != nil {
@@ -29,7 +29,7 @@ func run(t *testing.T, b *testbed.Bed, s testbed.Side, args ...string) error {
 	return nil
 }
 
-func mustRun(t *testing.T, b *testbed.Bed, s testbed.Side, args ...string) {
+func mustRun(t testing.TB, b *testbed.Bed, s testbed.Side, args ...string) {
 	t.Helper()
 	if err := run(t, b, s, args...); err != nil {
 		t.Fatalf("%s: %v", strings.Join(args, " "), err)
