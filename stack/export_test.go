@@ -135,3 +135,7 @@ func SourceVerdict(st *Stack, src, dst netip.Addr, kernel bool) (ok, decided boo
 	}
 	return f.sourceOK(src, st.ifindex, st.rpMode.Load(), st.acceptLocal.Load(), true), true
 }
+
+// TxUnkicked says whether c's queue holds frames left for a coalesced
+// kick.
+func TxUnkicked(c *UDPConn) bool { return c.txq.unkicked.Load() }

@@ -31,16 +31,16 @@ import (
 // futex wait or wake per request.
 
 // transmit sends bufs on q, at once or (Options.TxKickDelay, when the
-// send follows another) at the next flush. now is monoNow's, or 0 for
-// read when needed. Caller holds q.txMu.
-func (st *Stack) transmit(q *queue, bufs []backend.Buf, now int64) (int, error) {
+// send follows another and atOnce is not set) at the next flush. now is
+// monoNow's, or 0 for read when needed. Caller holds q.txMu.
+func (st *Stack) transmit(q *queue, bufs []backend.Buf, now int64, atOnce bool) (int, error) {
 	if !st.sent.Load() {
 		st.sent.Store(true)
 	}
 	gen := st.waitGen.Load()
 	follows := gen == q.sendGen
 	q.sendGen = gen
-	if !follows && !q.unkicked.Load() {
+	if atOnce || !follows && !q.unkicked.Load() {
 		return st.transmitNow(q, bufs)
 	}
 	return st.transmitLater(q, bufs, now)

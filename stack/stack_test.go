@@ -224,6 +224,52 @@ func TestSendGather(t *testing.T) {
 	}
 }
 
+// TestStampedSendLeavesAtOnce: a send that asks for a transmit stamp is
+// kicked at once, also one that follows another with no wait between,
+// which the stack leaves on the ring for a coalesced kick (as the plain
+// sends here show, with a coalescing delay of a second): its stamp says
+// when it left. Before, a stamped send that followed another waited for
+// the kick timer, up to TxKickDelay after its stamp.
+func TestStampedSendLeavesAtOnce(t *testing.T) {
+	bed, st := bedStack(t, &stack.Options{TxKickDelay: time.Second})
+	k := kernelConn(t, bed, "198.18.0.1:9120")
+	resolved(t, bed)
+	to := netip.MustParseAddrPort("198.18.0.1:9120")
+	c, err := st.DialUDP(netip.AddrPort{}, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	for i := range n {
+		if _, err := c.Write(payload(i, 64)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !stack.TxUnkicked(c) {
+		t.Fatal("plain sends that follow one another left nothing for a coalesced kick: the test cannot tell")
+	}
+	c.FlushSends()
+	for i := range n {
+		var ts stack.TxStamp
+		if _, err := c.WriteStamped([][]byte{payload(n+i, 64)}, netip.Addr{}, to, &ts); err != nil {
+			t.Fatal(err)
+		}
+		if ts.At == 0 {
+			t.Fatalf("stamped send %d: no stamp", i)
+		}
+		if stack.TxUnkicked(c) {
+			t.Fatalf("stamped send %d was left on the ring for a later kick", i)
+		}
+	}
+	buf := make([]byte, 128)
+	for i := range 2 * n {
+		k.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if m, _, err := k.ReadFromUDPAddrPort(buf); err != nil || !bytes.Equal(buf[:m], payload(i, 64)) {
+			t.Fatalf("datagram %d: %d bytes, %v", i, m, err)
+		}
+	}
+}
+
 // TestStaleNextHop: once its cached next hop expires, a send to a known
 // destination does not wait for the kernel's tables: it goes out through
 // the engine at once with the entry it had, while a background lookup

@@ -527,7 +527,7 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	case allBareAcks(pkts):
 		m, err = st.transmitLater(q, q.txBufs[:got], now)
 	case st.tcpAppSends.Load() > 0:
-		m, err = st.transmit(q, q.txBufs[:got], now)
+		m, err = st.transmit(q, q.txBufs[:got], now, false)
 	default:
 		m, err = st.transmitNow(q, q.txBufs[:got])
 	}

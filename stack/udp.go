@@ -1508,12 +1508,13 @@ func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *heade
 			bytes += n
 		}
 		if ts != nil {
-			// As close to the device as the stack sees: the transmit may
-			// kick, and the kick may bring the peer's answer back before
-			// it returns.
+			// As close to the device as the stack sees: the kick may
+			// bring the peer's answer back before it returns. A stamped
+			// frame leaves in this send's kick, not in a coalesced one
+			// up to TxKickDelay after its stamp.
 			ts.At = time.Now().UnixNano()
 		}
-		k, err := st.transmit(q, q.txBufs[:got], now)
+		k, err := st.transmit(q, q.txBufs[:got], now, ts != nil)
 		c.Counters.TxOffloadPackets.Add(uint64(k))
 		c.Counters.TxOffloadBytes.Add(uint64(bytes))
 		sent += k
