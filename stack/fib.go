@@ -29,6 +29,10 @@ const fibMaxRoutes = 1024
 // rtaNHID is RTA_NH_ID: a route through a nexthop object.
 const rtaNHID = 30
 
+// sizeofFibRuleHdr is struct fib_rule_hdr's size: family, dst_len,
+// src_len, tos, table, res1, res2, action, then flags (u32).
+const sizeofFibRuleHdr = 12
+
 // errFIBCustom says the namespace routes in a way the copy does not
 // follow.
 var errFIBCustom = errors.New("routing the copy does not follow")
@@ -194,10 +198,8 @@ func parseFIBRoute(data []byte) (uint32, fibRoute, error) {
 func (st *Stack) defaultRules() error {
 	var tables []uint32
 	var custom string
-	err := st.rtDump(routeDump(unix.RTM_GETRULE, unix.SizeofRtMsg, unix.AF_INET), func(data []byte) {
-		// struct fib_rule_hdr: family, dst_len, src_len, tos, table,
-		// res1, res2, action, flags.
-		if len(data) < 12 {
+	err := st.rtDump(routeDump(unix.RTM_GETRULE, sizeofFibRuleHdr, unix.AF_INET), func(data []byte) {
+		if len(data) < sizeofFibRuleHdr {
 			custom = "a short rule message"
 			return
 		}
@@ -205,7 +207,7 @@ func (st *Stack) defaultRules() error {
 			custom = "a rule with a selector or an action other than a table"
 		}
 		table := uint32(data[4])
-		rtAttrs(data[12:], func(typ uint16, v []byte) {
+		rtAttrs(data[sizeofFibRuleHdr:], func(typ uint16, v []byte) {
 			switch typ {
 			case unix.FRA_TABLE:
 				if len(v) >= 4 {

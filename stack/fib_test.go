@@ -35,7 +35,7 @@ func setSourceConf(t testing.TB, bed *testbed.Bed, rp, acceptLocal string) {
 // TestFIBCopyMatchesKernel: the stack's copy of the routes gives the
 // kernel's own verdict (an input route lookup) on every source, in strict
 // and loose mode, with accept_local off and on, against routes of every
-// kind: connected through side B's link or another one (a dummy), via a
+// kind: connected through side B's link or another one (a veth), via a
 // gateway, blackhole, unreachable, prohibit, two metrics for one prefix,
 // a longer prefix inside another, multipath over both links, a throw to
 // the default table, an address of lo, none, and then a default route. A
