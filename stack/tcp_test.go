@@ -1337,6 +1337,83 @@ func TestTCPAcksCarried(t *testing.T) {
 	})
 }
 
+// TestTCPAcksWaitForAnswers: with the default hold (the kick delay, 20
+// us), a server that answers each request 300 us after it came (as
+// memcached's worker threads do under load, later than the kick delay)
+// has its acknowledgements carried by its answers once it has answered
+// one in time, as the kernel's delayed ACK in pingpong mode: each
+// connection's ACK waits for its own answer, up to maxHoldDelay. A
+// request it then leaves unanswered is acknowledged within that hold,
+// and the connection's ACKs are held for the kick delay alone again.
+// (Go's timers here may fire a millisecond late when its threads sleep,
+// so the kick delay's hold alone lets most of these ACKs ride too; the
+// connection's state says which hold it had. memcached over TCP under
+// vmaxdp, its threads busy, sent a bare ACK for 83% of its requests.)
+func TestTCPAcksWaitForAnswers(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7402)
+		s.SetDeadline(time.Now().Add(20 * time.Second))
+		const rounds, late = 200, 300 * time.Microsecond
+		served := make(chan error, 1)
+		go func() {
+			b := make([]byte, 16)
+			for range rounds {
+				if _, err := io.ReadFull(s, b); err != nil {
+					served <- err
+					return
+				}
+				// Spun: a Go sleep this short may last a millisecond.
+				for start := time.Now(); time.Since(start) < late; {
+				}
+				if _, err := s.Write(b); err != nil {
+					served <- err
+					return
+				}
+			}
+			served <- nil
+		}()
+		segs, carried := askEach(t, bed, st, c, rounds, served)
+		t.Logf("%d requests answered %v late: the client's kernel took %d segments; %d acknowledgements rode on answers", rounds, late, segs, carried)
+		// A loaded machine may answer some later than maxHoldDelay.
+		if carried < rounds*3/4 || segs > rounds*5/4 {
+			timingError(t, "%d requests answered %v after they came cost the client's kernel %d segments, %d acknowledgements carried: want about one segment a request", rounds, late, segs, carried)
+		}
+		conn := s.(*stack.TCPConn)
+		if !stack.Answers(conn) {
+			t.Errorf("a connection that answered %d requests does not hold its ACKs for its answers", rounds)
+		}
+
+		// Unanswered: acknowledged once the hold is over, well before
+		// the client's kernel sends it again, and the connection no
+		// longer waits for answers.
+		retrans := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs")
+		if _, err := c.Write([]byte("unanswered")); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		unacked := -1
+		for deadline := time.Now().Add(150 * time.Millisecond); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			raw.Control(func(fd uintptr) { unacked, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+			if unacked == 0 {
+				break
+			}
+		}
+		if unacked != 0 {
+			t.Errorf("an unanswered request is unacknowledged after 150 ms: %d bytes", unacked)
+		}
+		if d := testutil.SNMPStat(t, bed, testbed.A, "Tcp", "RetransSegs") - retrans; d != 0 {
+			t.Errorf("the client's kernel sent %d segments again", d)
+		}
+		if stack.Answers(conn) {
+			t.Errorf("a connection whose held ACK waited for an answer in vain still holds its ACKs for answers")
+		}
+	})
+}
+
 // TestTCPPollerInline: an epoll set's poller processes the segments of
 // its connections on the polling goroutine, an event loop's requests over
 // two connections; once they are removed, none. A poller is alone while
