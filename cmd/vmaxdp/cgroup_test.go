@@ -106,7 +106,7 @@ func TestRunCgroupHooks(t *testing.T) {
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
 c.sendall(b"through the kernel")
 c.shutdown(socket.SHUT_WR)
-print("echo", c.recv(100).decode(), flush=True)
+sys.stdout.write("echo " + c.recv(100).decode() + "\n"); sys.stdout.flush()
 `
 		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, append(join, tools(t), "run", "--", "python3", "-c", client, b.Addr(testbed.A).String(), strconv.Itoa(port))...)
 		if err := p.exited(); err != nil {

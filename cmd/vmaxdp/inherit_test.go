@@ -175,9 +175,9 @@ while True:
 				port++
 			}
 			laddr := netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)).String()
-			serve := `import socket
+			serve := `import socket, sys
 s = socket.socket(fileno=3)
-print("serving", flush=True)
+sys.stdout.write("serving\n"); sys.stdout.flush()
 while True:
     d, anc, _, a = s.recvmsg(2048, 256)
     s.sendto(d + b" pktinfo %d" % sum(1 for l, t, _ in anc if (l, t) == (0, 8)), a)
@@ -206,7 +206,7 @@ os.execv(sys.argv[3], [sys.argv[3], "run", "--", "python3", "-c", sys.argv[4]])
 			if err := p.waitFor(want); err != nil {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
-			if err := p.waitFor("serving"); err != nil {
+			if err := p.waitFor("serving\n"); err != nil {
 				t.Fatalf("%v\n%s", err, p.out.String())
 			}
 			in := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")

@@ -96,7 +96,7 @@ func TestRunTCPPeerNotify(t *testing.T) {
 s = socket.socket()
 s.bind((sys.argv[1], int(sys.argv[2])))
 s.listen(8)
-print("listening", flush=True)
+sys.stdout.write("listening\n"); sys.stdout.flush()
 time.sleep(30)
 `
 		p := startArgv(t, b, []string{"VMAXDP_TCP=1"}, tools(t), "run", "--", "python3", "-c", script, b.Addr(testbed.B).String(), strconv.Itoa(port))
@@ -144,7 +144,7 @@ time.sleep(30)
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 s.sendall(b"hi")
 s.recv(2)
-print("connected", flush=True)
+sys.stdout.write("connected\n"); sys.stdout.flush()
 if sys.argv[3] == "exec":
     os.execv("/bin/sleep", ["sleep", "6"])
 os._exit(0)

@@ -963,7 +963,7 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 addr, n = (sys.argv[1], int(sys.argv[2])), int(sys.argv[3])
 for i in range(n):
     s.sendto(str(i).encode(), addr)
-print("sent", n, flush=True)
+sys.stdout.write("sent %d\n" % n); sys.stdout.flush()
 os.kill(os.getpid(), signal.SIGTERM)
 `
 
@@ -1669,15 +1669,20 @@ func bridgeTCP(t *testing.T, b *testbed.Bed, addr netip.Addr) {
 }
 
 // echoCount is a Python UDP echo server: ADDR PORT COUNT. It prints
-// "ready" once bound and "echoed all" after COUNT echoes.
+// "ready" once bound and "echoed all" after COUNT echoes, each line in
+// one write, as every inline Python program here does (testdata/say.py):
+// vmaxdp's log shares the output, and with PYTHONUNBUFFERED print writes
+// its text and newline apart (TestRunUpperLinks saw "ready", a log line,
+// then the newline). A test waits for such a line with its newline: the
+// log's Cmd Line holds the program's source, and the text in it.
 const echoCount = `import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind((sys.argv[1], int(sys.argv[2])))
-print("ready", flush=True)
+sys.stdout.write("ready\n"); sys.stdout.flush()
 for _ in range(int(sys.argv[3])):
     d, a = s.recvfrom(2048)
     s.sendto(d, a)
-print("echoed all", flush=True)
+sys.stdout.write("echoed all\n"); sys.stdout.flush()
 `
 
 // echoFromA sends count requests from side A to server, each waiting for

@@ -1679,7 +1679,7 @@ l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind((sys.argv[1], int(sys.argv[2])))
 l.listen(8)
-print("pingserver", "listening", flush=True)
+sys.stdout.write("pingserver listening\n"); sys.stdout.flush()
 def serve(c):
     while c.recv(64):
         c.sendall(b"+PONG\r\n")
@@ -1712,7 +1712,7 @@ func TestRunTCPSleepOnQueues(t *testing.T) {
 			{"recv/python", 11218, func(t *testing.T, port int, env []string) *cProgram {
 				p := startArgv(t, b, append([]string{"VMAXDP_TCP=1"}, env...), tools(t), "run", "--",
 					"python3", "-c", pingServer, b.Addr(testbed.B).String(), strconv.Itoa(port))
-				if err := p.waitFor("pingserver listening"); err != nil {
+				if err := p.waitFor("pingserver listening\n"); err != nil {
 					t.Fatalf("%v\n%s", err, p.out.String())
 				}
 				return p
