@@ -139,7 +139,3 @@ func SourceVerdict(st *Stack, src, dst netip.Addr, kernel bool) (ok, decided boo
 // TxUnkicked says whether c's queue holds frames left for a coalesced
 // kick.
 func TxUnkicked(c *UDPConn) bool { return c.txq.unkicked.Load() }
-
-// Answers says whether c's bare ACKs are held for its answers
-// (TCPConn.answers).
-func Answers(c *TCPConn) bool { return c.answers.Load() }

@@ -69,14 +69,6 @@ type TCPConn struct {
 	// segment carrying them (tcpLink.dropHeld). netstack counted them
 	// sent; Info's Segs_out does not, as they never left.
 	acksCarried atomic.Uint64
-	// answers: the connection answers what it receives within
-	// maxHoldDelay (a request and its reply), so its bare ACKs are held
-	// that long for the answer to carry them (tcpLink.hold), as the
-	// kernel delays its ACKs in pingpong mode. Set by a data segment
-	// within maxHoldDelay of an ACK's hold (ackHeldAt, monoNow's clock),
-	// cleared by a held ACK no answer came for.
-	answers   atomic.Bool
-	ackHeldAt atomic.Int64
 }
 
 // gatherReader is the payload of one netstack Write: a send's buffers

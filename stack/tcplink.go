@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net/netip"
 	"os"
 	"slices"
@@ -144,16 +143,11 @@ type tcpLink struct {
 	// Bare acknowledgements held back for a reply to carry (holdAcks).
 	heldMu    sync.Mutex
 	held      []*nstack.PacketBuffer
-	heldAcks  [maxHeld]heldAck       // what the hold keeps of held[i]
+	heldKeys  [maxHeld]ackKey        // held[i]'s connection and number, read once at its hold
 	spare     []*nstack.PacketBuffer // held's next array, while a release sends the last
 	heldN     atomic.Int32           // len(held), read without heldMu
-	heldTimer *time.Timer            // releases held when the first is due
+	heldTimer *time.Timer            // releases held after holdDelay
 	heldArmed bool
-	heldAt    int64 // when heldTimer fires (monoNow), while heldArmed
-	// lastHold is when the link last held an ACK (monoNow): a data
-	// segment later than maxHoldDelay after it answers nothing held, and
-	// skips the look for its connection (answered).
-	lastHold atomic.Int64
 	// heldDue is when held must go (monoNow's clock), while an
 	// application thread polls and expires them itself (pollHeld) in
 	// place of heldTimer; 0 otherwise. A timer armed at each hold made
@@ -550,18 +544,17 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 // Held acknowledgements. netstack acknowledges each segment as it
 // processes it, before the application can answer, where the kernel
 // delays its ACK for the answer to carry (RFC 1122 4.2.3.2). A bare ACK
-// without SACK blocks is held back, each until its own time: for the kick
-// delay (holdDelay); for maxHoldDelay when its connection answers what it
-// receives (TCPConn.answers, the kernel's pingpong mode); until the event
-// loop whose thread processed the segment waits again (TCPPoller.Wait; at
-// most maxHoldDelay). A later segment of the same connection that carries
-// data or a FIN and acknowledges as much makes it redundant, and it is
-// not sent (TCPCounters.AcksCarried). The rest leave when their hold is
-// over, with those due within heldSlack (TCPCounters.AcksDelayed). As the
-// kernel acknowledges at once when a second full segment is
-// unacknowledged, a bare ACK that acknowledges a full segment more than
-// the ACKs held for its connection leaves at once, in their place, so
-// that a bulk receiver's ACKs still clock its sender. ACKs with SACK blocks (data
+// without SACK blocks is held back, for at most the kick delay
+// (holdDelay), or until the event loop whose thread processed the
+// segment waits again (TCPPoller.Wait; at most maxHoldDelay); a later
+// segment of the same connection that carries data or a FIN and
+// acknowledges as much makes it redundant, and it is not sent
+// (TCPCounters.AcksCarried). The rest leave when the hold is over,
+// together (TCPCounters.AcksDelayed). As the kernel
+// acknowledges at once when a second full segment is unacknowledged, a
+// bare ACK that acknowledges a full segment more than the ACKs held for
+// its connection leaves at once, in their place, so that a bulk
+// receiver's ACKs still clock its sender. ACKs with SACK blocks (data
 // arrived out of order) are never held, and held duplicate ACKs (one
 // connection, one acknowledged byte) are never carried: both tell the
 // sender of a loss.
@@ -590,136 +583,66 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 		return false
 	}
 	if len(list) > maxHeld || !allBareAcks(list) || slices.ContainsFunc(list, hasSACK) {
-		l.answered(list)
 		if l.heldN.Load() > 0 {
 			l.carry(list)
 		}
 		return false
 	}
-	// When each must go, found before the lock: a look for the
-	// connection each.
-	now := monoNow()
-	var acks [maxHeld]heldAck
-	first := int64(math.MaxInt64)
-	for i, p := range list {
-		acks[i] = l.heldAckOf(p, now)
-		first = min(first, acks[i].due)
-	}
-	l.lastHold.Store(now)
 	var release []*nstack.PacketBuffer
 	l.heldMu.Lock()
-	if l.ackNow(list, acks[:len(list)]) {
+	if l.ackNow(list) {
 		l.heldMu.Unlock()
 		return false
 	}
 	if len(l.held)+len(list) > maxHeld {
 		release = l.takeHeld()
 	}
-	for i, p := range list {
+	for _, p := range list {
 		p.IncRef()
-		l.heldAcks[len(l.held)] = acks[i]
+		l.heldKeys[len(l.held)] = keyOf(p)
 		l.held = append(l.held, p)
 	}
 	l.heldN.Store(int32(len(l.held)))
-	switch due := l.heldDue.Load(); {
-	case l.heldArmed:
-		if first < l.heldAt {
-			l.armHeld(first, now)
-		}
-	case due != 0:
-		if first < due {
-			l.heldDue.Store(first)
-		}
-	case l.st.eventLoop.Load() || l.st.appPolling():
-		// A polling thread releases them (pollHeld): no timer's
-		// wake-up.
-		l.heldDue.Store(first)
+	switch {
+	case l.heldArmed || l.heldDue.Load() != 0:
+		// What is held already goes when its time comes: these with it.
+	case l.st.eventLoop.Load():
+		// An event loop answers what a poll gave it before it polls
+		// again (redis-server writes its replies before its next
+		// epoll_wait), however long its batch takes: held until then
+		// (TCPPoller.Wait and PollStop release them), or maxHoldDelay.
+		// With the kick delay alone, a third of redis-server's requests
+		// had a bare ACK of their own, sent by a timer's goroutine.
+		l.heldDue.Store(monoNow() + int64(maxHoldDelay))
+		l.armCheck()
+	case l.st.appPolling():
+		l.heldDue.Store(monoNow() + int64(l.holdDelay()))
 		l.armCheck()
 	default:
-		l.armHeld(first, now)
+		l.armHeld(l.holdDelay())
 	}
 	l.heldMu.Unlock()
 	l.send(release)
 	return true
 }
 
-// heldAckOf is what the hold keeps of p, held at now: held until an answer
-// may carry it when the connection answers (TCPConn.answers) or an event
-// loop's thread processed it, for the kick delay otherwise.
-//
-// An event loop answers what a poll gave it before it polls again
-// (redis-server writes its replies before its next epoll_wait), however
-// long its batch takes: held until then (TCPPoller.Wait and PollStop
-// release them), or maxHoldDelay. With the kick delay alone, a third of
-// redis-server's requests had a bare ACK of their own, sent by a timer's
-// goroutine.
-func (l *tcpLink) heldAckOf(p *nstack.PacketBuffer, now int64) heldAck {
-	a := heldAck{ackKey: keyOf(p)}
-	var c *TCPConn
-	if v, ok := l.st.tcpConns.Load(heldKey(a.conn)); ok {
-		c = v.(*TCPConn)
-		c.ackHeldAt.Store(now)
-	}
-	a.answer = c != nil && c.answers.Load()
-	a.loop = l.st.eventLoop.Load()
-	if a.answer || a.loop {
-		a.due = now + int64(maxHoldDelay)
-	} else {
-		a.due = now + int64(l.holdDelay())
-	}
-	return a
-}
-
-// answered notes the connections whose data segments in list answer what
-// they received within maxHoldDelay (TCPConn.answers), as the kernel
-// enters pingpong mode when it sends data within its ACK timeout of the
-// last segment it received (tcp_event_data_sent).
-func (l *tcpLink) answered(list []*nstack.PacketBuffer) {
-	last := l.lastHold.Load()
-	if last == 0 {
-		return
-	}
-	now := monoNow()
-	if now-last >= int64(maxHoldDelay) {
-		return
-	}
-	var seen [12]byte
-	for _, p := range list {
-		if p.Data().Size() == 0 {
-			continue
-		}
-		k := keyOf(p)
-		if k.conn == seen {
-			continue
-		}
-		seen = k.conn
-		v, ok := l.st.tcpConns.Load(heldKey(k.conn))
-		if !ok {
-			continue
-		}
-		if c := v.(*TCPConn); !c.answers.Load() && now-c.ackHeldAt.Load() < int64(maxHoldDelay) {
-			c.answers.Store(true)
-		}
-	}
-}
-
-// ackNow says whether a bare ACK of list (acks: what the hold keeps of
-// each) acknowledges a full segment or more beyond the ACKs held for its
-// connection: then list leaves at once, and the held ACKs it
-// acknowledges more than are dropped (carried). Caller holds heldMu.
-func (l *tcpLink) ackNow(list []*nstack.PacketBuffer, acks []heldAck) bool {
+// ackNow says whether a bare ACK of list acknowledges a full segment or
+// more beyond the ACKs held for its connection: then list leaves at once,
+// and the held ACKs it acknowledges more than are dropped (carried).
+// Caller holds heldMu.
+func (l *tcpLink) ackNow(list []*nstack.PacketBuffer) bool {
 	if len(l.held) == 0 {
 		return false
 	}
 	mss := int32(l.st.tcpMTU() - header.IPv4MinLen - header.TCPMinLen)
 	now := false
-	for i := range list {
-		k := acks[i].ackKey
-		if !slices.ContainsFunc(l.heldAcks[:len(l.held)], func(h heldAck) bool { return h.conn == k.conn && int32(k.ack-h.ack) >= mss }) {
+	for _, p := range list {
+		k := keyOf(p)
+		if !slices.ContainsFunc(l.heldKeys[:len(l.held)], func(h ackKey) bool { return h.conn == k.conn && int32(k.ack-h.ack) >= mss }) {
 			continue
 		}
 		now = true
-		l.dropHeld(func(i int) bool { h := l.heldAcks[i]; return h.conn == k.conn && int32(h.ack-k.ack) < 0 })
+		l.dropHeld(func(i int) bool { h := l.heldKeys[i]; return h.conn == k.conn && int32(h.ack-k.ack) < 0 })
 	}
 	return now
 }
@@ -732,16 +655,6 @@ func (l *tcpLink) ackNow(list []*nstack.PacketBuffer, acks []heldAck) bool {
 type ackKey struct {
 	conn [12]byte
 	ack  uint32
-}
-
-// heldAck is what the hold keeps of a held ACK: its key, when it must go
-// (monoNow's clock), and whether it waits for its connection's answer
-// (TCPConn.answers).
-type heldAck struct {
-	ackKey
-	due    int64
-	answer bool
-	loop   bool // held by an event loop's thread, which releases it as it waits again (TCPPoller.Wait)
 }
 
 func keyOf(p *nstack.PacketBuffer) ackKey {
@@ -759,13 +672,13 @@ func (l *tcpLink) dropHeld(drop func(i int) bool) {
 	keep := l.held[:0]
 	for i, h := range l.held {
 		if !drop(i) {
-			l.heldAcks[len(keep)] = l.heldAcks[i]
+			l.heldKeys[len(keep)] = l.heldKeys[i]
 			keep = append(keep, h)
 			continue
 		}
 		h.DecRef()
 		l.st.TCPCounters.AcksCarried.Add(1)
-		if c, ok := l.st.tcpConns.Load(heldKey(l.heldAcks[i].conn)); ok {
+		if c, ok := l.st.tcpConns.Load(heldKey(l.heldKeys[i].conn)); ok {
 			c.(*TCPConn).acksCarried.Add(1)
 		}
 	}
@@ -777,10 +690,10 @@ func (l *tcpLink) dropHeld(drop func(i int) bool) {
 	}
 }
 
-// armHeld starts heldTimer for at (monoNow's clock). Caller holds heldMu.
-func (l *tcpLink) armHeld(at, now int64) {
-	l.heldArmed, l.heldAt = true, at
-	l.heldTimer.Reset(time.Duration(max(at-now, 0)))
+// armHeld starts heldTimer. Caller holds heldMu.
+func (l *tcpLink) armHeld(d time.Duration) {
+	l.heldArmed = true
+	l.heldTimer.Reset(d)
 }
 
 // disarmHeld: nothing is held any more. Caller holds heldMu.
@@ -830,7 +743,7 @@ func (l *tcpLink) timeHeld() {
 	l.heldMu.Lock()
 	if d := l.heldDue.Load(); d != 0 && len(l.held) > 0 && !l.heldArmed {
 		l.heldDue.Store(0)
-		l.armHeld(d, monoNow())
+		l.armHeld(time.Duration(max(d-monoNow(), 0)))
 	}
 	l.heldMu.Unlock()
 }
@@ -846,7 +759,7 @@ func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
 			continue // no ACK, or neither data nor a FIN
 		}
 		k := keyOf(p)
-		keys := l.heldAcks[:len(l.held)]
+		keys := l.heldKeys[:len(l.held)]
 		var carried [maxHeld]bool
 		for i, h := range keys {
 			if h.conn != k.conn || int32(h.ack-k.ack) > 0 {
@@ -857,7 +770,7 @@ func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
 			// SACK of a loss: they leave as they are.
 			dup := false
 			for j, o := range keys {
-				dup = dup || j != i && o.ackKey == h.ackKey
+				dup = dup || j != i && o == h
 			}
 			carried[i] = !dup
 		}
@@ -877,72 +790,10 @@ func (l *tcpLink) releaseHeld() int {
 	return len(release)
 }
 
-// expireHeld is the hold timer's and a polling thread's (pollHeld): the
-// held ACKs whose time came leave, counted, with those due within
-// heldSlack. An ACK that waited for its connection's answer in vain
-// leaves it answering no more, as the kernel leaves pingpong mode when
-// its delayed ACK's timer fires.
+// expireHeld is the hold timer's: the held ACKs no segment carried
+// leave, and are counted.
 func (l *tcpLink) expireHeld() {
-	now := monoNow()
-	l.releaseWhere(func(a heldAck) bool { return a.due > now+int64(heldSlack) }, true)
-}
-
-// heldSlack: an ACK due this soon leaves with those due now, and is not
-// worth a timer of its own.
-const heldSlack = 5 * time.Microsecond
-
-// releaseWhere sends the held ACKs keep does not keep, counted
-// (AcksDelayed), and arms for the first it keeps; timed: they left as
-// their time came (TCPConn.answers).
-func (l *tcpLink) releaseWhere(keep func(heldAck) bool, timed bool) {
-	var missed [maxHeld][12]byte
-	nMissed := 0
-	l.heldMu.Lock()
-	out := l.spare
-	l.spare = nil
-	if out == nil {
-		out = make([]*nstack.PacketBuffer, 0, maxHeld)
-	}
-	kept := l.held[:0]
-	first := int64(math.MaxInt64)
-	for i, h := range l.held {
-		a := l.heldAcks[i]
-		if keep(a) {
-			l.heldAcks[len(kept)] = a
-			kept = append(kept, h)
-			first = min(first, a.due)
-			continue
-		}
-		if timed && a.answer {
-			missed[nMissed] = a.conn
-			nMissed++
-		}
-		out = append(out, h)
-	}
-	clear(l.held[len(kept):])
-	l.held = kept
-	l.heldN.Store(int32(len(kept)))
-	switch {
-	case len(kept) == 0:
-		l.disarmHeld()
-	case l.heldDue.Load() != 0:
-		l.heldDue.Store(first)
-	case !l.heldArmed || l.heldAt != first:
-		l.armHeld(first, monoNow())
-	}
-	if len(out) == 0 {
-		l.spare = out
-		l.heldMu.Unlock()
-		return
-	}
-	l.heldMu.Unlock()
-	for _, conn := range missed[:nMissed] {
-		if c, ok := l.st.tcpConns.Load(heldKey(conn)); ok {
-			c.(*TCPConn).answers.Store(false)
-		}
-	}
-	l.st.TCPCounters.AcksDelayed.Add(uint64(len(out)))
-	l.send(out)
+	l.st.TCPCounters.AcksDelayed.Add(uint64(l.releaseHeld()))
 }
 
 // takeHeld empties held and returns what it held, for send. Caller holds
@@ -1520,21 +1371,56 @@ func (st *Stack) appPolling() bool {
 	return t != 0 && monoNow()-t < int64(appPollRecent)
 }
 
-// releaseHeld sends the acknowledgements an event loop's thread held
-// (tcpLink.hold), for that thread, which waits again.
+// releaseHeld sends the acknowledgements held (tcpLink.hold), for an
+// event loop's thread that waits again.
 func (st *Stack) releaseHeld() { st.releaseHeldBut(nil) }
 
-// releaseHeldBut sends the held ACKs an event loop's thread held as it
-// processed their segments (heldAck.loop), but those of writers'
-// connections, which stay held until their time: it waits again.
+// releaseHeldBut sends the held ACKs but those of writers' connections.
 func (st *Stack) releaseHeldBut(writers []*TCPConn) {
 	t := st.tcp.Load()
-	if t == nil || t.link.heldN.Load() == 0 {
+	switch {
+	case t == nil || t.link.heldN.Load() == 0:
+	case len(writers) == 0:
+		t.link.expireHeld()
+	default:
+		t.link.expireHeldBut(writers)
+	}
+}
+
+// expireHeldBut sends the held ACKs, counted as expireHeld does, but
+// those of writers' connections, which stay held until their time.
+func (l *tcpLink) expireHeldBut(writers []*TCPConn) {
+	l.heldMu.Lock()
+	out := l.spare
+	l.spare = nil
+	if out == nil {
+		out = make([]*nstack.PacketBuffer, 0, maxHeld)
+	}
+	kept := l.held[:0]
+	for i, h := range l.held {
+		conn := l.heldKeys[i].conn
+		if slices.ContainsFunc(writers, func(c *TCPConn) bool { return c.key.heldConn() == conn }) {
+			l.heldKeys[len(kept)] = l.heldKeys[i]
+			kept = append(kept, h)
+			continue
+		}
+		out = append(out, h)
+	}
+	clear(l.held[len(kept):])
+	l.held = kept
+	l.heldN.Store(int32(len(kept)))
+	if len(kept) == 0 {
+		l.heldArmed = false
+		l.heldDue.Store(0)
+	}
+	if len(out) == 0 {
+		l.spare = out
+		l.heldMu.Unlock()
 		return
 	}
-	t.link.releaseWhere(func(a heldAck) bool {
-		return !a.loop || slices.ContainsFunc(writers, func(c *TCPConn) bool { return c.key.heldConn() == a.conn })
-	}, false)
+	l.heldMu.Unlock()
+	l.st.TCPCounters.AcksDelayed.Add(uint64(len(out)))
+	l.send(out)
 }
 
 // pollStopped tells the drains that the application thread that polled the
