@@ -46,8 +46,8 @@ func rawAddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
 }
 
 // KernelRecvMsg is KernelRecvFrom that also reads the kernel's ancillary
-// data into meta: IP_PKTINFO, IP_TOS, IP_TTL, IP_ORIGDSTADDR and
-// SCM_TIMESTAMP(NS), those the socket has turned on.
+// data into meta: IP_PKTINFO, IP_TOS, IP_TTL, IP_ORIGDSTADDR,
+// SCM_TIMESTAMP(NS) and UDP_GRO, those the socket has turned on.
 func KernelRecvMsg(fd int, b []byte, flags int, meta *RecvMeta) (int, netip.AddrPort, unix.Errno) {
 	var sa unix.RawSockaddrInet6
 	var oob [256]byte
@@ -82,6 +82,8 @@ func parseControl(b []byte, meta *RecvMeta) {
 			pi := (*unix.Inet4Pktinfo)(unsafe.Pointer(&data[0]))
 			meta.Ifindex, meta.SpecDst = int(pi.Ifindex), netip.AddrFrom4(pi.Spec_dst)
 			meta.Dst = netip.AddrPortFrom(netip.AddrFrom4(pi.Addr), meta.Dst.Port())
+		case h.Level == unix.IPPROTO_UDP && h.Type == unix.UDP_GRO && len(data) >= 4:
+			meta.GROSize = int(*(*int32)(unsafe.Pointer(&data[0])))
 		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
 			meta.TOS = data[0]
 		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TTL && len(data) >= 4:

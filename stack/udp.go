@@ -76,6 +76,9 @@ type RecvMeta struct {
 	// Stamp is the arrival time in unix nanoseconds, when the socket asked
 	// for it (SetRecvStamp; from the kernel socket, when it did).
 	Stamp int64
+	// GROSize is the segment size of datagrams the kernel socket coalesced
+	// into this one (UDP_GRO, which it turned on); 0 for one datagram.
+	GROSize int
 }
 
 // fill sets m from a queued datagram.

@@ -997,6 +997,51 @@ func TestRunUDPSegment(t *testing.T) {
 	p.wantSaid(t, "sent", "fd 3: offloaded on "+b.Link(testbed.B))
 }
 
+// TestRunUDPGRO: a socket with UDP_GRO on (QUIC servers turn it on) stays
+// offloaded and reads what the kernel's would (testdata/gro.py, on the
+// kernel and under vmaxdp, side by side): side A's datagrams one by one,
+// without a UDP_GRO message, as the kernel's when it coalesced nothing,
+// and what its kernel socket takes coalesced (1000 bytes sent to it
+// through lo with UDP_SEGMENT at 100) whole, with its segment size, 100.
+// Before, UDP_GRO sent the socket to the kernel.
+func TestRunUDPGRO(t *testing.T) {
+	b := pythonBed(t)
+	const port = 11457
+	msgs := []string{"one", "two two", "three three three"}
+	var said [2][]string
+	var moved [2]int
+	for i, argv := range [][]string{{"python3"}, {tools(t), "run", "--", "python3"}} {
+		before := udpInDatagrams(t, b, testbed.B)
+		p := startArgv(t, b, nil, append(argv, "testdata/gro.py", b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(len(msgs)))...)
+		if err := p.waitFor("ready\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		if i == 1 {
+			p.waitOffloaded(t)
+		}
+		sendFromA(t, b, port, msgs...)
+		if err := p.exited(); err != nil {
+			t.Fatalf("%v: %v\n%s", argv, err, p.out.String())
+		}
+		moved[i] = udpInDatagrams(t, b, testbed.B) - before
+		for _, l := range strings.Split(p.out.String(), "\n") {
+			if l != "" && !strings.HasPrefix(l, "vmaxdp ") {
+				said[i] = append(said[i], l)
+			}
+		}
+		if i == 1 {
+			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
+		}
+	}
+	sameLines(t, said, len(msgs)+3)
+	if !slices.Contains(said[0], "got 1000 gro 100 flags 0") {
+		t.Errorf("the kernel did not coalesce the segments sent through lo: the test shows nothing")
+	}
+	if moved[1] != moved[0]-len(msgs) {
+		t.Errorf("side B's kernel delivered %d datagrams under vmaxdp, %d on its own: want side A's %d fewer (offloaded)", moved[1], moved[0], len(msgs))
+	}
+}
+
 // TestRunBindToDevice: a UDP socket bound to an interface with
 // SO_BINDTODEVICE gets what the kernel would give it (testdata/
 // bindtodevice.py, side B under vmaxdp, datagrams from side A): bound to

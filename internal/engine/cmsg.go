@@ -26,6 +26,7 @@ const (
 	CmsgTimestampNSNew                   // SO_TIMESTAMPNS_NEW
 	CmsgTimestamping                     // SO_TIMESTAMPING_OLD, software receive stamps: SCM_TIMESTAMPING
 	CmsgTimestampingNew                  // SO_TIMESTAMPING_NEW, the same
+	CmsgUDPGRO                           // UDP_GRO: a coalesced datagram's segment size
 )
 
 // cmsgStamps are the kinds that need each datagram's arrival time.
@@ -48,6 +49,11 @@ var cmsgOptions = []struct {
 	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMP_NEW}, CmsgTimestampNew},
 	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_OLD}, CmsgTimestampNS},
 	{sockOpt{unix.SOL_SOCKET, unix.SO_TIMESTAMPNS_NEW}, CmsgTimestampNSNew},
+	// The stack's datagrams come one by one, as the kernel's do when it
+	// coalesced nothing (no UDP_GRO message); what the kernel socket
+	// takes (loopback, another link) may come coalesced, with its
+	// segment size (stack.RecvMeta.GROSize).
+	{sockOpt{unix.IPPROTO_UDP, unix.UDP_GRO}, CmsgUDPGRO},
 }
 
 // cmsgOption maps a socket option to the ancillary data it turns on.
@@ -87,10 +93,6 @@ var foreignCmsgOptions = []struct {
 	{sockOpt{unix.IPPROTO_IP, unix.IP_PASSSEC}, "IP_PASSSEC"},
 	{sockOpt{unix.IPPROTO_IP, unix.IP_CHECKSUM}, "IP_CHECKSUM"},
 	{sockOpt{unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE}, "IP_RECVFRAGSIZE"},
-	// What reaches the socket through its kernel socket (another link's
-	// traffic, a physical NIC's GRO) may come coalesced, its boundaries
-	// in a UDP_GRO message the stack's reads do not carry.
-	{sockOpt{unix.IPPROTO_UDP, unix.UDP_GRO}, "UDP_GRO (datagrams the kernel coalesces, with their segment size)"},
 }
 
 // foreignCmsgOption names an option whose ancillary data or behaviour the
@@ -246,7 +248,7 @@ func (e *Engine) Cmsg(fd int) Cmsg {
 
 // PutCmsgs writes into b the ancillary data of kinds cm for a datagram
 // that meta describes, in the order the kernel writes them (timestamps,
-// then IP_PKTINFO, IP_TTL, IP_TOS, IP_ORIGDSTADDR). It returns the bytes
+// then UDP_GRO, IP_PKTINFO, IP_TTL, IP_TOS, IP_ORIGDSTADDR). It returns the bytes
 // used and whether some did not fit (MSG_CTRUNC). It does not allocate.
 func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
 	put := func(level, typ int32, data []byte) {
@@ -283,6 +285,10 @@ func PutCmsgs(b []byte, cm Cmsg, meta *stack.RecvMeta) (used int, cut bool) {
 			typ = unix.SO_TIMESTAMPING_NEW
 		}
 		put(unix.SOL_SOCKET, typ, buf[:48])
+	}
+	if cm&CmsgUDPGRO != 0 && meta.GROSize > 0 {
+		binary.NativeEndian.PutUint32(buf[0:], uint32(meta.GROSize))
+		put(unix.IPPROTO_UDP, unix.UDP_GRO, buf[:4])
 	}
 	if cm&CmsgPktinfo != 0 {
 		binary.NativeEndian.PutUint32(buf[0:], uint32(meta.Ifindex))

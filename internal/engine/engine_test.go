@@ -1051,10 +1051,13 @@ func TestForeignCmsgOptions(t *testing.T) {
 	if st := e.State(fd); st != StateKernel || !strings.Contains(e.Reason(fd), "IP_RECVOPTS") {
 		t.Errorf("IP_RECVOPTS: state %d, reason %q; want the kernel's, said", st, e.Reason(fd))
 	}
+	// UDP_GRO is served: the stack's datagrams come one by one, and what
+	// the kernel socket coalesced comes with its segment size
+	// (TestRunUDPGRO).
 	_, e2, fd2 := offloaded(t, 9419, false)
 	e2.SetCmsgOption(fd2, unix.IPPROTO_UDP, unix.UDP_GRO, true)
-	if st := e2.State(fd2); st != StateKernel || !strings.Contains(e2.Reason(fd2), "UDP_GRO") {
-		t.Errorf("UDP_GRO: state %d, reason %q; want the kernel's, said", st, e2.Reason(fd2))
+	if st := e2.State(fd2); st != StateOffloaded || e2.Cmsg(fd2)&CmsgUDPGRO == 0 {
+		t.Errorf("UDP_GRO: state %d, reason %q, ancillary data %#x; want offloaded, UDP_GRO's", st, e2.Reason(fd2), e2.Cmsg(fd2))
 	}
 
 	var fd6 int
@@ -1226,23 +1229,30 @@ func TestTimestampingLooped(t *testing.T) {
 
 // TestPutCmsgsAllocs: every kind of ancillary data is written without
 // an allocation (recvmsg's per-datagram path), SCM_TIMESTAMPING's 48
-// bytes in the kernel's layout.
+// bytes in the kernel's layout, UDP_GRO's segment size after the stamps
+// and before the IP level's, where udp_recvmsg puts it.
 func TestPutCmsgsAllocs(t *testing.T) {
 	meta := &stack.RecvMeta{Dst: netip.MustParseAddrPort("198.18.0.2:53"), SpecDst: netip.MustParseAddr("198.18.0.2"),
-		Ifindex: 2, TOS: 0x10, TTL: 64, Stamp: 1_700_000_000_123_456_789}
-	all := CmsgPktinfo | CmsgTOS | CmsgTTL | CmsgOrigDstAddr | CmsgTimestampNS | CmsgTimestamping
+		Ifindex: 2, TOS: 0x10, TTL: 64, Stamp: 1_700_000_000_123_456_789, GROSize: 1200}
+	all := CmsgPktinfo | CmsgTOS | CmsgTTL | CmsgOrigDstAddr | CmsgTimestampNS | CmsgTimestamping | CmsgUDPGRO
 	b := make([]byte, 512)
 	var used int
 	if n := testing.AllocsPerRun(100, func() { used, _ = PutCmsgs(b, all, meta) }); n != 0 {
 		t.Errorf("PutCmsgs: %.0f allocations a call, want 0", n)
 	}
 	msgs, err := unix.ParseSocketControlMessage(b[:used])
-	if err != nil || len(msgs) != 6 {
-		t.Fatalf("%d control messages, %v; want 6", len(msgs), err)
+	if err != nil || len(msgs) != 7 {
+		t.Fatalf("%d control messages, %v; want 7", len(msgs), err)
 	}
 	ts := msgs[1]
 	if ts.Header.Type != unix.SO_TIMESTAMPING_OLD || len(ts.Data) != 48 {
 		t.Fatalf("second message: type %d, %d bytes; want SO_TIMESTAMPING, 48", ts.Header.Type, len(ts.Data))
+	}
+	if gro := msgs[2]; gro.Header.Level != unix.IPPROTO_UDP || gro.Header.Type != unix.UDP_GRO || len(gro.Data) != 4 || binary.NativeEndian.Uint32(gro.Data) != 1200 {
+		t.Errorf("third message: level %d, type %d, data %x; want UDP_GRO, 1200", gro.Header.Level, gro.Header.Type, gro.Data)
+	}
+	if n, _ := PutCmsgs(b, CmsgUDPGRO, &stack.RecvMeta{}); n != 0 {
+		t.Errorf("a datagram nothing was coalesced into got %d bytes of UDP_GRO message, want none (as the kernel's)", n)
 	}
 	var want [48]byte
 	binary.NativeEndian.PutUint64(want[0:], 1_700_000_000)
