@@ -162,7 +162,10 @@ func TestReusePortGroup(t *testing.T) {
 			if g := st.Group(cs[0]); n > 1 && len(g) != n {
 				t.Fatalf("group of %d sockets, want %d", len(g), n)
 			}
-			const flows, k = 64, 10
+			// 256 flows: with 64, a socket of four got fewer than a third
+			// of its share in 3.4 runs in 10,000 of a uniform hash over
+			// random ports (simulated), and once in make test (3 of 64).
+			const flows, k = 256, 3
 			senders := flowSenders(t, bed, flows)
 			before := testutil.UDPStat(t, bed, testbed.B, "InDatagrams")
 			r := &received{got: map[[2]uint32][]int{}}
