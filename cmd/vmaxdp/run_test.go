@@ -1024,11 +1024,7 @@ func TestRunUDPGRO(t *testing.T) {
 			t.Fatalf("%v: %v\n%s", argv, err, p.out.String())
 		}
 		moved[i] = udpInDatagrams(t, b, testbed.B) - before
-		for _, l := range strings.Split(p.out.String(), "\n") {
-			if l != "" && !strings.HasPrefix(l, "vmaxdp ") {
-				said[i] = append(said[i], l)
-			}
-		}
+		said[i] = programLines(p)
 		if i == 1 {
 			p.wantSaid(t, "fd 3: offloaded on "+b.Link(testbed.B))
 		}
@@ -1186,16 +1182,23 @@ func sideBySide(t *testing.T, b *testbed.Bed, env, argv []string, after func(run
 		if err := p.exited(); err != nil {
 			t.Fatalf("%v: %v\n%s", argv, err, p.out.String())
 		}
-		for _, l := range strings.Split(p.out.String(), "\n") {
-			if l != "" && !strings.HasPrefix(l, "vmaxdp ") {
-				said[i] = append(said[i], l)
-			}
-		}
+		said[i] = programLines(p)
 		if after != nil {
 			after(i, p)
 		}
 	}
 	return said
+}
+
+// programLines is what p printed, vmaxdp's log left out.
+func programLines(p *cProgram) []string {
+	var lines []string
+	for _, l := range strings.Split(p.out.String(), "\n") {
+		if l != "" && !strings.HasPrefix(l, "vmaxdp ") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // sameLines reports each line where the kernel's run (said[0]) and
