@@ -108,8 +108,7 @@ func SourceVerdicts(st *Stack, src, dst netip.Addr) (copied, kernel bool, err er
 	if err != nil {
 		return false, false, err
 	}
-	p := st.addrs.Load()
-	copied = f.sourceOK(src, st.ifindex, st.srcConf.rpMode(), st.srcConf.acceptsLocal(), p != nil && len(*p) > 0)
+	copied = st.copyVerdict(f, src, st.srcConf.rpMode(), st.srcConf.acceptsLocal())
 	kernel, err = st.sourceValid(src, dst)
 	return copied, kernel, err
 }
@@ -133,7 +132,7 @@ func SourceVerdict(st *Stack, src, dst netip.Addr, kernel bool) (ok, decided boo
 	if f == nil {
 		return false, false
 	}
-	return f.sourceOK(src, st.ifindex, st.rpMode.Load(), st.acceptLocal.Load(), true), true
+	return st.copyVerdict(f, src, st.rpMode.Load(), st.acceptLocal.Load()), true
 }
 
 // TxUnkicked says whether c's queue holds frames left for a coalesced

@@ -171,8 +171,7 @@ func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 	ok, known := st.sources[k]
 	if !known {
 		if f := st.fib.Load(); f != nil {
-			p := st.addrs.Load()
-			ok = f.sourceOK(ip.Src(), st.ifindex, st.rpMode.Load(), st.acceptLocal.Load(), p != nil && len(*p) > 0)
+			ok = st.copyVerdict(f, ip.Src(), st.rpMode.Load(), st.acceptLocal.Load())
 		} else if ok, known = st.askSourceLocked(ip); !known {
 			st.Counters.RxSourceUnchecked.Add(1)
 			return false
@@ -183,6 +182,13 @@ func (st *Stack) sourceOKLocked(ip header.IPv4) bool {
 		st.Counters.RxSourceRejected.Add(1)
 	}
 	return ok
+}
+
+// copyVerdict is the copy of the routes' verdict on src arriving on the
+// stack's interface, under rp_filter mode and acceptLocal.
+func (st *Stack) copyVerdict(f *fibCopy, src netip.Addr, mode int32, acceptLocal bool) bool {
+	p := st.addrs.Load()
+	return f.sourceOK(src, st.ifindex, mode, acceptLocal, p != nil && len(*p) > 0)
 }
 
 // askSourceLocked asks the kernel for the verdict on ip's source
