@@ -299,7 +299,7 @@ func TestRunSockperf(t *testing.T) {
 
 // TestRunSysmonBatch: once the application has made a data call, its Go
 // sysmon thread runs SCHED_BATCH (package sysmon: its wake-ups took a
-// polling thread's CPU, sockperf ping-pong's p99 15-18 us against the
+// polling thread's CPU, sockperf ping-pong's p99 14-23 us against the
 // kernel's 5-7), and no other thread of the application changes policy.
 // sockperf's server polls under vmaxdp, its client on side A's kernel.
 func TestRunSysmonBatch(t *testing.T) {

@@ -9,7 +9,7 @@
 // hundreds of times a second. Each tick is a thread wake-up, and on a busy
 // machine the kernel gives the waking sysmon the CPU of a polling thread
 // at once (wake-up preemption): sockperf's ping-pong under vmaxdp, both
-// CPUs of this machine polling, had a p99 of 15-18 us against the
+// CPUs of this machine polling, had a p99 of 14-23 us against the
 // kernel's 5-7 us, with sysmon waking about 770 times a second.
 //
 // SCHED_BATCH takes away only the wake-up preemption: the thread keeps
