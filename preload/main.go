@@ -55,7 +55,6 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/engine"
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/params"
-	"github.com/vmaxdp/vmaxdp/internal/sysmon"
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
@@ -111,15 +110,9 @@ var ps struct {
 const maxPs = 32
 
 // vmxgo_thread is a thread's first data call: it gets a P of its own.
-// The first one also sets Go's sysmon aside (quietSysmon).
 //
 //export vmxgo_thread
 func vmxgo_thread() {
-	sysmonOnce.Do(func() {
-		if eng != nil { // the engine started (vmxgo_init)
-			go quietSysmon()
-		}
-	})
 	if !ps.auto { // set once, before any thread calls
 		return
 	}
@@ -129,24 +122,6 @@ func vmxgo_thread() {
 	if want := min(ps.threads+1, max(maxPs, runtime.NumCPU())); want > runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(want)
 	}
-}
-
-var sysmonOnce sync.Once
-
-// quietSysmon makes Go's sysmon thread SCHED_BATCH (package sysmon): its
-// wake-ups, hundreds a second while the application's threads hold Ps in
-// their own code, no longer take a polling thread's CPU. It looks while
-// the thread that called is in its data calls, when sysmon is awake.
-func quietSysmon() {
-	tid, err := sysmon.Find(2*time.Millisecond, 2*time.Second)
-	if err == nil {
-		err = sysmon.Batch(tid)
-	}
-	if err != nil {
-		eng.Log.Printf(params.LevelDebug, "Go's sysmon thread left as it is: %v", err)
-		return
-	}
-	eng.Log.Printf(params.LevelDebug, "Go's sysmon thread %d: SCHED_BATCH, so that its wake-ups do not preempt the application's threads", tid)
 }
 
 // vmxgo_init starts the engine. nofile, when not nil, is the fd limit the
