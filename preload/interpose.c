@@ -434,6 +434,7 @@ DECLARE(int, sigaction, int, const struct sigaction *, struct sigaction *);
 static void vmx_child(void)
 {
 	vmx_forked = 1;
+	vmx_sysmon_tid = 0; /* the parent's; a number the child's threads may get once it ends */
 	struct vmx_fork_page *p = vmx_fork_page;
 	unsigned n = p ? __atomic_load_n(&p->handoffs, __ATOMIC_ACQUIRE) : 0;
 	for (unsigned h = 0; h < n && h < VMX_MAXHANDOFF; h++) /* the child's end of a live handoff queue stays */
@@ -2321,6 +2322,48 @@ int chroot(const char *path)
 	if (vmx_ready && !vmx_forked)
 		vmxgo_before_chroot((char *)path);
 	return REAL(chroot)(path);
+}
+
+/* Go's sysmon thread runs SCHED_BATCH (preload's quietSysmon), and it is
+ * the thread that creates Go's new threads (startm when it takes a P from a
+ * thread in a system call). A thread inherits its creator's policy, and
+ * SCHED_RESET_ON_FORK resets only real-time ones, so the threads sysmon
+ * creates are made SCHED_OTHER here: they run the engine's goroutines,
+ * whose wake-ups must preempt as any thread's do. Any other thread's
+ * pthread_create is passed on as it is. */
+int vmx_sysmon_tid;
+DECLARE(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	int sysmon = __atomic_load_n(&vmx_sysmon_tid, __ATOMIC_RELAXED);
+	if (!sysmon || sysmon != (int)sys(SYS_gettid))
+		return REAL(pthread_create)(t, attr, fn, arg);
+	pthread_attr_t own;
+	const pthread_attr_t *a = attr;
+	if (pthread_getattr_default_np(&own) != 0)
+		return REAL(pthread_create)(t, attr, fn, arg);
+	if (attr) {
+		/* Go's runtime/cgo passes an attr of its own (its stack size
+		 * is the new thread's stack bound): a copy of what it may set,
+		 * the policy apart. */
+		size_t n;
+		int detach;
+		if (pthread_attr_getstacksize(attr, &n) == 0)
+			pthread_attr_setstacksize(&own, n);
+		if (pthread_attr_getguardsize(attr, &n) == 0)
+			pthread_attr_setguardsize(&own, n);
+		if (pthread_attr_getdetachstate(attr, &detach) == 0)
+			pthread_attr_setdetachstate(&own, detach);
+	}
+	struct sched_param none = {0};
+	if (pthread_attr_setinheritsched(&own, PTHREAD_EXPLICIT_SCHED) == 0 &&
+	    pthread_attr_setschedpolicy(&own, SCHED_OTHER) == 0 &&
+	    pthread_attr_setschedparam(&own, &none) == 0)
+		a = &own;
+	int r = REAL(pthread_create)(t, a, fn, arg);
+	pthread_attr_destroy(&own);
+	return r;
 }
 
 /* A thread that enters another network namespace: the engine's answers

@@ -24,6 +24,8 @@ enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };
  * (stack.KnockAddr, host order, set as the library loads): an accept that
  * gets one closes it and takes a handed connection instead. */
 extern unsigned int vmx_knock_addr;
+/* Go's sysmon thread, made SCHED_BATCH by vmxgo_init (0: not). */
+extern int vmx_sysmon_tid;
 struct vmx_handoff {
 	unsigned long long inode;      /* the listener's socket */
 	unsigned long long chan_inode; /* chan's socket */

@@ -55,6 +55,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/engine"
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
 	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/internal/sysmon"
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
@@ -110,9 +111,15 @@ var ps struct {
 const maxPs = 32
 
 // vmxgo_thread is a thread's first data call: it gets a P of its own.
+// The first one logs what vmxgo_init did with Go's sysmon thread.
 //
 //export vmxgo_thread
 func vmxgo_thread() {
+	sysmonSaid.Do(func() {
+		if sysmonDone != "" {
+			eng.Log.Printf(params.LevelDebug, "%s", sysmonDone)
+		}
+	})
 	if !ps.auto { // set once, before any thread calls
 		return
 	}
@@ -122,6 +129,43 @@ func vmxgo_thread() {
 	if want := min(ps.threads+1, max(maxPs, runtime.NumCPU())); want > runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(want)
 	}
+}
+
+// sysmonDone says what quietSysmon did, for the log of the first data
+// call: at start-up the log has not begun (its banner comes with the
+// first socket).
+var (
+	sysmonDone string
+	sysmonSaid sync.Once
+)
+
+// quietSysmon makes Go's sysmon thread SCHED_BATCH (package sysmon) when
+// VMAXDP_SYSMON_BATCH says so (the latency profile does): its
+// wake-ups, hundreds a second while the application's threads hold Ps in
+// their own code, no longer take a polling thread's CPU. The threads
+// sysmon creates (Go's Ms) would inherit the policy; the interposer's
+// pthread_create gives them SCHED_OTHER (vmx_sysmon_tid).
+//
+// It runs in vmxgo_init, before the application's code: the look reads
+// /proc files, and each open takes the lowest free fd for a moment, which
+// an application opening its own beside it would miss (run on a
+// goroutine, it gave TestRunTCPCalls an accept's fd one off the kernel
+// run's). sysmon is awake then, since the caller is in Go; the look does
+// not pause, for 20 ms at most, and takes a few looks of some 30 us.
+func quietSysmon() {
+	if !eng.Params().SysmonBatch {
+		return
+	}
+	tid, err := sysmon.Find(0, 20*time.Millisecond)
+	if err == nil {
+		err = sysmon.Batch(tid)
+	}
+	if err != nil {
+		sysmonDone = fmt.Sprintf("Go's sysmon thread left as it is: %v", err)
+		return
+	}
+	C.vmx_sysmon_tid = C.int(tid)
+	sysmonDone = fmt.Sprintf("Go's sysmon thread %d: SCHED_BATCH, so that its wake-ups do not preempt the application's threads", tid)
 }
 
 // vmxgo_init starts the engine. nofile, when not nil, is the fd limit the
@@ -154,6 +198,7 @@ func vmxgo_init(nofile *C.struct_rlimit) C.int {
 		fmt.Fprintf(os.Stderr, "vmaxdp: %v\n", err)
 		return 1
 	}
+	quietSysmon()
 	return 0
 }
 

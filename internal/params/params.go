@@ -49,6 +49,7 @@ type Params struct {
 	TxMCLoopback      bool
 	TCP               bool
 	PeerNotify        bool
+	SysmonBatch       bool
 }
 
 // Param describes one parameter.
@@ -134,7 +135,7 @@ var All = []Param{
 	stringParam("CONFIG_FILE", "Conf File", "/etc/libvmaxdp.conf", "Rules file in libvma.conf syntax choosing which sockets are offloaded; a missing default file means offload everything.", nil, func(p *Params) *string { return &p.ConfigFile }),
 	stringParam("APPLICATION_ID", "Application ID", DefaultApplicationID, "Which application-id blocks of the rules file apply, besides those whose id is *.", nil, func(p *Params) *string { return &p.ApplicationID }),
 	boolParam("OFFLOADED_SOCKETS", "Offloaded Sockets", "1", "1: sockets are offloaded unless a rule says os; 0: only sockets a rule says vmaxdp for.", func(p *Params) *bool { return &p.OffloadedSockets }),
-	stringParam("SPEC", "Spec", "", "A profile of parameters, as VMA_SPEC: latency (every wait polls for ever: VMAXDP_RX_POLL=-1 and VMAXDP_SELECT_POLL=-1, for a core per polling thread). Parameters set explicitly win over the profile.", checkSpec, func(p *Params) *string { return &p.Spec }),
+	stringParam("SPEC", "Spec", "", "A profile of parameters, as VMA_SPEC: latency (every wait polls for ever: VMAXDP_RX_POLL=-1 and VMAXDP_SELECT_POLL=-1, for a core per polling thread; and VMAXDP_SYSMON_BATCH=1). Parameters set explicitly win over the profile.", checkSpec, func(p *Params) *string { return &p.Spec }),
 	pollParam("RX_POLL", "Rx Poll Loops", "Polls of the AF_XDP queues before a blocking receive sleeps: auto (poll while polling pays: see package stack's Spin), -1 forever, 0 sleep at once, N that many polls (VMA's meaning).", func(p *Params) *int { return &p.RxPoll }),
 	intParam("RX_UDP_POLL_OS_RATIO", "Rx UDP Poll OS Ratio", "100", "While polling, look at the kernel socket once every this many polls (0: only before sleeping).", 0, 100000000, func(p *Params) *int { return &p.RxUDPPollOSRatio }),
 	pollParam("SELECT_POLL", "Select Poll (usec)", "Microseconds select, poll and epoll_wait poll the queues before they block: auto (poll while polling pays), -1 forever, 0 block at once, N that many microseconds (VMA's meaning).", func(p *Params) *int { return &p.SelectPoll }),
@@ -155,6 +156,7 @@ var All = []Param{
 	boolParam("TCP", "TCP Offload", "0", "1: TCP listeners are offloaded as UDP sockets are (the rules' tcp_server role), their connections served by gVisor's netstack; 0: TCP stays on the kernel. Off by default: netstack's request-response round trip is slower than the kernel's here (README).", func(p *Params) *bool { return &p.TCP }),
 	boolParam("PEER_NOTIFY", "Peer Notification", "1", "1: a helper process (vmaxdp notify-peers) outlives the process: if it ends without closing its sockets (SIGKILL, a crash, _exit, exec), the helper sends what its last sends left on the AF_XDP TX rings for a coalesced kick, and tells the peers of its offloaded TCP connections, as the kernel's close of a dying process's sockets does: each peer gets a reset; 0: no helper, such datagrams are lost and such a peer waits for data that never comes. VMA's vmad.", func(p *Params) *bool { return &p.PeerNotify }),
 	boolParam("TX_MC_LOOPBACK", "Tx MC Loopback", "1", "Initial IP_MULTICAST_LOOP of every UDP socket (the application's setsockopt overrides it). While it is on, multicast to a group that has a member on this host (on the sending interface) goes through the kernel, which gives the member its copy, and the rest is offloaded; 0 offloads it all.", func(p *Params) *bool { return &p.TxMCLoopback }),
+	boolParam("SYSMON_BATCH", "Go Sysmon Batch", "0", "1: Go's sysmon thread inside the application runs SCHED_BATCH, so that its wake-ups (hundreds a second while threads poll) no longer preempt a polling thread: sockperf ping-pong's p99 with the client under vmaxdp went from 13.5 to 5.8 us, the kernel's 5.5 (README); its work waits for a scheduler tick on a busy CPU, which cost unbound with two threads 5-15% of its queries a second. The latency profile sets it.", func(p *Params) *bool { return &p.SysmonBatch }),
 	boolParam("CPU_USAGE_STATS", "Polling CPU idle usage", "0", "1: measure the CPU share spent polling in select, poll and epoll_wait.", func(p *Params) *bool { return &p.CPUUsageStats }),
 }
 
@@ -244,6 +246,9 @@ func Load(lookup func(string) (string, bool)) (*Params, error) {
 		}
 		if !set["SELECT_POLL"] {
 			p.SelectPoll = -1
+		}
+		if !set["SYSMON_BATCH"] {
+			p.SysmonBatch = true
 		}
 	}
 	return p, errors.Join(errs...)

@@ -53,3 +53,25 @@ func TestDocListsAll(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecLatency: the latency profile polls for ever and batches Go's
+// sysmon, and what is set explicitly wins over it.
+func TestSpecLatency(t *testing.T) {
+	p, err := Load(env("VMAXDP_SPEC", "latency"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.RxPoll != -1 || p.SelectPoll != -1 || !p.SysmonBatch {
+		t.Errorf("latency: RxPoll %d SelectPoll %d SysmonBatch %v; want -1, -1, true", p.RxPoll, p.SelectPoll, p.SysmonBatch)
+	}
+	p, err = Load(env("VMAXDP_SPEC", "latency", "VMAXDP_SYSMON_BATCH", "0", "VMAXDP_RX_POLL", "10"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.RxPoll != 10 || p.SelectPoll != -1 || p.SysmonBatch {
+		t.Errorf("latency with two set: RxPoll %d SelectPoll %d SysmonBatch %v; want 10, -1, false", p.RxPoll, p.SelectPoll, p.SysmonBatch)
+	}
+	if p, _ := Load(env()); p.SysmonBatch {
+		t.Error("SysmonBatch on by default")
+	}
+}
