@@ -55,8 +55,11 @@ type TCPConn struct {
 	// segments queued for processInline (tcpinline.go). Under the
 	// stack's rxMu.
 	inlineSegs int
-	wmu        sync.Mutex
-	wr         gatherReader
+	// ackOwed: on the link's owed list (tcpLink.oweAck). Under its
+	// owedMu.
+	ackOwed bool
+	wmu     sync.Mutex
+	wr      gatherReader
 	// wrShut: the write side is shut (Shutdown, Close: push), and
 	// appCork and appNoDelay are TCP_CORK and TCP_NODELAY as the
 	// application set them, which the endpoint no longer follows

@@ -160,6 +160,18 @@ type tcpLink struct {
 	heldCheck      *time.Timer
 	heldCheckArmed bool
 
+	// Owed acknowledgements (tcpinline.go): event loops' connections
+	// whose processing built no ACK, for their answers to carry, until
+	// settleOwed. Each is on owed once (TCPConn.ackOwed).
+	owedMu    sync.Mutex
+	owed      []*TCPConn
+	owedSpare []*TCPConn              // owed's next array, while settleOwed runs over the last
+	owedN     atomic.Int32            // len(owed), read without owedMu
+	owedTimer *time.Timer             // settles owed maxHoldDelay after the first is owed
+	owedArmed bool                    // owedTimer is armed, or running
+	settling  atomic.Pointer[TCPConn] // the connection settle acknowledges: its bare ACK is not held
+	settled   atomic.Uint64           // bare ACKs that left for settle
+
 	// silenced are connections (ackKey.conn) handed to the kernel
 	// (ToKernel), whose netstack endpoint ends without a segment.
 	silenceMu sync.Mutex
@@ -579,6 +591,12 @@ func (l *tcpLink) holdDelay() time.Duration { return min(l.st.opts.TxKickDelay, 
 // hold holds list if it is all bare ACKs without SACK blocks, and drops
 // the held ACKs list's segments make redundant; true when it held list.
 func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
+	if c := l.settling.Load(); c != nil && len(list) == 1 && allBareAcks(list) && keyOf(list[0]).conn == c.key.heldConn() {
+		// An owed ACK no answer carried: its hold is over.
+		l.settled.Add(1)
+		l.st.TCPCounters.AcksDelayed.Add(1)
+		return false
+	}
 	if l.holdDelay() == 0 {
 		return false
 	}
@@ -775,6 +793,79 @@ func (l *tcpLink) carry(list []*nstack.PacketBuffer) {
 			carried[i] = !dup
 		}
 		l.dropHeld(func(i int) bool { return carried[i] })
+	}
+}
+
+// oweAck puts c, whose processing built no ACK, on the owed list
+// (tcpinline.go), and arms owedTimer for the list's first.
+func (l *tcpLink) oweAck(c *TCPConn) {
+	l.owedMu.Lock()
+	defer l.owedMu.Unlock()
+	if c.ackOwed {
+		return
+	}
+	c.ackOwed = true
+	l.owed = append(l.owed, c)
+	l.owedN.Store(int32(len(l.owed)))
+	if !l.owedArmed {
+		l.owedArmed = true
+		l.owedTimer.Reset(maxHoldDelay)
+	}
+}
+
+// owedTimeout is owedTimer's: what is owed is settled.
+func (l *tcpLink) owedTimeout() {
+	l.owedMu.Lock()
+	l.owedArmed = false
+	l.owedMu.Unlock()
+	l.settleOwed(nil)
+}
+
+// settleOwed settles the owed ACKs but those of but's connections, whose
+// thread is about to write on them (TCPPoller.Wait's writers).
+func (l *tcpLink) settleOwed(but []*TCPConn) {
+	if l.owedN.Load() == 0 {
+		return
+	}
+	l.owedMu.Lock()
+	defer l.owedMu.Unlock()
+	list, kept := l.owed, l.owedSpare[:0]
+	for _, c := range list {
+		if slices.Contains(but, c) {
+			kept = append(kept, c)
+			continue
+		}
+		c.ackOwed = false
+		l.settle(c)
+	}
+	clear(list)
+	l.owed, l.owedSpare = kept, list[:0]
+	l.owedN.Store(int32(len(kept)))
+	if len(kept) == 0 && l.owedArmed && l.owedTimer.Stop() {
+		l.owedArmed = false
+	}
+}
+
+// settle acknowledges what c's peer sent, unless c's answers did
+// (AcksCarried): netstack's handleSegmentsLocked on the endpoint, whose
+// last step sends the ACK if one is still due, and processes whatever
+// came meanwhile. Caller holds owedMu.
+func (l *tcpLink) settle(c *TCPConn) {
+	ep, ok := c.ep.(*tcp.Endpoint)
+	if !ok {
+		return
+	}
+	ep.LockUser()
+	if ackless(ep.EndpointState()) {
+		ep.UnlockUser()
+		return
+	}
+	before := l.settled.Load()
+	l.settling.Store(c)
+	c.settleLocked(ep, tcpHandleSegmentsLocked(ep))
+	l.settling.Store(nil)
+	if l.settled.Load() == before {
+		l.st.TCPCounters.AcksCarried.Add(1)
 	}
 }
 
@@ -1097,6 +1188,8 @@ func (st *Stack) tcpStack() (*tcpState, error) {
 	link.heldTimer.Stop()
 	link.heldCheck = time.AfterFunc(time.Hour, link.checkHeld)
 	link.heldCheck.Stop()
+	link.owedTimer = time.AfterFunc(time.Hour, link.owedTimeout)
+	link.owedTimer.Stop()
 	ns := nstack.New(nstack.Options{
 		NetworkProtocols:   []nstack.NetworkProtocolFactory{ipv4.NewProtocol},
 		TransportProtocols: []nstack.TransportProtocolFactory{tcp.NewProtocol},
@@ -1375,9 +1468,13 @@ func (st *Stack) appPolling() bool {
 // event loop's thread that waits again.
 func (st *Stack) releaseHeld() { st.releaseHeldBut(nil) }
 
-// releaseHeldBut sends the held ACKs but those of writers' connections.
+// releaseHeldBut settles the owed ACKs and sends the held ones but those
+// of writers' connections.
 func (st *Stack) releaseHeldBut(writers []*TCPConn) {
 	t := st.tcp.Load()
+	if t != nil {
+		t.link.settleOwed(writers)
+	}
 	switch {
 	case t == nil || t.link.heldN.Load() == 0:
 	case len(writers) == 0:
