@@ -1693,7 +1693,7 @@ func TestTCPPollerHoldsAcks(t *testing.T) {
 // as the engine's polling receive does) drains the rings itself, and
 // netstack processes the connection's segments on its goroutine
 // (tcpinline.go): a kernel client's requests are answered, and counted in
-// RxInline.
+// RxInline; each went straight to its connection (RxDirect).
 func TestTCPPollInline(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
 		_, st := stackOn(t, bed, nil)
@@ -1730,7 +1730,7 @@ func TestTCPPollInline(t *testing.T) {
 			}
 			served <- nil
 		}()
-		inline := st.TCPCounters.RxInline.Load()
+		inline, direct := st.TCPCounters.RxInline.Load(), st.TCPCounters.RxDirect.Load()
 		b := make([]byte, 16)
 		for i := range rounds {
 			binary.BigEndian.PutUint64(b, uint64(i))
@@ -1754,6 +1754,11 @@ func TestTCPPollInline(t *testing.T) {
 		t.Logf("%d requests: %d segments processed on the polling goroutine", rounds, n)
 		if n == 0 {
 			t.Errorf("%d requests, none processed on the polling goroutine", rounds)
+		}
+		// Each request went straight to the connection's endpoint, past
+		// netstack's IP layer and demuxer (deliverDirect), polled or not.
+		if d := st.TCPCounters.RxDirect.Load() - direct; d < rounds {
+			t.Errorf("%d requests, %d packets handed straight to their connection: want every one", rounds, d)
 		}
 	})
 }

@@ -225,7 +225,10 @@ type TCPCounters struct {
 	// RxMerged: segments GRO merged into the one before them, so that
 	// netstack processed one packet for the run (rx_segments less
 	// rx_merged in all).
-	RxMerged              uint64 `json:"rx_merged"`
+	RxMerged uint64 `json:"rx_merged"`
+	// RxDirect: packets handed straight to their connection, past
+	// netstack's IP layer and demuxer.
+	RxDirect              uint64 `json:"rx_direct"`
 	ActiveOpens           uint64 `json:"active_opens"`
 	PassiveOpens          uint64 `json:"passive_opens"`
 	CurrentEstablished    uint64 `json:"current_established" stats:"gauge"`
