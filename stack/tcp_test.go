@@ -1762,3 +1762,74 @@ func TestTCPPollInline(t *testing.T) {
 		}
 	})
 }
+
+// TestTCPOwedSettledBesideInline: an event loop that polls several
+// connections and never answers nor waits again leaves their ACKs owed,
+// and owedTimer settles them, each 1 ms, while the loop's own polls hold
+// endpoints for inline processing; neither waits for the other for good,
+// and every byte the kernel clients send arrives. The settles once ran
+// under the lock the loop takes to owe (a lock-order deadlock).
+func TestTCPOwedSettledBesideInline(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		// Writes far apart enough that a poll finds a segment or two of a
+		// connection, processed inline, for about a second.
+		const conns, each = 4, 250_000 // each a multiple of the writes (100 bytes)
+		p := st.NewTCPPoller()
+		t.Cleanup(p.Close)
+		clients := make([]net.Conn, conns)
+		servers := make([]*stack.TCPConn, conns)
+		for i := range conns {
+			c, s := connectedPair(t, bed, st, uint16(7410+i))
+			clients[i], servers[i] = c, s.(*stack.TCPConn)
+			p.Add(servers[i])
+		}
+		sent := make(chan error, conns)
+		for _, c := range clients {
+			go func() {
+				b := make([]byte, 100)
+				var err error
+				for n := 0; n < each && err == nil; n += len(b) {
+					_, err = c.Write(b)
+					time.Sleep(50 * time.Microsecond)
+				}
+				sent <- err
+			}()
+		}
+		settled := st.TCPCounters.AcksDelayed.Load() + st.TCPCounters.AcksCarried.Load()
+		inline := st.TCPCounters.RxInline.Load()
+		runtime.LockOSThread() // as the application's thread is
+		defer runtime.UnlockOSThread()
+		got := make([]int, conns)
+		b := make([]byte, 4096)
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			p.Poll()
+			total := 0
+			for i, s := range servers {
+				n, err := s.ReadNonblock(b, false)
+				if err != nil && !errors.Is(err, unix.EAGAIN) {
+					t.Fatalf("connection %d: %v", i, err)
+				}
+				got[i] += n
+				total += got[i]
+			}
+			if total == conns*each {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("got %v of %d bytes each in 30 s", got, each)
+			}
+		}
+		p.PollStop()
+		for range conns {
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+		}
+		n := st.TCPCounters.AcksDelayed.Load() + st.TCPCounters.AcksCarried.Load() - settled
+		t.Logf("%d connections, %d bytes each: %d owed or held ACKs settled, %d segments processed inline", conns, each, n, st.TCPCounters.RxInline.Load()-inline)
+		if n == 0 {
+			t.Error("no ACK was settled: the loop owed none")
+		}
+	})
+}

@@ -228,12 +228,17 @@ type tcpLink struct {
 	// settleOwed. Each is on owed once (TCPConn.ackOwed).
 	owedMu    sync.Mutex
 	owed      []*TCPConn
-	owedSpare []*TCPConn              // owed's next array, while settleOwed runs over the last
-	owedN     atomic.Int32            // len(owed), read without owedMu
-	owedTimer *time.Timer             // settles owed maxHoldDelay after the first is owed
-	owedArmed bool                    // owedTimer is armed, or running
-	settling  atomic.Pointer[TCPConn] // the connection settle acknowledges: its bare ACK is not held
-	settled   atomic.Uint64           // bare ACKs that left for settle
+	owedSpare []*TCPConn   // owed's next array
+	owedN     atomic.Int32 // len(owed), read without owedMu
+	owedTimer *time.Timer  // settles owed maxHoldDelay after the first is owed
+	owedArmed bool         // owedTimer is armed, or running
+	// settleMu orders the settles, which take the connections' endpoints
+	// without owedMu: a thread that processes segments inline holds
+	// endpoints as it owes (processInline).
+	settleMu sync.Mutex
+	due      []*TCPConn              // what the settle under way took off owed
+	settling atomic.Pointer[TCPConn] // the connection settle acknowledges: its bare ACK is not held
+	settled  atomic.Uint64           // bare ACKs that left for settle
 
 	// silenced are connections (ackKey.conn) handed to the kernel
 	// (ToKernel), whose netstack endpoint ends without a segment.
@@ -890,29 +895,36 @@ func (l *tcpLink) settleOwed(but []*TCPConn) {
 	if l.owedN.Load() == 0 {
 		return
 	}
+	l.settleMu.Lock()
+	defer l.settleMu.Unlock()
 	l.owedMu.Lock()
-	defer l.owedMu.Unlock()
-	list, kept := l.owed, l.owedSpare[:0]
-	for _, c := range list {
+	due, kept := l.due[:0], l.owedSpare[:0]
+	for _, c := range l.owed {
 		if slices.Contains(but, c) {
 			kept = append(kept, c)
 			continue
 		}
 		c.ackOwed = false
-		l.settle(c)
+		due = append(due, c)
 	}
-	clear(list)
-	l.owed, l.owedSpare = kept, list[:0]
+	clear(l.owed)
+	l.owed, l.owedSpare = kept, l.owed[:0]
 	l.owedN.Store(int32(len(kept)))
 	if len(kept) == 0 && l.owedArmed && l.owedTimer.Stop() {
 		l.owedArmed = false
 	}
+	l.owedMu.Unlock()
+	for _, c := range due {
+		l.settle(c)
+	}
+	clear(due)
+	l.due = due[:0]
 }
 
 // settle acknowledges what c's peer sent, unless c's answers did
 // (AcksCarried): netstack's handleSegmentsLocked on the endpoint, whose
 // last step sends the ACK if one is still due, and processes whatever
-// came meanwhile. Caller holds owedMu.
+// came meanwhile. Caller holds settleMu.
 func (l *tcpLink) settle(c *TCPConn) {
 	ep, ok := c.ep.(*tcp.Endpoint)
 	if !ok {
