@@ -72,18 +72,21 @@ func tcpStartTimeWait(ep *tcp.Endpoint)
 //go:linkname tcpCompleteStateLocked gvisor.dev/gvisor/pkg/tcpip/transport/tcp.(*Endpoint).completeStateLocked
 func tcpCompleteStateLocked(ep *tcp.Endpoint, s *tcp.TCPEndpointState)
 
-// An event loop's connection is acknowledged by its answer. netstack
+// A polled connection is acknowledged by its answer. netstack
 // acknowledges what it processed at the end of handleSegmentsLocked, and
 // the link held that bare ACK until the answer carried it (tcplink.go):
 // built to be thrown away, through TCP, IP and the link, 12% of
-// redis-server's thread under vmaxdp (perf). So a TCPPoller's processing
-// runs handleSegmentsLocked's loop without its last step
-// (handleSegmentsNoAck) and leaves the ACK owed (tcpLink.oweAck); the
-// loop's next wait, its sleep, or maxHoldDelay settle it
-// (tcpLink.settleOwed), with handleSegmentsLocked on an empty queue: it
-// acknowledges only what no answer did. redis-benchmark's 10 connections
-// against redis-server under vmaxdp, 5 interleaved pairs of runs: 61-77k
-// -> 64-83k requests a second (medians 64.7k -> 77.0k).
+// redis-server's thread under vmaxdp (perf). So what a poll processes
+// (an event loop's TCPPoller, a receive's TCPConn.Poll) runs
+// handleSegmentsLocked's loop without its last step (handleSegmentsNoAck)
+// and leaves the ACK owed (tcpLink.oweAck); the next poll, the loop's
+// next wait, a sleep, or maxHoldDelay settle it (tcpLink.settleOwed),
+// with handleSegmentsLocked on an empty queue: it acknowledges only what
+// no answer did. redis-benchmark's 10 connections against redis-server
+// under vmaxdp, 5 interleaved pairs of runs: 61-77k -> 64-83k requests a
+// second (medians 64.7k -> 77.0k); sockperf --tcp, 3 interleaved pairs:
+// pp 64 B a little faster in 6 cells of 9, tp with the server under
+// vmaxdp 483k -> 497k messages a second (medians).
 //
 // The loop needs the endpoint's segment queue, a field netstack does not
 // export: its offset is read once (segQueueOffset) and checked against
@@ -169,8 +172,12 @@ func (c *TCPConn) inlineConn(k tcpKey) *TCPConn {
 }
 
 // Poll drains the stack's receive rings on this goroutine unless another
-// does already (false), processing c's segments here (see above).
+// does already (false), processing c's segments here (see above). It
+// settles the ACKs owed first: a receive that polls again is back from
+// what the last poll gave it, and its answer carried those ACKs or
+// none is coming.
 func (c *TCPConn) Poll() bool {
+	c.st.settleOwed()
 	return c.st.pollInline(c) >= 0
 }
 
@@ -184,9 +191,8 @@ func (st *Stack) pollInline(in inliner) int {
 	st.inline = in
 	n := st.pollLocked()
 	st.inline = nil
-	_, loop := in.(*TCPPoller)
 	for i, c := range st.inlineHeld {
-		c.processInline(loop)
+		c.processInline()
 		st.inlineHeld[i] = nil
 	}
 	st.inlineHeld = st.inlineHeld[:0]
@@ -415,8 +421,18 @@ func (p *TCPPoller) inlineConn(k tcpKey) *TCPConn {
 func (c *TCPConn) Polling() { c.st.appPolled.Store(monoNow()) }
 
 // PollStop says that the thread that polled for c stops, to sleep: the
-// queues' drain goroutines take over.
-func (c *TCPConn) PollStop() { c.st.pollStopped() }
+// queues' drain goroutines take over. What it owes is settled.
+func (c *TCPConn) PollStop() {
+	c.st.settleOwed()
+	c.st.pollStopped()
+}
+
+// settleOwed settles the ACKs owed (tcpLink.settleOwed).
+func (st *Stack) settleOwed() {
+	if t := st.tcp.Load(); t != nil {
+		t.link.settleOwed(nil)
+	}
+}
 
 // holdInline holds the endpoint of the connection the drain is for
 // (st.inline), for processInline, when the plain segment about to be
@@ -446,9 +462,9 @@ func (st *Stack) holdInline(ip header.IPv4, seg header.TCP) {
 
 // processInline is what netstack's processor does for a connected
 // endpoint (tcp.handleConnected), on the endpoint holdInline holds;
-// more than maxInlineSegs segments go to the processor. An event loop's
-// (loop) leaves its ACK owed. Caller holds rxMu.
-func (c *TCPConn) processInline(loop bool) {
+// more than maxInlineSegs segments go to the processor. It leaves the
+// ACK owed. Caller holds rxMu.
+func (c *TCPConn) processInline() {
 	ep := c.ep.(*tcp.Endpoint)
 	n := c.inlineSegs
 	c.inlineSegs = 0
@@ -457,7 +473,7 @@ func (c *TCPConn) processInline(loop bool) {
 		return
 	}
 	c.st.TCPCounters.RxInline.Add(uint64(n))
-	owe := loop && segQueueOffset != 0
+	owe := segQueueOffset != 0
 	var err tcpip.Error
 	if owe {
 		err = handleSegmentsNoAck(ep)
