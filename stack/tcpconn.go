@@ -55,8 +55,8 @@ type TCPConn struct {
 	// segments queued for processInline (tcpinline.go). Under the
 	// stack's rxMu.
 	inlineSegs int
-	// ackOwed: on the link's owed list (tcpLink.oweAck). Under its
-	// owedMu.
+	// ackOwed: on the link's owed list (tcpLink.oweAck). Under the
+	// link's owedMu.
 	ackOwed bool
 	wmu     sync.Mutex
 	wr      gatherReader

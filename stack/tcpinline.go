@@ -1,7 +1,6 @@
 package stack
 
 import (
-	"net/netip"
 	"reflect"
 	"sync"
 	"unsafe" // go:linkname, the endpoint's segment queue
@@ -441,7 +440,7 @@ func (st *Stack) holdInline(ip header.IPv4, seg header.TCP) {
 	if st.inline == nil {
 		return
 	}
-	c := st.inline.inlineConn(tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())})
+	c := st.inline.inlineConn(segKey(ip, seg))
 	if c == nil {
 		return
 	}

@@ -147,25 +147,20 @@ type queuedTCP interface {
 // (netstack's IP counters) vmaxdp never showed. Anything else, or an
 // IPv4 header with options, takes their way.
 func (o *groOut) deliverDirect(pkt *nstack.PacketBuffer) bool {
-	const ipLen = gheader.IPv4MinimumSize
-	b, ok := pkt.Data().PullUp(ipLen + gheader.TCPMinimumSize)
+	b, ok := pkt.Data().PullUp(header.IPv4MinLen + header.TCPMinLen)
 	if !ok {
 		return false
 	}
-	ip, seg := gheader.IPv4(b), gheader.TCP(b[ipLen:])
-	if ip.HeaderLength() != ipLen || ip.TransportProtocol() != tcp.ProtocolNumber || !plainSegment(header.TCP(seg)) {
+	ip, seg := header.IPv4(b), header.TCP(b[header.IPv4MinLen:])
+	if ip.HeaderLen() != header.IPv4MinLen || ip.Protocol() != header.ProtocolTCP || !plainSegment(seg) {
 		return false
 	}
-	src, dst := ip.SourceAddress(), ip.DestinationAddress()
-	id := nstack.TransportEndpointID{LocalPort: seg.DestinationPort(), LocalAddress: dst, RemotePort: seg.SourcePort(), RemoteAddress: src}
-	off := int(seg.DataOffset())
-	if off < gheader.TCPMinimumSize || pkt.Data().Size() < ipLen+off {
+	off := int(gheader.TCP(seg).DataOffset())
+	if off < header.TCPMinLen || pkt.Data().Size() < header.IPv4MinLen+off {
 		return false
 	}
-	c, ok := o.st.tcpConns.Load(tcpKey{
-		local:  netip.AddrPortFrom(netip.AddrFrom4(dst.As4()), id.LocalPort),
-		remote: netip.AddrPortFrom(netip.AddrFrom4(src.As4()), id.RemotePort),
-	})
+	k := segKey(ip, seg)
+	c, ok := o.st.tcpConns.Load(k)
 	if !ok {
 		return false
 	}
@@ -173,7 +168,11 @@ func (o *groOut) deliverDirect(pkt *nstack.PacketBuffer) bool {
 	if !ok || ep.EndpointState() != tcp.StateEstablished {
 		return false
 	}
-	pkt.NetworkHeader().Consume(ipLen)
+	id := nstack.TransportEndpointID{
+		LocalPort: k.local.Port(), LocalAddress: tcpip.AddrFrom4(k.local.Addr().As4()),
+		RemotePort: k.remote.Port(), RemoteAddress: tcpip.AddrFrom4(k.remote.Addr().As4()),
+	}
+	pkt.NetworkHeader().Consume(header.IPv4MinLen)
 	pkt.TransportHeader().Consume(off)
 	pkt.NICID = tcpNIC
 	pkt.TransportProtocolNumber = tcp.ProtocolNumber
@@ -1098,14 +1097,18 @@ func (st *Stack) flushTCP() {
 // then moves to CLOSE-WAIT, so that readiness alone would report the
 // peer's hangup (EPOLLRDHUP) after the waiter looked.
 func (st *Stack) finArriving(ip header.IPv4, seg header.TCP) {
-	k := tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}
-	if c, ok := st.tcpConns.Load(k); ok {
+	if c, ok := st.tcpConns.Load(segKey(ip, seg)); ok {
 		c.(*TCPConn).fin.Store(true)
 	}
 }
 
 // tcpKey names a connection by its 5-tuple (TCP implied).
 type tcpKey struct{ local, remote netip.AddrPort }
+
+// segKey is the key of the connection segment seg, in ip, came for.
+func segKey(ip header.IPv4, seg header.TCP) tcpKey {
+	return tcpKey{local: netip.AddrPortFrom(ip.Dst(), seg.DstPort()), remote: netip.AddrPortFrom(ip.Src(), seg.SrcPort())}
+}
 
 // heldKey is the tcpKey of an ackKey.conn.
 func heldKey(c [12]byte) tcpKey {

@@ -55,10 +55,11 @@ var ErrNotFound = errors.New("no thread seen sleeping in runtime.usleep")
 const seen = 3
 
 // Find returns the thread ID of this process's sysmon, looking until
-// timeout (an interval of 0: looking without pause). A look reads every thread's system call until one is seen in
-// runtime.usleep, then only the threads seen there; a look that sees none
-// doubles the wait before the next (from interval, up to maxWait), so that
-// a process of many threads whose sysmon sleeps deeper pays little.
+// timeout (an interval of 0: looking without pause). A look reads every
+// thread's system call until one is seen in runtime.usleep, then only the
+// threads seen there; a look that sees none doubles the wait before the
+// next (from interval, up to maxWait), so that a process of many threads
+// whose sysmon sleeps deeper pays little.
 func Find(interval, timeout time.Duration) (int, error) {
 	self := unix.Gettid()
 	hits := map[int]int{}
