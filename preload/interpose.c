@@ -1936,14 +1936,71 @@ int epoll_ctl(int ep, int op, int fd, struct epoll_event *ev)
 	return r;
 }
 
+/* rang says whether the bell of a shared set (VMX_BELL_DATA) is among the
+ * n events. */
+static int rang(const struct epoll_event *ev, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (ev[i].data.u64 == VMX_BELL_DATA)
+			return 1;
+	return 0;
+}
+
+/* drop_bells takes the bells' events out of a forked child's: the
+ * parent's shared sets are its too, and their bells still ring. */
+static int drop_bells(struct epoll_event *ev, int n)
+{
+	int k = 0;
+	for (int i = 0; i < n; i++)
+		if (ev[i].data.u64 != VMX_BELL_DATA)
+			ev[k++] = ev[i];
+	return k;
+}
+
+/* shared_wait is the kernel's epoll_pwait (epoll_pwait2 with ts) on a set
+ * the engine passed to it, a shared set: when its bell rang, the engine
+ * takes its event out and adds the connections the set owes; when only
+ * the bell came, the wait goes on for what is left of its timeout. */
+static int shared_wait(int epfd, struct epoll_event *ev, int max, int timeout, const struct timespec *ts, const sigset_t *mask)
+{
+	long long ns = ts ? ts_ns(ts) : (timeout < 0 ? -1 : (long long)timeout * 1000000);
+	long long start = ns > 0 ? mono_ns() : 0;
+	for (;;) {
+		int r;
+		if (ts) {
+			struct timespec left = ns < 0 ? *ts : time_left(ns, start);
+#ifdef SYS_epoll_pwait2
+			r = (int)sys(SYS_epoll_pwait2, epfd, ev, max, &left, mask, _NSIG / 8);
+#else
+			errno = ENOSYS;
+			r = -1;
+#endif
+		} else {
+			long long left = ns;
+			if (ns > 0) {
+				left = ns - (mono_ns() - start);
+				left = left < 0 ? 0 : left;
+			}
+			r = REAL(epoll_pwait)(epfd, ev, max, left < 0 ? -1 : (int)((left + 999999) / 1000000), mask);
+		}
+		if (r <= 0 || !rang(ev, r))
+			return r;
+		r = vmxgo_epoll_rung(epfd, ev, r, max);
+		if (r != 0 || ns == 0 || (ns > 0 && mono_ns() - start >= ns))
+			return r;
+	}
+}
+
 int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
 {
 	if (state(epfd) == VMX_EPOLL) {
 		long r = CANCEL_POINT(vmxgo_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : (long long)timeout * 1000000, (void *)mask, vmx_thread()));
 		if (r != -VMX_PASS)
 			return (int)ret(r);
+		return shared_wait(epfd, ev, max, timeout, NULL, mask);
 	}
-	return REAL(epoll_pwait)(epfd, ev, max, timeout, mask);
+	int r = REAL(epoll_pwait)(epfd, ev, max, timeout, mask);
+	return vmx_forked && r > 0 ? drop_bells(ev, r) : r;
 }
 
 /* epoll_pwait2 (glibc 2.35, Linux 5.11) is epoll_pwait with a timespec:
@@ -1959,15 +2016,22 @@ int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespe
 		long r = CANCEL_POINT(vmxgo_epoll_wait(epfd, ev, max, ts_ns(ts), (void *)mask, vmx_thread()));
 		if (r != -VMX_PASS)
 			return (int)ret(r);
+		if (ts)
+			return shared_wait(epfd, ev, max, 0, ts, mask);
+		return shared_wait(epfd, ev, max, -1, NULL, mask);
 	}
+	int r;
 	if (REAL(epoll_pwait2))
-		return REAL(epoll_pwait2)(epfd, ev, max, ts, mask);
+		r = REAL(epoll_pwait2)(epfd, ev, max, ts, mask);
+	else {
 #ifdef SYS_epoll_pwait2
-	return (int)sys(SYS_epoll_pwait2, epfd, ev, max, ts, mask, _NSIG / 8);
+		r = (int)sys(SYS_epoll_pwait2, epfd, ev, max, ts, mask, _NSIG / 8);
 #else
-	errno = ENOSYS;
-	return -1;
+		errno = ENOSYS;
+		return -1;
 #endif
+	}
+	return vmx_forked && r > 0 ? drop_bells(ev, r) : r;
 }
 
 /* The raw ppoll and pselect6 write what is left of the timeout back, as
@@ -2014,7 +2078,8 @@ int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	if (state(epfd) == VMX_EPOLL)
 		return epoll_pwait(epfd, ev, max, timeout, NULL);
-	return REAL(epoll_wait)(epfd, ev, max, timeout);
+	int r = REAL(epoll_wait)(epfd, ev, max, timeout);
+	return vmx_forked && r > 0 ? drop_bells(ev, r) : r;
 }
 
 /* syscall(2) reaches the wrappers above for the calls they serve. Some

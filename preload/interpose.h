@@ -17,6 +17,11 @@ enum { VMX_MUX_SELECT = 0, VMX_MUX_POLL = 1, VMX_MUX_EPOLL = 2 };
 
 #define VMX_MAXFD 65536
 
+/* The epoll_data of a shared epoll set's bell, an eventfd of the engine's
+ * in the set: engine.BellData. The kernel's epoll_wait on such a set
+ * hands its events to vmxgo_epoll_rung when the bell is among them. */
+#define VMX_BELL_DATA 0x8badf00d00766d78ULL
+
 /* One listener's connections handed off at fork, queued on chan (a
  * SOCK_SEQPACKET socket, the same fd in every process): engine.Handoff. */
 #define VMX_MAXHANDOFF 64

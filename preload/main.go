@@ -72,6 +72,7 @@ var (
 	_ = [1]struct{}{}[int(engine.MuxSelect)-C.VMX_MUX_SELECT]
 	_ = [1]struct{}{}[int(engine.MuxPoll)-C.VMX_MUX_POLL]
 	_ = [1]struct{}{}[int(engine.MuxEpoll)-C.VMX_MUX_EPOLL]
+	_ = [1]struct{}{}[engine.BellData-C.VMX_BELL_DATA]
 	_ = [1]struct{}{}[unsafe.Sizeof(stack.Signals{})-C.sizeof_struct_vmx_signals]
 	_ = [1]struct{}{}[unsafe.Sizeof(engine.ForkPage{})-C.sizeof_struct_vmx_fork_page]
 	_ = [1]struct{}{}[unsafe.Offsetof(engine.ForkPage{}.FD)-unsafe.Offsetof(C.struct_vmx_fork_page{}.fd)]
@@ -851,6 +852,15 @@ func vmxgo_epoll_wait(epfd C.int, ev *C.struct_epoll_event, max C.int, ns C.long
 		return -C.long(errno)
 	}
 	return C.long(got)
+}
+
+// vmxgo_epoll_rung serves the n events the kernel's epoll_wait gave on
+// epfd, a shared set's, with its bell's among them (engine.EpollRung).
+//
+//export vmxgo_epoll_rung
+func vmxgo_epoll_rung(epfd C.int, ev *C.struct_epoll_event, n, max C.int) C.int {
+	out := unsafe.Slice((*unix.EpollEvent)(unsafe.Pointer(ev)), int(max))
+	return C.int(eng.EpollRung(int(epfd), out, int(n)))
 }
 
 //export vmxgo_listen

@@ -1844,3 +1844,92 @@ func TestTCPOwedSettledBesideInline(t *testing.T) {
 		}
 	})
 }
+
+// TestTCPSetHoldsAcks: a connection in an epoll set that is not its
+// stack's only one (TCPPoller.Alone false: a worker of memcached's, each
+// with its set) has its ACKs held for its answer, which the set's thread
+// writes after the kick delay (20 us) and before maxHoldDelay: the answer
+// carries them (AcksCarried). Before, four of five of memcached's ACKs
+// left on their own at the kick delay. The set's next wait lets go the
+// held ACK of a request its thread read and did not answer, at once, and
+// keeps that of one it has not read yet.
+func TestTCPSetHoldsAcks(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7406)
+		sc := s.(*stack.TCPConn)
+		p, other := st.NewTCPPoller(), st.NewTCPPoller()
+		t.Cleanup(p.Close)
+		t.Cleanup(other.Close)
+		p.Add(sc)
+		if p.Alone() {
+			t.Fatal("a poller beside another is alone")
+		}
+		b := make([]byte, 16)
+		// read reads a request on the server.
+		read := func(i int) {
+			t.Helper()
+			got := 0
+			for deadline := time.Now().Add(5 * time.Second); got < len(b); runtime.Gosched() {
+				if time.Now().After(deadline) {
+					t.Fatalf("request %d: %d of %d bytes in 5 s", i, got, len(b))
+				}
+				k, err := sc.ReadNonblock(b[got:], false)
+				if err != nil && !errors.Is(err, unix.EAGAIN) {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				got += k
+			}
+		}
+		// request sends one from the client and reads it on the server.
+		request := func(i int) {
+			t.Helper()
+			if _, err := c.Write(b); err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			read(i)
+		}
+		const rounds = 50
+		carried, delayed := st.TCPCounters.AcksCarried.Load(), st.TCPCounters.AcksDelayed.Load()
+		for i := range rounds {
+			request(i)
+			for end := time.Now().Add(200 * time.Microsecond); time.Now().Before(end); {
+				// the worker's work; a sleep this short lasts a
+				// millisecond or more (Go's netpoller waits in ms)
+			}
+			if _, err := sc.WriteNonblock([][]byte{b}, false); err != nil {
+				t.Fatalf("answer %d: %v", i, err)
+			}
+			if _, err := io.ReadFull(c, b); err != nil {
+				t.Fatalf("answer %d: %v", i, err)
+			}
+			p.Wait(nil)
+		}
+		carried, delayed = st.TCPCounters.AcksCarried.Load()-carried, st.TCPCounters.AcksDelayed.Load()-delayed
+		t.Logf("%d requests answered 200 us after they came: %d ACKs carried, %d left on their own", rounds, carried, delayed)
+		// A round whose thread the machine held off for a millisecond
+		// lets its ACK go at maxHoldDelay.
+		if carried < rounds*4/5 {
+			t.Errorf("%d of %d ACKs carried by the answers, want %d or more", carried, rounds, rounds*4/5)
+		}
+
+		// Unread: the wait keeps its ACK. Read: the wait lets it go.
+		delayed = st.TCPCounters.AcksDelayed.Load()
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); sc.Events()&stack.TCPReadable == 0; runtime.Gosched() {
+			if time.Now().After(deadline) {
+				t.Fatal("the request did not come in 5 s")
+			}
+		}
+		p.Wait(nil)
+		kept := st.TCPCounters.AcksDelayed.Load() - delayed
+		read(rounds)
+		p.Wait(nil)
+		released := st.TCPCounters.AcksDelayed.Load() - delayed
+		if kept != 0 || released != 1 {
+			t.Errorf("ACKs let go by the set's waits: %d before the request was read (want 0), %d after (want 1)", kept, released)
+		}
+	})
+}

@@ -58,8 +58,11 @@ type TCPConn struct {
 	// ackOwed: on the link's owed list (tcpLink.oweAck). Under the
 	// link's owedMu.
 	ackOwed bool
-	wmu     sync.Mutex
-	wr      gatherReader
+	// sets counts the TCPPollers (epoll sets) the connection is in: a
+	// thread that waits on one of them answers it (tcpLink.hold).
+	sets atomic.Int32
+	wmu  sync.Mutex
+	wr   gatherReader
 	// wrShut: the write side is shut (Shutdown, Close: push), and
 	// appCork and appNoDelay are TCP_CORK and TCP_NODELAY as the
 	// application set them, which the endpoint no longer follows

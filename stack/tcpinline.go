@@ -2,6 +2,7 @@ package stack
 
 import (
 	"reflect"
+	"slices"
 	"sync"
 	"unsafe" // go:linkname, the endpoint's segment queue
 
@@ -234,6 +235,9 @@ func (p *TCPPoller) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conns != nil {
+		for _, e := range p.conns {
+			e.c.sets.Add(-1)
+		}
 		p.conns = nil
 		p.st.tcpPollers.Add(-1)
 	}
@@ -260,7 +264,11 @@ func (p *TCPPoller) Add(c *TCPConn) {
 	}
 	// By value: an event loop that deletes and adds its connections'
 	// events after each request (redis-benchmark) adds one each time.
+	if e := p.conns[c.key]; e.c != nil {
+		e.c.sets.Add(-1) // a connection gone whose 5-tuple c has now
+	}
 	p.conns[c.key] = pollee{c: c, refs: 1}
+	c.sets.Add(1)
 }
 
 // Remove takes back one Add of c; false once the poller has no
@@ -271,6 +279,7 @@ func (p *TCPPoller) Remove(c *TCPConn) bool {
 	if e := p.conns[c.key]; e.c == c {
 		if e.refs--; e.refs == 0 {
 			delete(p.conns, c.key)
+			c.sets.Add(-1)
 		} else {
 			p.conns[c.key] = e
 		}
@@ -311,9 +320,49 @@ func (p *TCPPoller) Poll() int {
 // lets through carries them. redis-benchmark asks for EPOLLOUT after each
 // reply and writes its next request once the wait gives it: each reply's
 // ACK left on its own before, a second frame and kick per request.
+//
+// A poller that is not alone (a worker thread of several, each with its
+// set) does not poll: its wait releases the held ACKs of its connections
+// whose data the thread read since, as it had its chance to answer them
+// (tcpLink.hold holds them for it), but writers'.
 func (p *TCPPoller) Wait(writers []*TCPConn) {
+	if !p.Alone() {
+		p.releaseRead(writers)
+		return
+	}
 	p.st.appPolled.Store(monoNow())
 	p.st.releaseHeldBut(writers)
+}
+
+// releaseRead sends the held ACKs of the poller's connections that have
+// nothing left to read, but writers'. It asks netstack with no lock of
+// the link's held.
+func (p *TCPPoller) releaseRead(writers []*TCPConn) {
+	t := p.st.tcp.Load()
+	if t == nil || t.link.heldN.Load() == 0 {
+		return
+	}
+	l := t.link
+	var held, read [maxHeld][12]byte
+	l.heldMu.Lock()
+	n := len(l.held)
+	for i := range n {
+		held[i] = l.heldKeys[i].conn
+	}
+	l.heldMu.Unlock()
+	m := 0
+	p.mu.Lock()
+	for _, k := range held[:n] {
+		c := p.conns[heldKey(k)].c
+		if c != nil && !slices.Contains(writers, c) && c.Events()&TCPReadable == 0 {
+			read[m] = k
+			m++
+		}
+	}
+	p.mu.Unlock()
+	if m > 0 {
+		l.expireHeldWhere(func(conn [12]byte) bool { return slices.Contains(read[:m], conn) })
+	}
 }
 
 // PollStop says that the thread that polled stops, to sleep: the queues'

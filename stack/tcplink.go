@@ -210,6 +210,7 @@ type tcpLink struct {
 	heldN     atomic.Int32           // len(held), read without heldMu
 	heldTimer *time.Timer            // releases held after holdDelay
 	heldArmed bool
+	heldLong  bool // heldTimer waits for sets' threads (answeredInSets), longer than holdDelay
 	// heldDue is when held must go (monoNow's clock), while an
 	// application thread polls and expires them itself (pollHeld) in
 	// place of heldTimer; 0 otherwise. A timer armed at each hold made
@@ -673,6 +674,7 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 		}
 		return false
 	}
+	long := l.answeredInSets(list)
 	var release []*nstack.PacketBuffer
 	l.heldMu.Lock()
 	if l.ackNow(list) {
@@ -689,6 +691,10 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 	}
 	l.heldN.Store(int32(len(l.held)))
 	switch {
+	case l.heldArmed && l.heldLong && !long:
+		// Held for their sets' threads, which wait again soon or not at
+		// all: these are no reason to wait, and bring the time in.
+		l.armHeld(l.holdDelay())
 	case l.heldArmed || l.heldDue.Load() != 0:
 		// What is held already goes when its time comes: these with it.
 	case l.st.eventLoop.Load():
@@ -700,6 +706,14 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 		// had a bare ACK of their own, sent by a timer's goroutine.
 		l.heldDue.Store(monoNow() + int64(maxHoldDelay))
 		l.armCheck()
+	case long:
+		// A thread that waits on an epoll set answers its connections
+		// (a worker of memcached's, each with its set): held until it
+		// waits again having read what they acknowledge
+		// (TCPPoller.Wait), or maxHoldDelay. With the kick delay alone,
+		// four of five of memcached's answers came too late to carry
+		// theirs, a bare ACK each.
+		l.armHeld(maxHoldDelay)
 	case l.st.appPolling():
 		l.heldDue.Store(monoNow() + int64(l.holdDelay()))
 		l.armCheck()
@@ -708,6 +722,18 @@ func (l *tcpLink) hold(list []*nstack.PacketBuffer) bool {
 	}
 	l.heldMu.Unlock()
 	l.send(release)
+	return true
+}
+
+// answeredInSets says whether each of list's ACKs is for a connection in
+// an epoll set (TCPConn.sets), whose thread is to answer it.
+func (l *tcpLink) answeredInSets(list []*nstack.PacketBuffer) bool {
+	for _, p := range list {
+		c, ok := l.st.tcpConns.Load(heldKey(keyOf(p).conn))
+		if !ok || c.(*TCPConn).sets.Load() == 0 {
+			return false
+		}
+	}
 	return true
 }
 
@@ -778,6 +804,7 @@ func (l *tcpLink) dropHeld(drop func(i int) bool) {
 // armHeld starts heldTimer. Caller holds heldMu.
 func (l *tcpLink) armHeld(d time.Duration) {
 	l.heldArmed = true
+	l.heldLong = d > l.holdDelay()
 	l.heldTimer.Reset(d)
 }
 
@@ -1567,6 +1594,14 @@ func (st *Stack) releaseHeldBut(writers []*TCPConn) {
 // expireHeldBut sends the held ACKs, counted as expireHeld does, but
 // those of writers' connections, which stay held until their time.
 func (l *tcpLink) expireHeldBut(writers []*TCPConn) {
+	l.expireHeldWhere(func(conn [12]byte) bool {
+		return !slices.ContainsFunc(writers, func(c *TCPConn) bool { return c.key.heldConn() == conn })
+	})
+}
+
+// expireHeldWhere sends the held ACKs whose connection (ackKey.conn) due
+// says, counted as expireHeld does; the rest stay held until their time.
+func (l *tcpLink) expireHeldWhere(due func(conn [12]byte) bool) {
 	l.heldMu.Lock()
 	out := l.spare
 	l.spare = nil
@@ -1575,8 +1610,7 @@ func (l *tcpLink) expireHeldBut(writers []*TCPConn) {
 	}
 	kept := l.held[:0]
 	for i, h := range l.held {
-		conn := l.heldKeys[i].conn
-		if slices.ContainsFunc(writers, func(c *TCPConn) bool { return c.key.heldConn() == conn }) {
+		if !due(l.heldKeys[i].conn) {
 			l.heldKeys[len(kept)] = l.heldKeys[i]
 			kept = append(kept, h)
 			continue

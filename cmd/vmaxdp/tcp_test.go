@@ -2257,3 +2257,98 @@ func TestRunTCPMalformed(t *testing.T) {
 		}
 	})
 }
+
+// TestRunTCPSharedSets: memcached's four workers each wait on an epoll
+// set of their own, so the stack's connections are polled by several
+// sets (shared sets, owed.go): a request's readiness reaches its worker
+// through its set's bell (an eventfd write) and the worker's epoll_wait
+// reports it, where it was a byte sent on the connection's mirror and
+// read back by the worker's receive: two system calls of the server's a
+// request, which the kernel's syscall tracepoints count here (more than
+// one sendmsg and one recvfrom a request before). Every value memcaslap
+// reads back is checked, and the server's kernel takes no TCP segment.
+// Both beds.
+func TestRunTCPSharedSets(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	a, _ := apps.ByName("memcached-tcp")
+	if miss := a.Missing(); miss != "" {
+		t.Skipf("not installed: %s (make deps installs it)", miss)
+	}
+	if _, err := exec.LookPath("perf"); err != nil {
+		t.Skip("perf is not installed (make deps installs linux-perf): it counts the server's system calls")
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+		counted := make(chan map[string]int, 1)
+		go func() { counted <- countServerSyscalls(t, "memcached", 500*time.Millisecond, 1500*time.Millisecond) }()
+		run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: true, Duration: 2 * time.Second,
+			Env: []string{"VMAXDP_TCP=1"}}
+		res, srvLog, err := run.Do(context.Background())
+		if err != nil {
+			t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
+		}
+		calls := <-counted
+		if calls == nil {
+			t.Fatal("the server's system calls were not counted (see above)")
+		}
+		ops := res.Rate * 1.5 // the counted 1.5 s, at the run's rate
+		t.Logf("%.0f %s; in 1.5 s of it (about %.0f requests) the server made %d sendmsg, %d recvfrom, %d write system calls",
+			res.Rate, a.Unit, ops, calls["sendmsg"], calls["recvfrom"], calls["write"])
+		if res.Rate == 0 || res.Lost != 0 {
+			t.Fatalf("rate %.0f, %d lost:\n%s", res.Rate, res.Lost, tail(res.Output, 20))
+		}
+		if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; n > 2000 {
+			t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
+		}
+		for _, call := range []string{"sendmsg", "recvfrom"} {
+			if float64(calls[call]) > ops/20 {
+				t.Errorf("the server made %d %s system calls for about %.0f requests: its connections' readiness went through their mirrors", calls[call], call, ops)
+			}
+		}
+	})
+}
+
+// countServerSyscalls counts the sendmsg, recvfrom and write system calls
+// of the newest process named name, found within wait, for d (perf stat
+// on the syscall tracepoints); nil, logged, when it cannot.
+func countServerSyscalls(t *testing.T, name string, wait, d time.Duration) map[string]int {
+	var pid string
+	for deadline := time.Now().Add(wait + 5*time.Second); pid == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		out, _ := exec.Command("pgrep", "-n", "-x", name).Output()
+		pid = strings.TrimSpace(string(out))
+	}
+	if pid == "" {
+		t.Logf("no process %s", name)
+		return nil
+	}
+	time.Sleep(wait)
+	calls := []string{"sendmsg", "recvfrom", "write"}
+	args := []string{"stat", "-x", ",", "-p", pid}
+	for _, c := range calls {
+		args = append(args, "-e", "syscalls:sys_enter_"+c)
+	}
+	args = append(args, "--", "sleep", strconv.FormatFloat(d.Seconds(), 'f', -1, 64))
+	out, err := exec.Command("perf", args...).CombinedOutput()
+	if err != nil {
+		t.Logf("perf %s: %v\n%s", strings.Join(args, " "), err, out)
+		return nil
+	}
+	got := map[string]int{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) < 3 {
+			continue
+		}
+		for _, c := range calls {
+			if f[2] == "syscalls:sys_enter_"+c {
+				got[c], _ = strconv.Atoi(f[0])
+			}
+		}
+	}
+	if len(got) != len(calls) {
+		t.Logf("perf %s printed no count for each call:\n%s", strings.Join(args, " "), out)
+		return nil
+	}
+	return got
+}

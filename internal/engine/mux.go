@@ -547,6 +547,12 @@ func (set *epollSet) delTCP(fd int) {
 		p.Close()
 		return true
 	})
+	if len(set.tcp) == 0 {
+		// Its waits are the kernel's alone now, which would give the
+		// application the bell's event.
+		set.share(nil, -1, false)
+		set.owed.closeBell()
+	}
 }
 
 // close ends the set's pollers and its nesting, and returns the sets it
@@ -561,6 +567,7 @@ func (set *epollSet) close() []*epollSet {
 		p.Close()
 	}
 	set.pollers = nil
+	set.owed.closeBell()
 	for _, m := range set.list {
 		if m.inner != nil {
 			m.inner.unnest(set)
@@ -595,9 +602,7 @@ func (set *epollSet) tcpAlone() bool {
 // Caller holds set.mu.
 func (set *epollSet) waitTCP() {
 	for _, p := range set.pollers {
-		if p.Alone() {
-			p.Wait(set.writers)
-		}
+		p.Wait(set.writers)
 	}
 }
 
@@ -763,7 +768,7 @@ func (set *epollSet) forget(fd, heir int) {
 func (e *Engine) epollSetLocked(epfd int) *epollSet {
 	set := e.epolls[epfd]
 	if set == nil {
-		set = &epollSet{fds: []int{epfd}, members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed}}
+		set = &epollSet{fds: []int{epfd}, members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed, bell: -1}}
 		e.epolls[epfd] = set
 		if epfd >= 0 && epfd < MaxFD {
 			e.sets[epfd].Store(set)
@@ -992,7 +997,11 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	set.mu.Lock()
 	tcpOnly, alone := len(set.list) == 0, set.tcpAlone()
 	set.waitTCP()
+	shared := set.share(e, epfd, tcpOnly && !alone)
 	set.mu.Unlock()
+	if shared {
+		return e.waitShared(set, epfd, out)
+	}
 	if tcpOnly && !alone {
 		// The kernel reports the mirrors' readiness, and the drains
 		// process the segments, as for any kernel fd.
@@ -1049,7 +1058,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		if err != nil && err != unix.EINTR {
 			return n, 0, errnoOf(err)
 		}
-		os := e.mergeKernel(set, out[:n], out[n:n+max(k, 0)], owed)
+		k = dropBells(out[n : n+max(k, 0)]) // rung while the set was shared
+		os := e.mergeKernel(set, out[:n], out[n:n+k], owed)
 		return n + os, os, 0
 	}
 	pfds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
@@ -1114,6 +1124,60 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 		sp = nil
 	}
 	return e.spin(MuxEpoll, timeout, sw, sp, scan, sleep)
+}
+
+// waitShared serves a wait on a shared set (owed.go): the connections it
+// owes, with what the kernel has ready at once; with none owed, the
+// kernel's wait (ErrPassOS), whose events the preload library hands to
+// EpollRung when the bell is among them.
+func (e *Engine) waitShared(set *epollSet, epfd int, out []unix.EpollEvent) (int, unix.Errno) {
+	set.mu.Lock()
+	n := set.reportOwed(out)
+	set.mu.Unlock()
+	if n == 0 {
+		return 0, ErrPassOS
+	}
+	if n == len(out) {
+		return n, 0
+	}
+	// The kernel's fds each time: a busy set always owes, and would
+	// starve them (memcached's workers hear of new connections on a
+	// pipe).
+	k, err := unix.EpollWait(epfd, out[n:], 0)
+	if err != nil {
+		return n, 0
+	}
+	k = dropBells(out[n : n+k])
+	return n + e.mergeKernel(set, out[:n], out[n:n+k], n), 0
+}
+
+// EpollRung serves the events the kernel's epoll_wait gave for a shared
+// set's epoll fd epfd, among them its bell's: out[:n], room for len(out).
+// The bell's event leaves, and the connections the set owes join, once
+// each. It returns how many events there are: 0 when nothing is owed any
+// more (reported by a wait between), and the caller waits again.
+func (e *Engine) EpollRung(epfd int, out []unix.EpollEvent, n int) int {
+	n = dropBells(out[:n])
+	set := e.epollSetAt(epfd)
+	if set == nil {
+		return n
+	}
+	set.mu.Lock()
+	k := set.reportOwed(out[n:])
+	set.mu.Unlock()
+	// A connection whose mirror the kernel reported as well (marked
+	// before the set owed its marks): once, with both its events.
+	kept := n
+	for _, o := range out[n : n+k] {
+		i := slices.IndexFunc(out[:n], func(ev unix.EpollEvent) bool { return ev.Fd == o.Fd && ev.Pad == o.Pad })
+		if i >= 0 {
+			out[i].Events |= o.Events
+			continue
+		}
+		out[kept] = o
+		kept++
+	}
+	return kept
 }
 
 // mergeKernel folds the kernel's events for engine sockets (their kernel

@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stack"
 )
 
@@ -32,6 +34,49 @@ import (
 // between the wait and the receive finds it unready: it is the only
 // observer that cannot pay.
 
+// Shared sets. A set whose connections' stack other threads' sets poll
+// too (memcached's workers, each with its set: TCPPoller.Alone is false)
+// leaves its waits to the kernel, which reported each request through
+// the mirror: the byte's send from netstack's processor and its settling
+// read in the worker, two system calls of the request's path and 12% of
+// memcached's CPU under vmaxdp (perf). Such a set owes its marks all the
+// time (owedSet.shared) and has a bell: an eventfd of the engine's in its
+// epoll instance (bellData), rung (written) as a connection is owed. The
+// kernel's epoll_wait then wakes for the bell as it did for the mirror,
+// and the preload library hands what it returned to EpollRung, which
+// takes the bell's event out and reports the owed connections. Edge-
+// triggered, the bell is never read: each write is an edge.
+
+// BellData is the epoll_data of a set's bell (the preload library's
+// VMX_BELL_DATA): a non-canonical address, which no pointer an
+// application registers can be.
+const BellData uint64 = 0x8badf00d_00766d78
+
+// bellEvent is BellData as an event's two halves.
+var bellEvent = func() [2]int32 {
+	d := BellData
+	return [2]int32{int32(uint32(d)), int32(uint32(d >> 32))}
+}()
+
+// isBell says whether ev is a bell's.
+func isBell(ev *unix.EpollEvent) bool { return [2]int32{ev.Fd, ev.Pad} == bellEvent }
+
+// dropBells takes the bells' events out of evs and returns how many are
+// left.
+func dropBells(evs []unix.EpollEvent) int {
+	n := 0
+	for i := range evs {
+		if !isBell(&evs[i]) {
+			evs[n] = evs[i]
+			n++
+		}
+	}
+	return n
+}
+
+// one is what a bell's or a listener's eventfd write adds.
+var one = [8]byte{1}
+
 // tcpMember is a TCP connection's registration in an epoll set.
 type tcpMember struct {
 	t      *tcpConn
@@ -51,30 +96,110 @@ func lazyEvents(ev uint32) bool {
 type owedSet struct {
 	mu      sync.Mutex
 	polling bool // its wait processes segments: notices are owed
+	shared  bool // a shared set's: notices are owed, and ring the bell
 	owed    []*tcpConn
 	total   *atomic.Int32 // the engine's count of owed connections (Options.Owed)
+	// bell is the shared set's eventfd, -1 before it has one; bellMu
+	// keeps it open while a notice rings it.
+	bellMu sync.RWMutex
+	bell   int
 }
 
 // owe records that the set owes t's mark, when its wait is processing
-// segments; false otherwise. Caller holds t.mu.
-func (o *owedSet) owe(t *tcpConn) bool {
+// segments or it is shared; false otherwise. ring: t was not owed yet,
+// and the set is shared: the caller rings the bell once it let t.mu go.
+// Caller holds t.mu.
+func (o *owedSet) owe(t *tcpConn) (owed, ring bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if !o.polling {
+	if !o.polling && !o.shared {
+		return false, false
+	}
+	return true, o.addLocked(t) && o.shared
+}
+
+// ring writes the bell, if the set has one.
+func (o *owedSet) ring() {
+	o.bellMu.RLock()
+	if o.bell >= 0 {
+		unix.Write(o.bell, one[:])
+	}
+	o.bellMu.RUnlock()
+}
+
+// share makes the set shared (on) or not. A set becomes shared with a
+// bell in its epoll instance epfd, false when it cannot have one (then
+// its marks are paid, and its waits are the kernel's as before). A set
+// that stops being shared pays what it owes: its waits no longer report
+// owed connections but when alone (pollTCP).
+func (set *epollSet) share(e *Engine, epfd int, on bool) bool {
+	o := &set.owed
+	o.mu.Lock()
+	was := o.shared
+	o.mu.Unlock()
+	if on && !was && !o.addBell(e, epfd) {
+		on = false
+	}
+	if on == was {
+		return on
+	}
+	o.mu.Lock()
+	o.shared = on
+	o.mu.Unlock()
+	if !on {
+		set.payOwed()
+	}
+	return on
+}
+
+// addBell gives the set its bell, unless it has one, in epoll instance
+// epfd; false if it cannot (logged once).
+func (o *owedSet) addBell(e *Engine, epfd int) bool {
+	o.bellMu.Lock()
+	defer o.bellMu.Unlock()
+	if o.bell >= 0 {
+		return true
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err == nil {
+		fd = highfd.Move(fd)
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: bellEvent[0], Pad: bellEvent[1]}
+		if err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			highfd.Close(fd)
+		}
+	}
+	if err != nil {
+		level := params.LevelWarning
+		if _, seen := e.causes.LoadOrStore("bell", true); seen {
+			level = params.LevelDebug
+		}
+		e.Log.Printf(level, "epoll fd %d: its TCP connections are reported through their mirrors, two system calls a request more (its bell: %v)", epfd, err)
 		return false
 	}
-	o.addLocked(t)
+	o.bell = fd
 	return true
+}
+
+// closeBell closes the set's bell, which leaves its epoll instance.
+func (o *owedSet) closeBell() {
+	o.bellMu.Lock()
+	if o.bell >= 0 {
+		highfd.Close(o.bell)
+		o.bell = -1
+	}
+	o.bellMu.Unlock()
 }
 
 // addLocked puts t on the owed list, once (tcpConn.owedListed: a wait
 // that processes many connections' segments appends each in constant
-// time). Caller holds o.mu.
-func (o *owedSet) addLocked(t *tcpConn) {
+// time), and says whether it was not there. Caller holds o.mu.
+func (o *owedSet) addLocked(t *tcpConn) bool {
 	if t.owedListed.CompareAndSwap(false, true) {
 		o.owed = append(o.owed, t)
 		o.total.Add(1)
+		return true
 	}
+	return false
 }
 
 func (o *owedSet) setPolling(on bool) {

@@ -107,7 +107,6 @@ func (l *tcpListener) mark() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.marked {
-		one := [8]byte{1}
 		unix.Write(l.wake, one[:])
 		l.marked = true
 	}
@@ -181,6 +180,9 @@ type tcpConn struct {
 	// in each round trip's path (about 1.5 us a side, sockperf --tcp pp).
 	readers  int
 	deferred bool
+	// sleepers counts the receives asleep on app (wait): a notice marks
+	// it for them, whatever a set owes.
+	sleepers int
 	// sets counts the epoll sets the connection is a member of, and lazy
 	// is the member that may owe its marks (owed.go), if any.
 	sets int
@@ -208,9 +210,18 @@ func (t *tcpConn) notify(ev stack.TCPEvents) {
 		t.notices.Add(1)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	bell := t.notifyLocked(ev)
+	t.mu.Unlock()
+	if bell != nil {
+		bell.ring()
+	}
+}
+
+// notifyLocked is notify's, under t.mu; it returns the owed set whose
+// bell the caller rings, if any.
+func (t *tcpConn) notifyLocked(ev stack.TCPEvents) *owedSet {
 	if t.closed {
-		return
+		return nil
 	}
 	// The hangup first: the waiter the byte wakes must see it too. Once
 	// eng is shut for writing, app reads as at its end for good, and no
@@ -229,15 +240,27 @@ func (t *tcpConn) notify(ev stack.TCPEvents) {
 		// woke first saw POLLIN without POLLHUP and POLLERR (a keepalive
 		// timeout), where the kernel reports them together.
 		go t.refresh()
-		return
+		return nil
 	}
-	if ev&stack.TCPReadable != 0 {
-		if t.readers > 0 || t.lazy != nil && t.lazy.set.owed.owe(t) {
+	if ev&stack.TCPReadable == 0 {
+		return nil
+	}
+	if t.readers > 0 {
+		t.deferred = true
+		return nil
+	}
+	if t.sleepers == 0 && t.lazy != nil {
+		o := &t.lazy.set.owed
+		if owed, ring := o.owe(t); owed {
 			t.deferred = true
-			return
+			if ring {
+				return o
+			}
+			return nil
 		}
-		t.markLocked()
 	}
+	t.markLocked()
+	return nil
 }
 
 // markUsed notes a data call (tcpConn.used); a load first, so that the
@@ -1023,8 +1046,14 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 			continue
 		}
 		slept = true
+		t.mu.Lock()
+		t.sleepers++
+		t.mu.Unlock()
 		t.endRead() // the sleep needs app marked
 		errno := t.wait(unix.POLLIN, deadline, &sw)
+		t.mu.Lock()
+		t.sleepers--
+		t.mu.Unlock()
 		t.beginRead()
 		if errno != 0 {
 			if got > 0 {
