@@ -1847,12 +1847,14 @@ func TestTCPOwedSettledBesideInline(t *testing.T) {
 
 // TestTCPSetHoldsAcks: a connection in an epoll set that is not its
 // stack's only one (TCPPoller.Alone false: a worker of memcached's, each
-// with its set) has its ACKs held for its answer, which the set's thread
-// writes after the kick delay (20 us) and before maxHoldDelay: the answer
-// carries them (AcksCarried). Before, four of five of memcached's ACKs
-// left on their own at the kick delay. The set's next wait lets go the
-// held ACK of a request its thread read and did not answer, at once, and
-// keeps that of one it has not read yet.
+// with its set) is acknowledged by its answer, which the set's thread
+// writes after the kick delay (20 us) and before maxHoldDelay. The drain
+// goroutine processes its segments itself (rx_inline), leaving the ACK
+// owed, not built: one segment built a request (two before, the ACK held
+// and dropped when the answer carried it; before that, four of five of
+// memcached's ACKs left on their own at the kick delay). The set's next
+// wait lets go the ACK of a request its thread read and did not answer,
+// at once, and keeps that of one it has not read yet.
 func TestTCPSetHoldsAcks(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
 		_, st := stackOn(t, bed, nil)
@@ -1891,6 +1893,7 @@ func TestTCPSetHoldsAcks(t *testing.T) {
 		}
 		const rounds = 50
 		carried, delayed := st.TCPCounters.AcksCarried.Load(), st.TCPCounters.AcksDelayed.Load()
+		inline, built := st.TCPCounters.RxInline.Load(), sentByNetstack(t, st)
 		for i := range rounds {
 			request(i)
 			for end := time.Now().Add(200 * time.Microsecond); time.Now().Before(end); {
@@ -1906,11 +1909,16 @@ func TestTCPSetHoldsAcks(t *testing.T) {
 			p.Wait(nil)
 		}
 		carried, delayed = st.TCPCounters.AcksCarried.Load()-carried, st.TCPCounters.AcksDelayed.Load()-delayed
-		t.Logf("%d requests answered 200 us after they came: %d ACKs carried, %d left on their own", rounds, carried, delayed)
+		inline, built = st.TCPCounters.RxInline.Load()-inline, sentByNetstack(t, st)-built
+		t.Logf("%d requests answered 200 us after they came: %d ACKs carried, %d left on their own; %d processed by the drain, %d segments built",
+			rounds, carried, delayed, inline, built)
 		// A round whose thread the machine held off for a millisecond
 		// lets its ACK go at maxHoldDelay.
 		if carried < rounds*4/5 {
 			t.Errorf("%d of %d ACKs carried by the answers, want %d or more", carried, rounds, rounds*4/5)
+		}
+		if inline < rounds*4/5 || built > rounds*6/5 {
+			t.Errorf("%d requests: %d processed by the drain goroutine (want %d or more), %d segments built (want %d at most)", rounds, inline, rounds*4/5, built, rounds*6/5)
 		}
 
 		// Unread: the wait keeps its ACK. Read: the wait lets it go.

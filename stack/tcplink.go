@@ -921,17 +921,22 @@ func (l *tcpLink) settleOwed(but []*TCPConn) {
 	if l.owedN.Load() == 0 {
 		return
 	}
+	l.settleOwedWhere(func(c *TCPConn) bool { return !slices.Contains(but, c) })
+}
+
+// settleOwedWhere settles the owed ACKs of the connections due says.
+func (l *tcpLink) settleOwedWhere(due func(c *TCPConn) bool) {
 	l.settleMu.Lock()
 	defer l.settleMu.Unlock()
 	l.owedMu.Lock()
-	due, kept := l.due[:0], l.owedSpare[:0]
+	list, kept := l.due[:0], l.owedSpare[:0]
 	for _, c := range l.owed {
-		if slices.Contains(but, c) {
+		if !due(c) {
 			kept = append(kept, c)
 			continue
 		}
 		c.ackOwed = false
-		due = append(due, c)
+		list = append(list, c)
 	}
 	clear(l.owed)
 	l.owed, l.owedSpare = kept, l.owed[:0]
@@ -940,11 +945,11 @@ func (l *tcpLink) settleOwed(but []*TCPConn) {
 		l.owedArmed = false
 	}
 	l.owedMu.Unlock()
-	for _, c := range due {
+	for _, c := range list {
 		l.settle(c)
 	}
-	clear(due)
-	l.due = due[:0]
+	clear(list)
+	l.due = list[:0]
 }
 
 // settle acknowledges what c's peer sent, unless c's answers did
@@ -1692,11 +1697,16 @@ func pollerFile(be backend.Backend) (*os.File, syscall.RawConn, error) {
 }
 
 // drainBatchesLocked drains the queues until they are empty, or a bound
-// of batches, and returns how many frames it saw. Caller holds rxMu.
+// of batches, and returns how many frames it saw; each batch's segments
+// of connections in epoll sets are processed here (setsInliner,
+// tcpinline.go). Caller holds rxMu.
 func (st *Stack) drainBatchesLocked() int {
 	got := 0
 	for range 64 {
+		st.inline = setsInliner{st}
 		k := st.drainLocked()
+		st.inline = nil
+		st.processHeldInline()
 		if k == 0 {
 			break
 		}
