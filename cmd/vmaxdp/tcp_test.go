@@ -2352,3 +2352,58 @@ func countServerSyscalls(t *testing.T, name string, wait, d time.Duration) map[s
 	}
 	return got
 }
+
+// TestRunTCPSharedSetCalls: two epoll sets of one process, each with TCP
+// connections of one stack (testdata/tcpsets: a pipe beside two of them),
+// are shared sets under vmaxdp, woken by their bells (owed.go); what each
+// of its waits returns (epoll_wait with timeouts that run out, reports
+// until read, maxevents 1 with two ready, the pipe beside an owed
+// connection, epoll_pwait2 and epoll_pwait, a thread asleep in the
+// kernel's wait) is the kernel's, line for line, with the client under
+// vmaxdp and with both; the kernel watches one fd more in each set (the
+// bell) under vmaxdp. Both beds.
+func TestRunTCPSharedSetCalls(t *testing.T) {
+	testutil.RequireRoot(t)
+	prog := buildC(t, "tcpsets")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11230
+		fdinfo := filepath.Join(t.TempDir(), "fdinfo")
+		t.Setenv("TCPSETS_FDINFO", fdinfo)
+		watched := func() string {
+			t.Helper()
+			got, err := os.ReadFile(fdinfo)
+			if err != nil {
+				t.Fatalf("the client wrote no fd counts: %v", err)
+			}
+			os.Remove(fdinfo)
+			return strings.TrimSpace(string(got))
+		}
+		wantSrv, wantCli, _ := tcpTranscript(t, b, prog, port, false, false)
+		if w := watched(); w != "3 2" {
+			t.Fatalf("the kernel's run: its sets watch %s fds, want 3 2", w)
+		}
+		for _, p := range placements[1:] {
+			if !p.client {
+				continue
+			}
+			t.Run(p.name, func(t *testing.T) {
+				srv, cli, logs := tcpTranscript(t, b, prog, port, p.server, p.client)
+				if srv != wantSrv {
+					t.Errorf("the server's transcript differs from the kernel's:\n%s", lineDiff(wantSrv, srv))
+				}
+				if cli != wantCli {
+					t.Errorf("the client's transcript differs from the kernel's:\n%s", lineDiff(wantCli, cli))
+				}
+				if w := watched(); w != "4 3" {
+					t.Errorf("the client's sets watch %s fds, want 4 3 (a bell in each)", w)
+				}
+				if !strings.Contains(logs, "offloaded on "+b.Link(testbed.A)+" (tcp_client") {
+					t.Errorf("the client's log says nothing of offload:\n%s", tail(logs, 30))
+				}
+				if t.Failed() {
+					t.Logf("the kernel's client transcript:\n%s\nvmaxdp's log:\n%s", wantCli, tail(logs, 40))
+				}
+			})
+		}
+	})
+}
