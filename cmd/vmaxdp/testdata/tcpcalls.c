@@ -33,18 +33,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "transcript.h"
 #include "watchdog.h"
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	fflush(stdout);
-}
 
 /* res prints a call's result: its value, or -1 and the errno's name. */
 static long res(const char *what, long r)

@@ -32,20 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transcript.h"
 #include "watchdog.h"
 
 #define CONNS 4
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	fflush(stdout);
-}
 
 static void die(const char *what)
 {
