@@ -41,7 +41,7 @@ import (
 // read in the worker, two system calls of the request's path and 12% of
 // memcached's CPU under vmaxdp (perf). Such a set owes its marks all the
 // time (owedSet.shared) and has a bell: an eventfd of the engine's in its
-// epoll instance (bellData), rung (written) as a connection is owed. The
+// epoll instance (BellData), rung (written) as a connection is owed. The
 // kernel's epoll_wait then wakes for the bell as it did for the mirror,
 // and the preload library hands what it returned to EpollRung, which
 // takes the bell's event out and reports the owed connections. Edge-
