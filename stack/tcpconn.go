@@ -56,8 +56,10 @@ type TCPConn struct {
 	// stack's rxMu.
 	inlineSegs int
 	// ackOwed: on the link's owed list (tcpLink.oweAck). Under the
-	// link's owedMu.
-	ackOwed bool
+	// link's owedMu. settleDue: the settle under way settles it (under
+	// the link's settleMu).
+	ackOwed   bool
+	settleDue bool
 	// sets counts the TCPPollers (epoll sets) the connection is in: a
 	// thread that waits on one of them answers it (tcpLink.hold).
 	sets atomic.Int32

@@ -237,6 +237,7 @@ type tcpLink struct {
 	// endpoints as it owes (processInline).
 	settleMu sync.Mutex
 	due      []*TCPConn              // what the settle under way took off owed
+	cands    []*TCPConn              // the owed list as the settle under way found it
 	settling atomic.Pointer[TCPConn] // the connection settle acknowledges: its bare ACK is not held
 	settled  atomic.Uint64           // bare ACKs that left for settle
 
@@ -924,20 +925,33 @@ func (l *tcpLink) settleOwed(but []*TCPConn) {
 	l.settleOwedWhere(func(c *TCPConn) bool { return !slices.Contains(but, c) })
 }
 
-// settleOwedWhere settles the owed ACKs of the connections due says.
+// settleOwedWhere settles the owed ACKs of the connections due says. due
+// runs with no lock of the link's held (a poller's asks it, and netstack),
+// on a copy of the owed list.
 func (l *tcpLink) settleOwedWhere(due func(c *TCPConn) bool) {
 	l.settleMu.Lock()
 	defer l.settleMu.Unlock()
 	l.owedMu.Lock()
+	cands := append(l.cands[:0], l.owed...)
+	l.owedMu.Unlock()
+	for _, c := range cands {
+		c.settleDue = due(c)
+	}
+	l.owedMu.Lock()
 	list, kept := l.due[:0], l.owedSpare[:0]
 	for _, c := range l.owed {
-		if !due(c) {
+		if !c.settleDue {
 			kept = append(kept, c)
 			continue
 		}
 		c.ackOwed = false
 		list = append(list, c)
 	}
+	for _, c := range cands {
+		c.settleDue = false
+	}
+	clear(cands)
+	l.cands = cands[:0]
 	clear(l.owed)
 	l.owed, l.owedSpare = kept, l.owed[:0]
 	l.owedN.Store(int32(len(kept)))
