@@ -164,9 +164,10 @@ func plainSegment(seg header.TCP) bool {
 	return seg.Flags()&other == 0 && seg.Flags()&header.TCPFlagAck != 0
 }
 
-// inliner names the connections a drain on an application thread
-// processes inline: the one a receive polls for (a TCPConn), or an epoll
-// set's (a TCPPoller).
+// inliner names the connections a drain processes inline: on an
+// application thread, the one a receive polls for (a TCPConn) or an epoll
+// set's (a TCPPoller); on a queue's drain goroutine, those in epoll sets
+// (setsInliner).
 type inliner interface {
 	inlineConn(k tcpKey) *TCPConn
 }
@@ -179,10 +180,10 @@ func (c *TCPConn) inlineConn(k tcpKey) *TCPConn {
 }
 
 // Poll drains the stack's receive rings on this goroutine unless another
-// does already (false), processing c's segments here (see above). It
-// settles the ACKs owed first: a receive that polls again is back from
-// what the last poll gave it, and its answer carried those ACKs or
-// none is coming.
+// does already (false), processing c's segments here (see above). Unless
+// c is in an epoll set, it settles the ACKs owed first: a receive that
+// polls again is back from what the last poll gave it, and its answer
+// carried those ACKs or none is coming.
 func (c *TCPConn) Poll() bool {
 	if c.sets.Load() == 0 {
 		// An epoll set's connection is its thread's, whose waits
@@ -363,19 +364,18 @@ func (p *TCPPoller) Wait(writers []*TCPConn) {
 	p.st.releaseHeldBut(writers)
 }
 
-// releaseRead sends the held ACKs of the poller's connections that have
-// nothing left to read, but writers'. It asks netstack with no lock of
-// the link's held.
+// releaseRead settles the owed ACKs and sends the held ones of the
+// poller's connections whose thread is done with them (readDone). It
+// asks netstack with no lock of the link's held.
 func (p *TCPPoller) releaseRead(writers []*TCPConn) {
 	t := p.st.tcp.Load()
 	if t == nil {
 		return
 	}
 	l := t.link
+	done := func(c *TCPConn) bool { return p.readDone(c, writers) }
 	if l.owedN.Load() > 0 {
-		l.settleOwedWhere(func(c *TCPConn) bool {
-			return p.has(c) && !slices.Contains(writers, c) && c.Events()&TCPReadable == 0
-		})
+		l.settleOwedWhere(done)
 	}
 	if l.heldN.Load() == 0 {
 		return
@@ -388,18 +388,25 @@ func (p *TCPPoller) releaseRead(writers []*TCPConn) {
 	}
 	l.heldMu.Unlock()
 	m := 0
-	p.mu.Lock()
 	for _, k := range held[:n] {
-		c := p.conns[heldKey(k)].c
-		if c != nil && !slices.Contains(writers, c) && c.Events()&TCPReadable == 0 {
+		if c, ok := p.st.tcpConns.Load(heldKey(k)); ok && done(c.(*TCPConn)) {
 			read[m] = k
 			m++
 		}
 	}
-	p.mu.Unlock()
 	if m > 0 {
 		l.expireHeldWhere(func(conn [12]byte) bool { return slices.Contains(read[:m], conn) })
 	}
+}
+
+// readDone says whether c is one of the poller's connections, not one of
+// writers, with nothing left to read: its thread read what c's ACKs
+// acknowledge and had its chance to answer.
+func (p *TCPPoller) readDone(c *TCPConn, writers []*TCPConn) bool {
+	p.mu.Lock()
+	mine := p.conns[c.key].c == c
+	p.mu.Unlock()
+	return mine && !slices.Contains(writers, c) && c.Events()&TCPReadable == 0
 }
 
 // PollStop says that the thread that polled stops, to sleep: the queues'
@@ -492,13 +499,6 @@ func (st *Stack) AppendQueues(pfds []unix.PollFd) []unix.PollFd {
 		pfds = append(pfds, unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN})
 	}
 	return pfds
-}
-
-// has says whether c is one of the poller's connections.
-func (p *TCPPoller) has(c *TCPConn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.conns[c.key].c == c
 }
 
 // Stack is the poller's stack.
