@@ -2281,7 +2281,9 @@ func TestRunTCPSharedSets(t *testing.T) {
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
 		before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
 		counted := make(chan map[string]int, 1)
-		go func() { counted <- countServerSyscalls(t, "memcached", 500*time.Millisecond, 1500*time.Millisecond) }()
+		go func() {
+			counted <- countServerSyscalls(t, "memcached", 500*time.Millisecond, 1500*time.Millisecond, "sendmsg", "recvfrom", "write")
+		}()
 		run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: true, Duration: 2 * time.Second,
 			Env: []string{"VMAXDP_TCP=1"}}
 		res, srvLog, err := run.Do(context.Background())
@@ -2309,10 +2311,10 @@ func TestRunTCPSharedSets(t *testing.T) {
 	})
 }
 
-// countServerSyscalls counts the sendmsg, recvfrom and write system calls
-// of the newest process named name, found within wait, for d (perf stat
-// on the syscall tracepoints); nil, logged, when it cannot.
-func countServerSyscalls(t *testing.T, name string, wait, d time.Duration) map[string]int {
+// countServerSyscalls counts the system calls calls of the newest process
+// named name, found within wait, for d (perf stat on the syscall
+// tracepoints); nil, logged, when it cannot.
+func countServerSyscalls(t *testing.T, name string, wait, d time.Duration, calls ...string) map[string]int {
 	var pid string
 	for deadline := time.Now().Add(wait + 5*time.Second); pid == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		out, _ := exec.Command("pgrep", "-n", "-x", name).Output()
@@ -2323,7 +2325,6 @@ func countServerSyscalls(t *testing.T, name string, wait, d time.Duration) map[s
 		return nil
 	}
 	time.Sleep(wait)
-	calls := []string{"sendmsg", "recvfrom", "write"}
 	args := []string{"stat", "-x", ",", "-p", pid}
 	for _, c := range calls {
 		args = append(args, "-e", "syscalls:sys_enter_"+c)
@@ -2351,6 +2352,58 @@ func countServerSyscalls(t *testing.T, name string, wait, d time.Duration) map[s
 		return nil
 	}
 	return got
+}
+
+// TestRunTCPEventLoopReads: lighttpd, one epoll loop that reads each
+// connection it reports until EAGAIN and answers it at once, under vmaxdp
+// serving ab -k from a kernel client: its reads until EAGAIN leave the
+// rings to the loop's next wait, which processes what came for all its
+// connections (no netstack processor's wake-up, no mirror byte marked
+// and read back for each: a recvfrom system call a request), and its
+// answers share kicks until that wait (a sendto each). Both beds.
+func TestRunTCPEventLoopReads(t *testing.T) {
+	testutil.RequireRoot(t)
+	vmaxdp := tools(t)
+	a, _ := apps.ByName("lighttpd-keepalive")
+	if miss := a.Missing(); miss != "" {
+		t.Skipf("not installed: %s (make deps installs it)", miss)
+	}
+	if _, err := exec.LookPath("perf"); err != nil {
+		t.Skip("perf is not installed (make deps installs linux-perf): it counts the server's system calls")
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+		counted := make(chan map[string]int, 1)
+		go func() {
+			counted <- countServerSyscalls(t, "lighttpd", 500*time.Millisecond, 1500*time.Millisecond, "sendto", "recvfrom")
+		}()
+		run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: true, Duration: 2 * time.Second,
+			Env: []string{"VMAXDP_TCP=1"}}
+		res, srvLog, err := run.Do(context.Background())
+		if err != nil {
+			t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
+		}
+		calls := <-counted
+		if calls == nil {
+			t.Fatal("the server's system calls were not counted (see above)")
+		}
+		reqs := res.Rate * 1.5 // the counted 1.5 s, at the run's rate
+		t.Logf("%.0f %s; in 1.5 s of it (about %.0f requests) the server made %d sendto and %d recvfrom system calls",
+			res.Rate, a.Unit, reqs, calls["sendto"], calls["recvfrom"])
+		if res.Rate == 0 || res.Lost != 0 {
+			t.Fatalf("rate %.0f, %d lost:\n%s", res.Rate, res.Lost, tail(res.Output, 20))
+		}
+		if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; n > 2000 {
+			t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
+		}
+		if float64(calls["recvfrom"]) > reqs/20 {
+			t.Errorf("the server made %d recvfrom system calls for about %.0f requests: its connections' readiness went through their mirrors", calls["recvfrom"], reqs)
+		}
+		// Before, every answer kicked: 1.13 a request, 0.46 after.
+		if float64(calls["sendto"]) > 0.8*reqs {
+			t.Errorf("the server made %d sendto system calls (kicks) for about %.0f requests: its answers did not share them", calls["sendto"], reqs)
+		}
+	})
 }
 
 // TestRunTCPSharedSetCalls: two epoll sets of one process, each with TCP

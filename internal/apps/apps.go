@@ -709,6 +709,55 @@ redis-benchmark -h %[1]s -p 6379 -c 10 -n %[2]d -t set,get -q
 	// twentieth of the gets' values checked.
 	memcached("memcached-tcp", "tcp", []string{"-U", "0", "-t", "4"}, []string{"-T", "2", "-c", "16", "--verify=0.05"},
 		parseMemcaslapVerified, nil),
+	lighttpd("lighttpd-keepalive", true),
+	lighttpd("lighttpd-close", false),
+}
+
+// lighttpdPage is the page lighttpd serves (lighttpd).
+const lighttpdPage = "served by lighttpd\n"
+
+// lighttpd is lighttpd 1.4 as it comes (one process, one epoll loop that
+// reads each connection until EAGAIN and answers it at once, at most
+// 1,000 requests a keep-alive connection) serving a small page to ab,
+// Apache's benchmark, over 8 connections: kept alive (-k), or one
+// connection a request (HTTP/1.0: the server closes first). The client
+// first fetches the page once and checks it; ab counts an answer of
+// another length, or none, as failed.
+func lighttpd(name string, keepAlive bool) *App {
+	return &App{
+		Name: name, Unit: "requests/s", Programs: []string{"lighttpd", "ab"}, Package: "lighttpd apache2-utils",
+		Proto: "tcp", Port: 8080,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{
+				"www/index.html": lighttpdPage,
+				"lighttpd.conf": fmt.Sprintf(`server.document-root = "%[1]s/www"
+server.bind = "%[2]s"
+server.port = 8080
+server.errorlog = "%[1]s/lighttpd.log"
+`, dir, addr),
+			})
+			return []string{"lighttpd", "-D", "-f", filepath.Join(dir, "lighttpd.conf")}
+		},
+		Client: func(dir, addr string, d time.Duration, paced bool) []string {
+			ka := ""
+			if keepAlive {
+				ka = "-k"
+			}
+			write(dir, map[string]string{"http-client.sh": fmt.Sprintf(`python3 -c '
+import socket
+s = socket.create_connection(("%[1]s", 8080), 5)
+s.sendall(b"GET /index.html HTTP/1.0\r\n\r\n")
+got = b""
+while b := s.recv(4096):
+    got += b
+print("lighttpd page", "verified" if got.partition(b"\r\n\r\n")[2] == open("www/index.html", "rb").read() else "WRONG")
+'
+exec ab -q %[2]s -c 8 -s 10 -t %[3]d -n 100000000 http://%[1]s:8080/index.html
+`, addr, ka, max(1, int(d.Seconds())))})
+			return []string{"bash", filepath.Join(dir, "http-client.sh")}
+		},
+		Parse: parseAB,
+	}
 }
 
 // sockperfTCP is sockperf --tcp with 64-byte messages, blocking calls:
@@ -769,6 +818,32 @@ func parseRedisBenchmark(out string) (Result, error) {
 		r.Rate += v / float64(len(ms))
 	}
 	r.Sent = int64(len(ms))
+	return r, nil
+}
+
+var (
+	reABRate     = regexp.MustCompile(`(?m)^Requests per second:\s+([0-9.]+)`)
+	reABComplete = regexp.MustCompile(`(?m)^Complete requests:\s+(\d+)`)
+	reABFailed   = regexp.MustCompile(`(?m)^(?:Failed requests|Non-2xx responses):\s+(\d+)`)
+)
+
+// parseAB reads ab's summary after the client's check of the page
+// (lighttpd): failed requests and answers other than 2xx are lost.
+func parseAB(out string) (Result, error) {
+	var r Result
+	if !strings.Contains(out, "lighttpd page verified") {
+		return r, fmt.Errorf("the page came back wrong:\n%s", tail(out, 20))
+	}
+	m, c := reABRate.FindStringSubmatch(out), reABComplete.FindStringSubmatch(out)
+	if m == nil || c == nil {
+		return r, fmt.Errorf("ab printed no summary:\n%s", tail(out, 20))
+	}
+	r.Rate, _ = strconv.ParseFloat(m[1], 64)
+	r.Sent, _ = strconv.ParseInt(c[1], 10, 64)
+	for _, f := range reABFailed.FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.ParseInt(f[1], 10, 64)
+		r.Lost += n
+	}
 	return r, nil
 }
 

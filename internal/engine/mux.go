@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -454,6 +455,9 @@ type epollSet struct {
 	tcp     map[int]*tcpMember
 	pollers []*stack.TCPPoller
 	owed    owedSet // the marks its waits owe (owed.go)
+	// polls says whether its last wait polled its connections' segments
+	// (tcpAlone).
+	polls atomic.Bool
 	// owedScratch is reportOwed's list, reused; under mu.
 	owedScratch []*tcpConn
 	// writers are its connections registered for EPOLLOUT: their held
@@ -996,6 +1000,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 	}
 	set.mu.Lock()
 	tcpOnly, alone := len(set.list) == 0, set.tcpAlone()
+	set.polls.Store(alone)
 	set.waitTCP()
 	shared := set.share(e, epfd, tcpOnly && !alone)
 	set.mu.Unlock()
