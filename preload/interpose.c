@@ -1164,6 +1164,15 @@ int close(int fd)
 	return REAL(close)(fd);
 }
 
+/* to_stdio: fd, when a TCP connection netstack serves, is to be read and
+ * written by stdio, whose system calls do not come here (a standard
+ * stream, fdopen): the engine moves it to a kernel socket (stdio.go). */
+static void to_stdio(int fd, int stdio)
+{
+	if (stdio && vmx_ready && !vmx_forked && tcp(fd))
+		vmxgo_to_stdio(fd);
+}
+
 /* after_dup: newfd now names oldfd's socket or epoll instance; whatever
  * newfd named before (dup2 closes it) is forgotten by the engine's Dup. */
 static int after_dup(int oldfd, int newfd)
@@ -1177,7 +1186,16 @@ static int after_dup(int oldfd, int newfd)
 		mark_epfd(newfd, 1);
 	if (state(oldfd) != VMX_OS || state(newfd) != VMX_OS || ep)
 		vmx_set_state(newfd, vmxgo_dup(oldfd, newfd));
+	to_stdio(newfd, newfd <= 2);
 	return newfd;
+}
+
+DECLARE(FILE *, fdopen, int, const char *);
+
+FILE *fdopen(int fd, const char *mode)
+{
+	to_stdio(fd, 1);
+	return REAL(fdopen)(fd, mode);
 }
 
 int dup(int fd)
@@ -2236,11 +2254,14 @@ static void claim_for_exec(void)
 
 /* before_exec: the process is about to become another program. The
  * engine goes with its image, so what sends left on the TX rings leaves
- * now (vmx_exit_flush); a forked child claims its sockets. */
+ * now (vmx_exit_flush), a forked child claims its sockets, and the
+ * connections the program inherits move to kernel sockets. */
 static void before_exec(void)
 {
 	vmx_exit_flush();
 	claim_for_exec();
+	if (vmx_ready && !vmx_forked)
+		vmxgo_execing();
 }
 
 /* The exec family: glibc's own calls between them do not come back here,

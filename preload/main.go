@@ -334,6 +334,12 @@ func vmxgo_connect(fd C.int) C.int { return C.int(eng.Connect(int(fd))) }
 //export vmxgo_close
 func vmxgo_close(fd C.int) { eng.Close(int(fd)) }
 
+//export vmxgo_to_stdio
+func vmxgo_to_stdio(fd C.int) { eng.ToStdio(int(fd)) }
+
+//export vmxgo_execing
+func vmxgo_execing() { eng.Execing() }
+
 //export vmxgo_dup
 func vmxgo_dup(oldfd, newfd C.int) C.int { return C.int(eng.Dup(int(oldfd), int(newfd))) }
 

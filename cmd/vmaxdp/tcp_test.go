@@ -2406,6 +2406,68 @@ func TestRunTCPEventLoopReads(t *testing.T) {
 	})
 }
 
+// TestRunTCPStdio: a connection handed to code that does not come
+// through the interposer moves to a kernel socket and keeps working, with
+// the reason logged. A kernel echo server in side A; under vmaxdp in side
+// B, with the connection offloaded first:
+//   - bash's /dev/tcp (exec 3<>), whose printf builtin writes through
+//     stdio to fd 1 made a copy of the connection, and whose read builtin
+//     reads fd 0 so made: its line went into the mirror, and bash waited
+//     for the echo for ever;
+//   - a C program that gives the connection to fdopen, fprintf and fgets
+//     (testdata/stdio.c);
+//   - the same program execing bash, which inherits the connection.
+//
+// Both beds.
+func TestRunTCPStdio(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	prog := buildC(t, "stdio")
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port = 11250
+		echo := netip.AddrPortFrom(b.Addr(testbed.A), port)
+		var stop func()
+		if err := b.Do(testbed.A, func() (err error) {
+			stop, err = kernelEcho("tcp", echo)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		addr, p := b.Addr(testbed.A).String(), strconv.Itoa(port)
+		for _, c := range []struct {
+			name string
+			argv []string
+			want []string
+		}{
+			{"bash", []string{"bash", "-c", fmt.Sprintf(`exec 3<>/dev/tcp/%s/%s
+printf 'bash\n' >&3
+if read -r line <&3; then echo "got $line"; else echo "no echo"; fi`, addr, p)}, []string{"got bash"}},
+			{"fdopen", []string{prog, addr, p, "fdopen"}, []string{"got write", "got stdio"}},
+			{"exec", []string{prog, addr, p, "exec"}, []string{"got write", "got exec"}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				run := startFor(t, b, testbed.B, 15*time.Second, []string{"VMAXDP_TCP=1"}, append([]string{tools(t), "run", "--"}, c.argv...)...)
+				err := run.exited()
+				out := run.out.String()
+				for _, line := range c.want {
+					// Whole lines: the log's Cmd Line holds bash's source.
+					if !regexp.MustCompile(`(?m)^` + line + `$`).MatchString(out) {
+						t.Errorf("the program did not print %q (%v):\n%s", line, err, tail(out, 30))
+					}
+				}
+				cause := "as it became a standard stream or stdio's"
+				if c.name == "exec" {
+					cause = "before exec"
+				}
+				run.wantSaid(t, "offloaded on "+b.Link(testbed.B)+" (tcp_client", "handed to a kernel socket (TCP_REPAIR) "+cause)
+			})
+		}
+	})
+}
+
 // TestRunTCPSharedSetCalls: two epoll sets of one process, each with TCP
 // connections of one stack (testdata/tcpsets: a pipe beside two of them),
 // are shared sets under vmaxdp, woken by their bells (owed.go); what each

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/params"
+	"github.com/vmaxdp/vmaxdp/stack"
 )
 
 // What fork() does to the sockets the engine serves. The child never runs
@@ -116,6 +118,12 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 		return false
 	}
 	kfd, err := t.c.ToKernel()
+	// Bytes in flight stay netstack's: their ACK comes within a round
+	// trip (a delayed one: 40 ms from a Linux peer).
+	for deadline := time.Now().Add(move.wait); errors.Is(err, stack.ErrUnsent) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		kfd, err = t.c.ToKernel()
+	}
 	if err != nil {
 		e.Log.Printf(params.LevelInfo, "fd %d: %v: it stays this process's %s, and %s cannot use it", fds[0], err, move.when, move.other)
 		return false
@@ -149,12 +157,16 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 }
 
 // connMove is the occasion of a connToKernel: when, for the log of a
-// connection that stays; who else would use it; and the cause of one
-// moved.
-type connMove struct{ when, other, cause string }
+// connection that stays; who else would use it; the cause of one moved;
+// and how long to wait for the ACK of bytes in flight.
+type connMove struct {
+	when, other, cause string
+	wait               time.Duration
+}
 
-// atFork is Forking's connMove.
-var atFork = connMove{"at fork", "a child", "handed to a kernel socket before fork (TCP_REPAIR), unused until then: the child may serve it"}
+// atFork is Forking's connMove: its connections are unused, nothing is
+// in flight.
+var atFork = connMove{when: "at fork", other: "a child", cause: "handed to a kernel socket before fork (TCP_REPAIR), unused until then: the child may serve it"}
 
 // forkedCause is why a socket shared with a forked child stays on the
 // kernel.
@@ -449,7 +461,7 @@ func (e *Engine) Passed(fd int) {
 		return
 	}
 	if t := e.tcpConn(fd); t != nil {
-		e.connToKernel(t, e.namedConns()[t], connMove{"as it is passed to another process", "that process", passedCause})
+		e.connToKernel(t, e.namedConns()[t], connMove{when: "as it is passed to another process", other: "that process", cause: passedCause, wait: inFlightWait})
 		return
 	}
 	if s := e.get(fd); s != nil {

@@ -144,6 +144,6 @@ func (e *Engine) ringSeen() {
 		}
 	}
 	for t, fds := range e.namedConns() {
-		e.connToKernel(t, fds, connMove{"though the process has an io_uring ring", "the ring", ioUringCause})
+		e.connToKernel(t, fds, connMove{when: "though the process has an io_uring ring", other: "the ring", cause: ioUringCause, wait: inFlightWait})
 	}
 }
