@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/testbed"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
@@ -183,5 +185,33 @@ func TestStatsIPv6OnlyLocal(t *testing.T) {
 	e.socketRecord(e.get(fd), &rec)
 	if rec.Local != "[::]:9412" {
 		t.Errorf("local %q, want [::]:9412 (reason %q)", rec.Local, rec.Reason)
+	}
+}
+
+// TestPublisherRuleNames: a rule's published name is its own, formatted
+// once while the publishes see it, and forgotten once one does not: an id
+// reused for another rule gets that rule's name.
+func TestPublisherRuleNames(t *testing.T) {
+	pub := &publisher{ruleNames: map[steer.Rule]ruleName{}}
+	a := steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
+		Local: netip.MustParseAddrPort("198.18.0.2:80"), Remote: netip.MustParseAddrPort("198.18.0.1:40000")}
+	b := a
+	b.Remote = netip.MustParseAddrPort("198.18.0.1:40001")
+	pub.gen++
+	if got := pub.ruleName(a); got != a.String() {
+		t.Errorf("name %q, want %q", got, a.String())
+	}
+	if got := pub.ruleName(b); got != b.String() {
+		t.Errorf("name %q, want %q", got, b.String())
+	}
+	pub.forgetRules()
+	pub.gen++
+	pub.ruleName(b)
+	pub.forgetRules()
+	if _, kept := pub.ruleNames[a]; kept || len(pub.ruleNames) != 1 {
+		t.Errorf("after a publish without %v the names are %v, want %v's alone", a, pub.ruleNames, b)
+	}
+	if n := testing.AllocsPerRun(100, func() { pub.ruleName(b) }); n != 0 {
+		t.Errorf("a known rule's name: %.0f allocations, want 0", n)
 	}
 }
