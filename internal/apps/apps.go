@@ -711,25 +711,24 @@ redis-benchmark -h %[1]s -p 6379 -c 10 -n %[2]d -t set,get -q
 		parseMemcaslapVerified, nil),
 	lighttpd("lighttpd-keepalive", true),
 	lighttpd("lighttpd-close", false),
+	nginx(),
 }
 
-// lighttpdPage is the page lighttpd serves (lighttpd).
-const lighttpdPage = "served by lighttpd\n"
+// httpPage is the page the HTTP servers serve (lighttpd, nginx).
+const httpPage = "served under the load of ab\n"
 
-// lighttpd is lighttpd 1.4 as it comes (one process, one epoll loop that
-// reads each connection until EAGAIN and answers it at once, at most
-// 1,000 requests a keep-alive connection) serving a small page to ab,
-// Apache's benchmark, over 8 connections: kept alive (-k), or one
-// connection a request (HTTP/1.0: the server closes first). The client
-// first fetches the page once and checks it; ab counts an answer of
-// another length, or none, as failed.
+// lighttpd is lighttpd 1.4 as it comes (one process, one epoll loop,
+// level-triggered, that reads each connection until EAGAIN and answers it
+// at once; at most 1,000 requests a keep-alive connection) under ab over 8
+// connections: kept alive (-k), or one connection a request (HTTP/1.0: the
+// server closes first).
 func lighttpd(name string, keepAlive bool) *App {
 	return &App{
 		Name: name, Unit: "requests/s", Programs: []string{"lighttpd", "ab"}, Package: "lighttpd apache2-utils",
 		Proto: "tcp", Port: 8080,
 		Server: func(dir, addr string) []string {
 			write(dir, map[string]string{
-				"www/index.html": lighttpdPage,
+				"www/index.html": httpPage,
 				"lighttpd.conf": fmt.Sprintf(`server.document-root = "%[1]s/www"
 server.bind = "%[2]s"
 server.port = 8080
@@ -738,25 +737,62 @@ server.errorlog = "%[1]s/lighttpd.log"
 			})
 			return []string{"lighttpd", "-D", "-f", filepath.Join(dir, "lighttpd.conf")}
 		},
-		Client: func(dir, addr string, d time.Duration, paced bool) []string {
-			ka := ""
-			if keepAlive {
-				ka = "-k"
-			}
-			write(dir, map[string]string{"http-client.sh": fmt.Sprintf(`python3 -c '
+		Client: abClient(8080, 8, keepAlive),
+		Parse:  parseAB,
+	}
+}
+
+// nginx is nginx as one process (master_process off: its event loop,
+// edge-triggered, with sendfile, tcp_nopush and keep-alive, at most 1,000
+// requests a connection) under ab -k over 20 connections.
+func nginx() *App {
+	return &App{
+		Name: "nginx-keepalive", Unit: "requests/s", Programs: []string{"nginx", "ab"}, Package: "nginx-light apache2-utils",
+		Proto: "tcp", Port: 8081,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{
+				"www/index.html": httpPage,
+				"nginx.conf": fmt.Sprintf(`daemon off;
+master_process off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 256; }
+http {
+	access_log off;
+	sendfile on; tcp_nopush on; tcp_nodelay on;
+	server { listen %[2]s:8081; root %[1]s/www; }
+}
+`, dir, addr),
+			})
+			return []string{"nginx", "-c", filepath.Join(dir, "nginx.conf")}
+		},
+		Client: abClient(8081, 20, true),
+		Parse:  parseAB,
+	}
+}
+
+// abClient is ab, Apache's benchmark, fetching the page at port with
+// conns connections, kept alive or one a request. Python first fetches
+// the page once and checks it; ab counts an answer of another length, or
+// none, as failed.
+func abClient(port, conns int, keepAlive bool) func(dir, addr string, d time.Duration, paced bool) []string {
+	return func(dir, addr string, d time.Duration, paced bool) []string {
+		ka := ""
+		if keepAlive {
+			ka = "-k"
+		}
+		write(dir, map[string]string{"http-client.sh": fmt.Sprintf(`python3 -c '
 import socket
-s = socket.create_connection(("%[1]s", 8080), 5)
+s = socket.create_connection(("%[1]s", %[2]d), 5)
 s.sendall(b"GET /index.html HTTP/1.0\r\n\r\n")
 got = b""
 while b := s.recv(4096):
     got += b
-print("lighttpd page", "verified" if got.partition(b"\r\n\r\n")[2] == open("www/index.html", "rb").read() else "WRONG")
+print("http page", "verified" if got.partition(b"\r\n\r\n")[2] == open("www/index.html", "rb").read() else "WRONG")
 '
-exec ab -q %[2]s -c 8 -s 10 -t %[3]d -n 100000000 http://%[1]s:8080/index.html
-`, addr, ka, max(1, int(d.Seconds())))})
-			return []string{"bash", filepath.Join(dir, "http-client.sh")}
-		},
-		Parse: parseAB,
+exec ab -q %[3]s -c %[4]d -s 10 -t %[5]d -n 100000000 http://%[1]s:%[2]d/index.html
+`, addr, port, ka, conns, max(1, int(d.Seconds())))})
+		return []string{"bash", filepath.Join(dir, "http-client.sh")}
 	}
 }
 
@@ -828,10 +864,10 @@ var (
 )
 
 // parseAB reads ab's summary after the client's check of the page
-// (lighttpd): failed requests and answers other than 2xx are lost.
+// (abClient): failed requests and answers other than 2xx are lost.
 func parseAB(out string) (Result, error) {
 	var r Result
-	if !strings.Contains(out, "lighttpd page verified") {
+	if !strings.Contains(out, "http page verified") {
 		return r, fmt.Errorf("the page came back wrong:\n%s", tail(out, 20))
 	}
 	m, c := reABRate.FindStringSubmatch(out), reABComplete.FindStringSubmatch(out)

@@ -86,10 +86,11 @@ type tcpMember struct {
 }
 
 // lazyEvents says whether a member registered for ev may owe its marks:
-// level-triggered EPOLLIN. Edge-triggered and one-shot members are the
+// EPOLLIN, level- or edge-triggered (an edge-triggered one is reported
+// once a notice: reportOwed). One-shot and exclusive members are the
 // kernel's to report, on the mirror.
 func lazyEvents(ev uint32) bool {
-	return ev&unix.EPOLLIN != 0 && ev&(unix.EPOLLET|unix.EPOLLONESHOT|unix.EPOLLEXCLUSIVE) == 0
+	return ev&unix.EPOLLIN != 0 && ev&(unix.EPOLLONESHOT|unix.EPOLLEXCLUSIVE) == 0
 }
 
 // owedSet is an epoll set's part: the connections whose marks it owes.
@@ -258,7 +259,10 @@ func (o *owedSet) any() bool {
 
 // reportOwed adds to out the set's owed connections that netstack has data
 // for (EPOLLIN, with their members' data) and keeps those owed; the others
-// leave the list. It returns how many it added. Caller holds set.mu.
+// leave the list. An edge-triggered member's report is its edge, made
+// once: it leaves the list too, and the next notice of netstack's (more
+// data) owes the next, as the kernel's ET wakes once a segment (nginx's
+// connections). It returns how many it added. Caller holds set.mu.
 func (set *epollSet) reportOwed(out []unix.EpollEvent) int {
 	list := set.owed.take(set.owedScratch)
 	n := 0
@@ -278,7 +282,15 @@ func (set *epollSet) reportOwed(out []unix.EpollEvent) int {
 			t.mu.Unlock()
 			continue
 		}
-		set.owed.keep(t)
+		if n == len(out) || m.events&unix.EPOLLET == 0 {
+			set.owed.keep(t) // level-triggered, or not reported yet
+		} else {
+			t.mu.Lock()
+			if t.readers == 0 {
+				t.deferred = false
+			}
+			t.mu.Unlock()
+		}
 		if n < len(out) {
 			out[n] = unix.EpollEvent{Events: unix.EPOLLIN, Fd: m.data[0], Pad: m.data[1]}
 			n++
