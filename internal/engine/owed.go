@@ -21,11 +21,11 @@ import (
 // loop reads the request, and the byte is taken back.
 //
 // So while an epoll set's wait processes its connections' segments
-// (pollTCP), a connection that is a level-triggered EPOLLIN member of that
-// set and of no other (tcpConn.lazy) is left unmarked: the set owes its
-// mark (tcpConn.deferred with no receive under way, and the connection on
-// the set's owed list), and reports the connection itself for as long as
-// netstack has data for it (reportOwed). The application's receive pays
+// (pollTCP), a connection that is an EPOLLIN member of that set and of no
+// other (tcpConn.lazy) is left unmarked: the set owes its mark
+// (tcpConn.deferred with no receive under way, and the connection on the
+// set's owed list), and reports the connection itself for as long as
+// netstack has data for it, or once, edge-triggered (reportOwed). The application's receive pays
 // what it leaves unread, as any receive does (endRead); what it reads
 // whole costs no byte. Everything else that looks at the mirror pays
 // first: poll and select through the preload library (Engine.PayOwed, when
