@@ -2279,36 +2279,47 @@ func TestRunTCPSharedSets(t *testing.T) {
 		t.Skip("perf is not installed (make deps installs linux-perf): it counts the server's system calls")
 	}
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
-		before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
-		counted := make(chan map[string]int, 1)
-		go func() {
-			counted <- countServerSyscalls(t, "memcached", 500*time.Millisecond, 1500*time.Millisecond, "sendmsg", "recvfrom", "write")
-		}()
-		run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: true, Duration: 2 * time.Second,
-			Env: []string{"VMAXDP_TCP=1"}}
-		res, srvLog, err := run.Do(context.Background())
-		if err != nil {
-			t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
-		}
-		calls := <-counted
-		if calls == nil {
-			t.Fatal("the server's system calls were not counted (see above)")
-		}
-		ops := res.Rate * 1.5 // the counted 1.5 s, at the run's rate
-		t.Logf("%.0f %s; in 1.5 s of it (about %.0f requests) the server made %d sendmsg, %d recvfrom, %d write system calls",
-			res.Rate, a.Unit, ops, calls["sendmsg"], calls["recvfrom"], calls["write"])
-		if res.Rate == 0 || res.Lost != 0 {
-			t.Fatalf("rate %.0f, %d lost:\n%s", res.Rate, res.Lost, tail(res.Output, 20))
-		}
-		if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; n > 2000 {
-			t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
-		}
+		ops, calls := countedServerRun(t, b, vmaxdp, a, "memcached", "sendmsg", "recvfrom", "write")
 		for _, call := range []string{"sendmsg", "recvfrom"} {
 			if float64(calls[call]) > ops/20 {
 				t.Errorf("the server made %d %s system calls for about %.0f requests: its connections' readiness went through their mirrors", calls[call], call, ops)
 			}
 		}
 	})
+}
+
+// countedServerRun runs a with its server under vmaxdp (VMAXDP_TCP=1) on
+// b for 2 s, and counts calls, the system calls of the server's process
+// named process, for 1.5 s of it (countServerSyscalls). It fails the test
+// when the run fails, loses a request, or the kernel of the server's side
+// took its segments, and returns the requests made in the counted 1.5 s
+// (at the run's rate) with the counts, which it logs.
+func countedServerRun(t *testing.T, b *testbed.Bed, vmaxdp string, a *apps.App, process string, calls ...string) (float64, map[string]int) {
+	t.Helper()
+	before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
+	counted := make(chan map[string]int, 1)
+	go func() {
+		counted <- countServerSyscalls(t, process, 500*time.Millisecond, 1500*time.Millisecond, calls...)
+	}()
+	run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: true, Duration: 2 * time.Second,
+		Env: []string{"VMAXDP_TCP=1"}}
+	res, srvLog, err := run.Do(context.Background())
+	if err != nil {
+		t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
+	}
+	got := <-counted
+	if got == nil {
+		t.Fatal("the server's system calls were not counted (see above)")
+	}
+	reqs := res.Rate * 1.5
+	t.Logf("%.0f %s; in 1.5 s of it (about %.0f requests) the server made these system calls: %v", res.Rate, a.Unit, reqs, got)
+	if res.Rate == 0 || res.Lost != 0 {
+		t.Fatalf("rate %.0f, %d lost:\n%s", res.Rate, res.Lost, tail(res.Output, 20))
+	}
+	if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; n > 2000 {
+		t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
+	}
+	return reqs, got
 }
 
 // countServerSyscalls counts the system calls calls of the newest process
@@ -2383,30 +2394,7 @@ func TestRunTCPEventLoopReads(t *testing.T) {
 				if miss := a.Missing(); miss != "" {
 					t.Skipf("not installed: %s (make deps installs it)", miss)
 				}
-				before := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs")
-				counted := make(chan map[string]int, 1)
-				go func() {
-					counted <- countServerSyscalls(t, c.process, 500*time.Millisecond, 1500*time.Millisecond, "sendto", "recvfrom")
-				}()
-				run := &apps.Run{Bed: b, App: a, Vmaxdp: vmaxdp, ServerOffload: true, Duration: 2 * time.Second,
-					Env: []string{"VMAXDP_TCP=1"}}
-				res, srvLog, err := run.Do(context.Background())
-				if err != nil {
-					t.Fatalf("%v\nthe server's output and log:\n%s", err, tail(srvLog, 30))
-				}
-				calls := <-counted
-				if calls == nil {
-					t.Fatal("the server's system calls were not counted (see above)")
-				}
-				reqs := res.Rate * 1.5 // the counted 1.5 s, at the run's rate
-				t.Logf("%.0f %s; in 1.5 s of it (about %.0f requests) the server made %d sendto and %d recvfrom system calls",
-					res.Rate, a.Unit, reqs, calls["sendto"], calls["recvfrom"])
-				if res.Rate == 0 || res.Lost != 0 {
-					t.Fatalf("rate %.0f, %d lost:\n%s", res.Rate, res.Lost, tail(res.Output, 20))
-				}
-				if n := testutil.SNMPStat(t, b, testbed.B, "Tcp", "InSegs") - before; n > 2000 {
-					t.Errorf("the kernel took %d TCP segments in the server's namespace: not offloaded\n%s", n, tail(srvLog, 30))
-				}
+				reqs, calls := countedServerRun(t, b, vmaxdp, a, c.process, "sendto", "recvfrom")
 				if float64(calls["recvfrom"]) > reqs/10 {
 					t.Errorf("the server made %d recvfrom system calls for about %.0f requests: its connections' readiness went through their mirrors", calls["recvfrom"], reqs)
 				}
