@@ -25,9 +25,9 @@ import (
 // other (tcpConn.lazy) is left unmarked: the set owes its mark
 // (tcpConn.deferred with no receive under way, and the connection on the
 // set's owed list), and reports the connection itself for as long as
-// netstack has data for it, or once, edge-triggered (reportOwed). The application's receive pays
-// what it leaves unread, as any receive does (endRead); what it reads
-// whole costs no byte. Everything else that looks at the mirror pays
+// netstack has data for it, or once, edge-triggered (reportOwed). The
+// application's receive pays what it leaves unread, as any receive does
+// (endRead); what it reads whole costs no byte. Everything else that looks at the mirror pays
 // first: poll and select through the preload library (Engine.PayOwed, when
 // Owed says any is owed), the set's wait when it passes to the kernel, and
 // the end of the connection's membership. A raw system call on the mirror

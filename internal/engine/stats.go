@@ -69,7 +69,7 @@ type publisher struct {
 	// thousands of connections, a rule each, formatted every one ten
 	// times a second (1.4% of the machine beside lighttpd closing 6,000
 	// connections a second, perf).
-	ruleNames map[steer.Rule]ruleName
+	ruleNames map[steer.Rule]*ruleName
 	gen       uint64
 }
 
@@ -81,12 +81,12 @@ type ruleName struct {
 // ruleName returns r's name, formatted once while r is installed. Caller
 // holds mu.
 func (pub *publisher) ruleName(r steer.Rule) string {
-	n, ok := pub.ruleNames[r]
-	if !ok {
-		n.name = r.String()
+	n := pub.ruleNames[r]
+	if n == nil {
+		n = &ruleName{name: r.String()}
+		pub.ruleNames[r] = n
 	}
 	n.gen = pub.gen
-	pub.ruleNames[r] = n
 	return n.name
 }
 
@@ -105,7 +105,7 @@ func (pub *publisher) forgetRules() {
 // runs on without `vmaxdp stats`.
 func (e *Engine) startStats() error {
 	pub := &publisher{stop: make(chan struct{}), done: make(chan struct{}), levelSeen: -1, detSeen: -1,
-		xdpBase: map[*xsk.Socket]xsk.Statistics{}, ruleNames: map[steer.Rule]ruleName{}}
+		xdpBase: map[*xsk.Socket]xsk.Statistics{}, ruleNames: map[steer.Rule]*ruleName{}}
 	e.pub = pub
 	if e.p.StatsFile != "" {
 		f, err := stats.OpenHigh(e.p.StatsFile, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o644)

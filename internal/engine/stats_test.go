@@ -192,7 +192,7 @@ func TestStatsIPv6OnlyLocal(t *testing.T) {
 // once while the publishes see it, and forgotten once one does not: an id
 // reused for another rule gets that rule's name.
 func TestPublisherRuleNames(t *testing.T) {
-	pub := &publisher{ruleNames: map[steer.Rule]ruleName{}}
+	pub := &publisher{ruleNames: map[steer.Rule]*ruleName{}}
 	a := steer.Rule{Kind: steer.Rule5Tuple, Proto: unix.IPPROTO_TCP,
 		Local: netip.MustParseAddrPort("198.18.0.2:80"), Remote: netip.MustParseAddrPort("198.18.0.1:40000")}
 	b := a
