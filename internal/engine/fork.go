@@ -151,7 +151,9 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 		e.onState(fd, StateKernel)
 		e.noteStream(fd, func(n *kernelStream) { n.reason = move.cause })
 	}
-	t.end()
+	if lost := t.end(); lost > 0 {
+		e.Log.Printf(params.LevelWarning, "fd %d: tcp connection %s>%s: %d bytes written on it past vmaxdp reached its mirror, never the peer: lost", fds[0], local, remote, lost)
+	}
 	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, move.cause)
 	return true
 }

@@ -189,10 +189,14 @@ type tcpConn struct {
 	lazy *tcpMember
 	// owedListed: on its set's owed list (owedSet.addLocked); not under mu.
 	owedListed atomic.Bool
-	full       bool // app made unwritable: netstack's send buffer is
+	full       bool // app made unwritable: netstack's send buffer is full
 	rdhup      bool // eng shut for writing: the peer's FIN
 	hangup     bool // eng shut both ways: the connection is over
 	closed     bool // eng is closed: its number may name another file
+	// junk is what block queued on eng to make app unwritable, and
+	// bypassed the bytes beyond it unblockLocked took off eng: written
+	// past the interposer (bypassedLocked).
+	junk, bypassed int
 }
 
 // maxMarks bounds the bytes queued on app: a byte per notice gives
@@ -272,14 +276,33 @@ func (t *tcpConn) markUsed() {
 }
 
 // end closes the engine's side of t: netstack's notices, the connection,
-// the mirror's other end.
-func (t *tcpConn) end() {
+// the mirror's other end. It returns the bytes the application wrote past
+// the interposer, lost (bypassedLocked).
+func (t *tcpConn) end() int {
 	t.cancel()
 	t.c.Close()
 	t.mu.Lock()
+	lost := t.bypassedLocked()
 	t.closed = true
 	highfd.Close(t.eng)
 	t.mu.Unlock()
+	return lost
+}
+
+// bypassedLocked counts what the application wrote on app past the
+// interposer: a raw write(2) system call, a library's own (stdio's are
+// moved to the kernel first: stdio.go). Those bytes reach eng, never the
+// peer; eng receives nothing else but block's junk, so what lies beyond
+// it is theirs. Caller holds mu.
+func (t *tcpConn) bypassedLocked() int {
+	n, err := unix.IoctlGetInt(t.eng, unix.SIOCINQ)
+	if err != nil {
+		return t.bypassed
+	}
+	if t.full {
+		n -= t.junk
+	}
+	return t.bypassed + max(n, 0)
 }
 
 // beginRead: a receive is under way (tcpConn.readers).
@@ -353,12 +376,16 @@ func (t *tcpConn) unblockLocked() {
 		return
 	}
 	var b [4096]byte
+	took := 0
 	for {
-		if n, err := unix.Read(t.eng, b[:]); n <= 0 || err != nil {
+		n, err := unix.Read(t.eng, b[:])
+		if n <= 0 || err != nil {
 			break
 		}
+		took += n
 	}
-	t.full = false
+	t.bypassed += max(took-t.junk, 0)
+	t.full, t.junk = false, 0
 }
 
 // settleRead takes app's bytes back once netstack has nothing to read.
@@ -392,7 +419,7 @@ func (t *tcpConn) block() {
 	t.mu.Lock()
 	if !t.full && !t.hangup && !t.closed {
 		if n, _ := unix.SendmsgN(t.app, junk[:], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); n > 0 {
-			t.full = true
+			t.full, t.junk = true, n
 		}
 	}
 	t.mu.Unlock()
@@ -1525,7 +1552,10 @@ func (e *Engine) closeTCP(fd int) bool {
 				rec := connRecord(fd, t)
 				e.writeCloseReport(&rec)
 			}
-			t.end()
+			local, remote := t.c.Addrs()
+			if lost := t.end(); lost > 0 {
+				e.Log.Printf(params.LevelWarning, "fd %d: tcp connection %s>%s: %d bytes written on it past vmaxdp (a raw write system call, or a library's own) reached its mirror, never the peer: lost (write them with the C library's write or send)", fd, local, remote, lost)
+			}
 			e.Log.Printf(params.LevelDebug, "fd %d: tcp connection closed", fd)
 		}
 		return true
