@@ -305,11 +305,15 @@ func (t *tcpConn) bypassedLocked() int {
 	return t.bypassed + max(n, 0)
 }
 
-// beginRead: a receive is under way (tcpConn.readers).
-func (t *tcpConn) beginRead() {
+// beginRead: a receive is under way (tcpConn.readers). It says whether t
+// is an event loop's connection: the lazy member of a set whose last wait
+// polled (epollSet.polls).
+func (t *tcpConn) beginRead() (loop bool) {
 	t.mu.Lock()
 	t.readers++
+	loop = t.lazy != nil && t.lazy.set.polls.Load()
 	t.mu.Unlock()
+	return loop
 }
 
 // endRead: a receive ends or sleeps on app; the last one marks app if it
@@ -970,7 +974,8 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 	// (a thread woken) and its mirror (a byte each way), and each answer
 	// kicked alone: lighttpd under ab -k, 3 interleaved pairs,
 	// 50.2/50.3/51.1k -> 89.1/89.9/92.6k requests a second.
-	loop := t.inLoop()
+	loop := t.beginRead()
+	defer t.endRead()
 	if !loop {
 		t.c.WaitPoint() // a receive: what sends left goes, the next send kicks
 	}
@@ -992,8 +997,6 @@ func (e *Engine) TCPRecv(fd int, bufs [][]byte, flags int, sig *stack.Signals) (
 		deadline = time.Now().Add(time.Duration(d))
 	}
 	sw := sig.Begin(deadline.IsZero())
-	t.beginRead()
-	defer t.endRead()
 	got, i, off, counted := 0, 0, 0, 0
 	var waited int64 // unix ns: when the receive first found nothing
 	slept, polled := false, false
@@ -1157,15 +1160,6 @@ func (e *Engine) pollRead(t *tcpConn, seq uint32, waited int64, deadline time.Ti
 			}
 		}
 	}
-}
-
-// inLoop says whether t is an event loop's connection: the lazy member
-// of a set whose last wait polled (epollSet.polls).
-func (t *tcpConn) inLoop() bool {
-	t.mu.Lock()
-	m := t.lazy
-	t.mu.Unlock()
-	return m != nil && m.set.polls.Load()
 }
 
 // spinningAfter: see tcpConn.eagainRun. An event loop reads until
