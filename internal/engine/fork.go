@@ -151,9 +151,8 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 		e.onState(fd, StateKernel)
 		e.noteStream(fd, func(n *kernelStream) { n.reason = move.cause })
 	}
-	if lost := t.end(); lost > 0 {
-		e.Log.Printf(params.LevelWarning, "fd %d: tcp connection %s>%s: %d bytes written on it past vmaxdp reached its mirror, never the peer: lost", fds[0], local, remote, lost)
-	}
+	e.logLost(fds[0], t)
+	t.end()
 	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, move.cause)
 	return true
 }
@@ -165,6 +164,10 @@ type connMove struct {
 	when, other, cause string
 	wait               time.Duration
 }
+
+// inFlightWait bounds the wait of a move for the ACK of what the
+// application wrote just before (connMove.wait).
+const inFlightWait = 250 * time.Millisecond
 
 // atFork is Forking's connMove: its connections are unused, nothing is
 // in flight.

@@ -1,10 +1,6 @@
 package engine
 
-import (
-	"time"
-
-	"golang.org/x/sys/unix"
-)
+import "golang.org/x/sys/unix"
 
 // Connections handed to code past the interposer. glibc's stdio (printf,
 // fputs, fgets on a FILE) reads and writes its descriptor with system
@@ -39,10 +35,6 @@ var (
 		wait:  inFlightWait,
 	}
 )
-
-// inFlightWait bounds the wait of a move for the ACK of what the
-// application wrote just before.
-const inFlightWait = 250 * time.Millisecond
 
 // ToStdio moves fd's connection, if it names one, to a kernel socket:
 // stdio is to read and write it (fdopen, or a dup onto a standard

@@ -195,7 +195,7 @@ type tcpConn struct {
 	closed     bool // eng is closed: its number may name another file
 	// junk is what block queued on eng to make app unwritable, and
 	// bypassed the bytes beyond it unblockLocked took off eng: written
-	// past the interposer (bypassedLocked).
+	// past the interposer (lost).
 	junk, bypassed int
 }
 
@@ -276,25 +276,25 @@ func (t *tcpConn) markUsed() {
 }
 
 // end closes the engine's side of t: netstack's notices, the connection,
-// the mirror's other end. It returns the bytes the application wrote past
-// the interposer, lost (bypassedLocked).
-func (t *tcpConn) end() int {
+// the mirror's other end.
+func (t *tcpConn) end() {
 	t.cancel()
 	t.c.Close()
 	t.mu.Lock()
-	lost := t.bypassedLocked()
 	t.closed = true
 	highfd.Close(t.eng)
 	t.mu.Unlock()
-	return lost
 }
 
-// bypassedLocked counts what the application wrote on app past the
-// interposer: a raw write(2) system call, a library's own (stdio's are
-// moved to the kernel first: stdio.go). Those bytes reach eng, never the
-// peer; eng receives nothing else but block's junk, so what lies beyond
-// it is theirs. Caller holds mu.
-func (t *tcpConn) bypassedLocked() int {
+// lost counts what the application wrote on app past the interposer, for
+// a connection no fd of the application's names any more (before end): a
+// raw write(2) system call, a library's own (stdio's are moved to the
+// kernel first: stdio.go). Those bytes reach eng, never the peer; eng
+// receives nothing else but block's junk, so what lies beyond it is
+// theirs.
+func (t *tcpConn) lost() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	n, err := unix.IoctlGetInt(t.eng, unix.SIOCINQ)
 	if err != nil {
 		return t.bypassed
@@ -303,6 +303,15 @@ func (t *tcpConn) bypassedLocked() int {
 		n -= t.junk
 	}
 	return t.bypassed + max(n, 0)
+}
+
+// logLost logs, at WARNING, the bytes written past the interposer on t,
+// which fd named last (lost).
+func (e *Engine) logLost(fd int, t *tcpConn) {
+	if n := t.lost(); n > 0 {
+		local, remote := t.c.Addrs()
+		e.Log.Printf(params.LevelWarning, "fd %d: tcp connection %s>%s: %d bytes written on it past vmaxdp (a raw write system call, or a library's own) reached its mirror, never the peer: lost (write them with the C library's write or send)", fd, local, remote, n)
+	}
 }
 
 // beginRead: a receive is under way (tcpConn.readers). It says whether t
@@ -1546,10 +1555,8 @@ func (e *Engine) closeTCP(fd int) bool {
 				rec := connRecord(fd, t)
 				e.writeCloseReport(&rec)
 			}
-			local, remote := t.c.Addrs()
-			if lost := t.end(); lost > 0 {
-				e.Log.Printf(params.LevelWarning, "fd %d: tcp connection %s>%s: %d bytes written on it past vmaxdp (a raw write system call, or a library's own) reached its mirror, never the peer: lost (write them with the C library's write or send)", fd, local, remote, lost)
-			}
+			e.logLost(fd, t)
+			t.end()
 			e.Log.Printf(params.LevelDebug, "fd %d: tcp connection closed", fd)
 		}
 		return true
