@@ -8,9 +8,11 @@
  * After fork() the child never calls into Go (its Go runtime has no
  * threads): every fd there, offloaded ones included, is the kernel's, and
  * the parent hands the sockets it shares with the child back to the
- * kernel too, but those it kept (engine.Forking): the child's first use
- * of one claims it (claim), and the parent hands it back then. A child
- * that execs loads a fresh engine through the inherited LD_PRELOAD.
+ * kernel too, but those it kept (engine.Forking) and the TCP connections
+ * it uses: the child's first use of one claims it (claim), and the
+ * parent hands it back then (a connection moves to a kernel socket,
+ * which the child gets: claim_conn). A child that execs loads a fresh
+ * engine through the inherited LD_PRELOAD.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -184,39 +186,129 @@ static void claim_slow(int fd)
 	errno = saved;
 }
 
+/* orphaned: this forked child's calls on fd, a TCP connection the
+ * parent's engine serves and did not hand over (claim_conn), fail with
+ * ENOTCONN, said once on stderr, instead of reading the mirror's bytes. */
+static void orphaned(int fd)
+{
+	char msg[320];
+	int n = snprintf(msg, sizeof msg,
+			 "vmaxdp: fd %d: this TCP connection is served by the engine of process %d, "
+			 "which forked this one and could not hand it over (its log says why); a child "
+			 "cannot use it (ENOTCONN): accept or connect in the child, or exec, to use TCP there\n",
+			 fd, (int)getppid());
+	if (n > 0)
+		sys(SYS_write, 2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+	vmx_state[fd] = VMX_TCP_ORPHAN;
+}
+
+/* claim_conn: this forked child uses fd, a TCP connection the parent's
+ * engine serves, of which fd names only the mirror (no data). The child
+ * claims the slot and sends a channel of its own on the mirror; the
+ * engine moves the connection to a kernel socket (TCP_REPAIR) and sends
+ * it back on the channel (engine.claimedConn), and it takes the place of
+ * every fd of the child's that names the mirror. A CGI server's child
+ * that makes the connection its standard output and execs the script so
+ * gets the script's answer to the peer. Children that claim together
+ * each get it; one that comes once it moved (its mirror is closed) or
+ * was refused is orphaned. */
+static void claim_conn(int fd)
+{
+	struct vmx_fork_page *p = vmx_fork_page;
+	int me = (int)sys(SYS_getpid), v = -1, sv[2];
+	if ((!__atomic_compare_exchange_n(&p->fd[fd], &v, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) && v <= 0) ||
+	    sys(SYS_socketpair, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+		orphaned(fd);
+		return;
+	}
+	char b = 0;
+	struct iovec iov = {.iov_base = &b, .iov_len = 1};
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof u);
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &sv[1], sizeof(int));
+	sys(SYS_sendmsg, fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL); /* failed: nothing comes back */
+	sys(SYS_close, sv[1]);
+	__atomic_add_fetch(&p->seq, 1, __ATOMIC_SEQ_CST);
+	sys(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
+	for (int i = 0; i < 100; i++) {
+		v = __atomic_load_n(&p->fd[fd], __ATOMIC_ACQUIRE);
+		if (v <= 0 || (kill(p->engine_pid, 0) < 0 && errno == ESRCH))
+			break;
+		struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
+		sys(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
+	}
+	memset(&u, 0, sizeof u);
+	m.msg_controllen = sizeof u.buf;
+	int kfd = -1;
+	if (sys(SYS_recvmsg, sv[0], &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) == 1 && (c = CMSG_FIRSTHDR(&m)) &&
+	    c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+		memcpy(&kfd, CMSG_DATA(c), sizeof(int));
+	sys(SYS_close, sv[0]);
+	if (kfd < 0) {
+		orphaned(fd);
+		return;
+	}
+	struct stat mirror, st;
+	if (fstat(fd, &mirror) < 0)
+		mirror.st_ino = 0;
+	for (int f = 0; f < VMX_MAXFD; f++) {
+		if (f != fd && (vmx_state[f] != VMX_TCP || fstat(f, &st) < 0 || st.st_ino != mirror.st_ino ||
+				st.st_dev != mirror.st_dev))
+			continue;
+		long fl = sys(SYS_fcntl, f, F_GETFD, 0);
+		sys(SYS_dup3, kfd, f, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+		vmx_state[f] = VMX_OS;
+	}
+	sys(SYS_close, kfd);
+}
+
 /* claim: in a forked child, any use of an inherited socket the parent's
  * engine served (data, accept, waits, dup, passing it on) claims it. */
 static inline void claim(int fd)
 {
-	if (vmx_forked && vmx_fork_page && (unsigned)fd < VMX_MAXFD &&
-	    __builtin_expect(vmx_state[fd] == VMX_OFFLOADED, 0))
+	if (!vmx_forked || (unsigned)fd >= VMX_MAXFD)
+		return;
+	int s = vmx_state[fd];
+	if (__builtin_expect(s == VMX_OFFLOADED, 0) && vmx_fork_page)
 		claim_slow(fd);
+	else if (__builtin_expect(s == VMX_TCP, 0)) {
+		int saved = errno;
+		if (vmx_fork_page)
+			claim_conn(fd);
+		else
+			orphaned(fd);
+		errno = saved;
+	}
+}
+
+/* claim_conn_of: a forked child's call that reads fd's state without data
+ * (names, options, ioctls) claims it if it is one of the parent's TCP
+ * connections, whose mirror would answer for it; another socket the
+ * parent's engine served is the kernel's as it is for such a call. */
+static inline void claim_conn_of(int fd)
+{
+	if (vmx_forked && (unsigned)fd < VMX_MAXFD && vmx_state[fd] == VMX_TCP)
+		claim(fd);
 }
 
 /* orphan: in a forked child, fd names a TCP connection the parent's
- * engine serves; the child holds only the parent's mirror of it, which
- * carries no data. Its calls fail with ENOTCONN, said once per fd on
- * stderr, instead of reading the mirror's bytes. Any other socket the
- * parent's engine served is claimed (claim). */
+ * engine serves, or another socket it served: the first use claims it
+ * (claim). True, with errno ENOTCONN, for a connection not handed over. */
 static int orphan(int fd)
 {
 	if (!vmx_forked || (unsigned)fd >= VMX_MAXFD)
 		return 0;
-	int s = __atomic_load_n(&vmx_state[fd], __ATOMIC_ACQUIRE);
-	if (s == VMX_OFFLOADED)
-		claim(fd);
-	if (s != VMX_TCP && s != VMX_TCP_ORPHAN)
+	claim(fd);
+	if (__atomic_load_n(&vmx_state[fd], __ATOMIC_ACQUIRE) != VMX_TCP_ORPHAN)
 		return 0;
-	if (s == VMX_TCP) {
-		char msg[256];
-		int n = snprintf(msg, sizeof msg,
-				 "vmaxdp: fd %d: this TCP connection is served by the engine of process %d, "
-				 "which forked this one; a child cannot use it (ENOTCONN): accept or connect "
-				 "in the child, or exec, to use TCP there\n", fd, (int)getppid());
-		if (n > 0)
-			sys(SYS_write, 2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
-		vmx_state[fd] = VMX_TCP_ORPHAN;
-	}
 	errno = ENOTCONN;
 	return 1;
 }
@@ -1101,6 +1193,7 @@ int shutdown(int fd, int how)
 
 int getsockname(int fd, struct sockaddr *addr, socklen_t *alen)
 {
+	claim_conn_of(fd);
 	if (tcp(fd)) {
 		long r = vmxgo_tcp_name(fd, 0, addr, alen);
 		if (r != -VMX_PASS)
@@ -1123,6 +1216,7 @@ int getpeername(int fd, struct sockaddr *addr, socklen_t *alen)
 
 int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
+	claim_conn_of(fd);
 	if (tcp(fd)) {
 		long r = vmxgo_tcp_getsockopt(fd, level, name, val, len);
 		if (r != -VMX_PASS)
@@ -1317,6 +1411,7 @@ int ioctl(int fd, unsigned long req, ...)
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	claim_conn_of(fd);
 	int s = state(fd);
 	if (s == VMX_TCP && (req == FIONREAD || req == TIOCOUTQ) && arg) {
 		long r = vmxgo_tcp_queued(fd, req == TIOCOUTQ);
@@ -1358,6 +1453,7 @@ int ioctl(int fd, unsigned long req, ...)
 
 int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
+	claim_conn_of(fd);
 	int s = state(fd);
 	if (s == VMX_OS) {
 		int r = REAL(setsockopt)(fd, level, name, val, len);
@@ -2245,7 +2341,7 @@ static void claim_for_exec(void)
 	if (!vmx_forked || !vmx_fork_page)
 		return;
 	for (int fd = 0; fd < VMX_MAXFD; fd++)
-		if (vmx_state[fd] == VMX_OFFLOADED) {
+		if (vmx_state[fd] == VMX_OFFLOADED || vmx_state[fd] == VMX_TCP) {
 			long fl = sys(SYS_fcntl, fd, F_GETFD, 0);
 			if (fl >= 0 && !(fl & FD_CLOEXEC))
 				claim(fd);

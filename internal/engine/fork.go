@@ -29,8 +29,12 @@ import (
 //     a program that inherits it, claims it through a page both processes
 //     share (ForkPage), and this process hands it to the kernel before the
 //     child's call goes on.
-//   - connections in use stay this process's; a child that uses one is
-//     told it cannot (the preload library).
+//   - connections in use stay this process's, and may be claimed: a
+//     child that uses one (a CGI server's child that makes it its
+//     standard output and execs the script) gets it as a kernel socket
+//     the connection moves to then (claimedConn). One that cannot move
+//     (an epoll set's member, a thread of this process asleep on it) is
+//     refused, and the child's calls on it fail with ENOTCONN.
 
 // Forking runs before fork(), in the forking thread. A connection the
 // process accepted or connected and has not used yet (no read, no write)
@@ -39,9 +43,9 @@ import (
 // ForkingTCPServer, inetd's way): it moves to a kernel socket
 // (stack.TCPConn.ToKernel) under the same fd, which the child then
 // shares. Connections in use stay this process's (a child of redis'
-// BGSAVE never touches them): a child that uses one is told it cannot.
-// Then it chooses the listeners and UDP sockets kept offloaded across
-// the fork (keepAtFork), before the child can claim one.
+// BGSAVE never touches them), and a child may claim them. Then it
+// chooses the listeners and UDP sockets kept offloaded across the fork
+// (keepAtFork), before the child can claim one.
 func (e *Engine) Forking() {
 	e.fork.gate.Lock()
 	e.fork.gated.Store(true)
@@ -151,6 +155,9 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 		e.onState(fd, StateKernel)
 		e.noteStream(fd, func(n *kernelStream) { n.reason = move.cause })
 	}
+	if move.give != nil {
+		move.give(kfd)
+	}
 	e.logLost(fds[0], t)
 	t.end()
 	e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s: %s", fds[0], local, remote, move.cause)
@@ -163,6 +170,9 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 type connMove struct {
 	when, other, cause string
 	wait               time.Duration
+	// give, if set, gets the kernel socket before the mirror ends: a
+	// forked child's claim sends it to the child (claimedConn).
+	give func(kfd int)
 }
 
 // inFlightWait bounds the wait of a move for the ACK of what the
@@ -279,8 +289,11 @@ func (e *Engine) ForkPage() *ForkPage {
 }
 
 // keepAtFork chooses, before a fork, which listeners and UDP sockets stay
-// offloaded across it: those this process waits for in poll, select or
-// epoll, an event loop that goes on serving them after the fork. (A
+// offloaded across it, and makes the connections Forking did not move
+// claimable (not logged, as they may be a server's thousands: a claim
+// is). The listeners and UDP sockets kept are those this process waits
+// for in poll, select or epoll, an event loop that goes on serving them
+// after the fork. (A
 // blocking accept or receive may be a master's last before it hands the
 // socket to the workers it forks, and what netstack took for this process
 // meanwhile would wait for it in vain.) The preload library sees the
@@ -319,6 +332,11 @@ func (e *Engine) keepAtFork(moved map[uint16]bool) {
 		}
 	}
 	e.mu.Unlock()
+	for fd := range e.conns {
+		if t := e.conns[fd].Load(); t != nil {
+			kept[fd] = t
+		}
+	}
 	for obj, fds := range named {
 		var what string
 		switch o := obj.(type) {
@@ -406,11 +424,59 @@ func (e *Engine) claimed(fd int) {
 		if e.fds[fd].Load() == o {
 			e.toOthers(o, cause)
 		}
+	case *tcpConn:
+		if e.conns[fd].Load() == o {
+			e.claimedConn(fd, o, pid)
+		}
 	}
 	for _, f := range fds {
 		atomic.StoreInt32(&p.FD[f], 0)
 		futexWake(&p.FD[f])
 	}
+}
+
+// claimedConn moves t, which a forked child (pid) claimed through fd, to a
+// kernel socket under the same fds, and sends that socket to the child
+// on the channel the child sent on t's mirror (the preload library's
+// claim_conn): the child's fds name only the mirror, which carries no
+// data (a CGI server's child makes the connection its standard output
+// and execs the script: without the move, the script's answer goes into
+// the mirror, lost). t stays this process's, and the child gets nothing
+// (its calls fail with ENOTCONN), when no channel came, when it is in an
+// epoll set, or while a thread of this process sleeps on it (its wait
+// is on the mirror).
+func (e *Engine) claimedConn(fd int, t *tcpConn, pid int32) {
+	chans := t.channels()
+	defer func() {
+		for _, ch := range chans {
+			unix.Close(ch)
+		}
+	}()
+	if len(chans) == 0 {
+		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection: process %d, a child of fork, claimed it and sent nothing to take it on: it stays this process's", fd, pid)
+		return
+	}
+	t.mu.Lock()
+	asleep := t.sleepers > 0
+	t.mu.Unlock()
+	if asleep {
+		local, remote := t.c.Addrs()
+		e.Log.Printf(params.LevelInfo, "fd %d: tcp connection %s>%s stays this process's, which waits to read it: process %d, a child of fork, cannot use it", fd, local, remote, pid)
+		return
+	}
+	e.connToKernel(t, e.namedConns()[t], connMove{
+		when:  fmt.Sprintf("as process %d, a child of fork, claims it", pid),
+		other: "the child",
+		cause: fmt.Sprintf("claimed by process %d, a child of fork: handed to a kernel socket (TCP_REPAIR), which the kernel serves to both processes", pid),
+		wait:  inFlightWait,
+		give: func(kfd int) {
+			for _, ch := range chans {
+				if err := unix.Sendmsg(ch, []byte{0}, unix.UnixRights(kfd), nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); err != nil {
+					e.Log.Printf(params.LevelWarning, "fd %d: tcp connection: to a child of fork that claimed it: %v; that child cannot use it", fd, err)
+				}
+			}
+		},
+	})
 }
 
 // The futex operations on memory shared between processes (not

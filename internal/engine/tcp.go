@@ -401,6 +401,61 @@ func (t *tcpConn) unblockLocked() {
 	t.full, t.junk = false, 0
 }
 
+// channels takes off eng the sockets forked children sent on app to
+// claim the connection (claimedConn): each child claims its slot first,
+// then sends, so a claim's channel may come a moment after the claim.
+// What eng held besides was written past the interposer (lost). A claim
+// cannot be sent while app is unwritable (full), so eng holds no junk
+// before it.
+func (t *tcpConn) channels() []int {
+	var chans []int
+	for try := 0; len(chans) == 0 && try < 10; try++ {
+		if try > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if chans = t.takeChannels(); chans == nil && t.isClosed() {
+			break
+		}
+	}
+	return chans
+}
+
+func (t *tcpConn) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// takeChannels is one look of channels'.
+func (t *tcpConn) takeChannels() []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	var chans []int
+	var b [256]byte
+	oob := make([]byte, unix.CmsgSpace(4))
+	// Bounded: each read ends where the sender changes (a stream's reads
+	// keep apart what different processes sent), a claim is one read,
+	// and an application's own raw writes are few.
+	for range 64 {
+		n, oobn, _, _, err := unix.Recvmsg(t.eng, b[:], oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		if err != nil || n <= 0 {
+			break
+		}
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		got := 0
+		for i := range msgs {
+			fds, _ := unix.ParseUnixRights(&msgs[i])
+			chans = append(chans, fds...)
+			got += len(fds)
+		}
+		t.bypassed += n - min(got, 1) // a claim's own byte is no loss
+	}
+	return chans
+}
+
 // settleRead takes app's bytes back once netstack has nothing to read.
 func (t *tcpConn) settleRead() {
 	t.mu.Lock()
