@@ -2,6 +2,7 @@ package stack_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/testbed"
 	"github.com/vmaxdp/vmaxdp/xsk"
+	"golang.org/x/sys/unix"
 )
 
 // The benchmarks run on a real test bed; allocs/op covers every goroutine,
@@ -258,6 +260,73 @@ func BenchmarkTCPStream(b *testing.B) {
 			if err := <-done; err != nil {
 				b.Fatal(err)
 			}
+		})
+	}
+}
+
+// BenchmarkTCPSendStream is one 64-byte write per op from a server on
+// side B to a kernel client that reads all: the kernel's socket (write),
+// and netstack's through the calls the engine serves an application
+// with (WriteNonblock, EAGAIN waited out as the engine waits), whose
+// writes that follow each other are coalesced (coalesce.go). tx_segs/op
+// is the segments a write.
+func BenchmarkTCPSendStream(b *testing.B) {
+	for _, server := range []string{"kernel", "netstack"} {
+		b.Run(server, func(b *testing.B) {
+			st, c, s := tcpPair(b, server, 7406)
+			n := b.N
+			done := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 64<<10)
+				var err error
+				for total := 0; total < 64*n && err == nil; {
+					var k int
+					k, err = c.Read(buf)
+					total += k
+				}
+				done <- err
+			}()
+			msg := make([]byte, 64)
+			write := func() error { _, err := s.Write(msg); return err }
+			if sc, ok := s.(*stack.TCPConn); ok {
+				bufs := [][]byte{msg}
+				ready := make(chan struct{}, 1)
+				cancel := sc.Notify(func(stack.TCPEvents) {
+					select {
+					case ready <- struct{}{}:
+					default:
+					}
+				})
+				defer cancel()
+				write = func() error {
+					for {
+						n, err := sc.WriteNonblock(bufs, false)
+						if err != unix.EAGAIN {
+							if err == nil && n != len(msg) {
+								return fmt.Errorf("a write of %d bytes took %d", len(msg), n)
+							}
+							return err
+						}
+						sc.WaitPoint()
+						<-ready
+					}
+				}
+			}
+			tx := st.TCPCounters.TxSegments.Load()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range n {
+				if err := write(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if sc, ok := s.(*stack.TCPConn); ok {
+				sc.WaitPoint()
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(st.TCPCounters.TxSegments.Load()-tx)/float64(b.N), "tx_segs/op")
 		})
 	}
 }

@@ -202,6 +202,11 @@ func (st *Stack) noteUnsent(q *queue, now int64, kicked bool) {
 // so it writes the shared counter only after a send: a receive-only
 // path reads two flags.
 func (st *Stack) waitPoint() {
+	st.flushCoalesced(true)
+	if st.tcpWrote.Load() {
+		st.tcpWrote.Store(false)
+		st.coalesceGen.Add(1)
+	}
 	if st.sent.Load() {
 		st.sent.Store(false)
 		st.waitGen.Add(1)
@@ -212,7 +217,10 @@ func (st *Stack) waitPoint() {
 // FlushSends kicks what sends left on the stack's TX rings, and waits for
 // the kicks: at a process's exit, frames left for kickTimer would go with
 // it, where a datagram the kernel took outlives its sender.
-func (st *Stack) FlushSends() { st.flushTx(true) }
+func (st *Stack) FlushSends() {
+	st.flushCoalesced(true)
+	st.flushTx(true)
+}
 
 // txBusyRetry is how long the kick timer waits before it kicks again a
 // queue whose device stayed busy, or failed, through a kick (the
@@ -332,7 +340,13 @@ func (st *Stack) kickDelay() time.Duration {
 // goroutine parked on the lock wake it (sockperf tp under vmaxdp: 4% of
 // the sender's CPU in futex wake-ups from the send's unlock).
 func (st *Stack) kickFired() {
-	if again := st.flushTx(false); again > 0 {
+	passed := st.flushCoalesced(false)
+	again := st.flushTx(false)
+	if passed && (again == 0 || again > st.kickDelay()) {
+		again = st.kickDelay()
+		st.kickArmed.Store(true)
+	}
+	if again > 0 {
 		st.kickTimer.Reset(again)
 	}
 }

@@ -361,8 +361,15 @@ type Stack struct {
 	// receive or wait does first (Options.TxKickDelay).
 	kickTimer *time.Timer
 	kickArmed atomic.Bool
-	waitGen   atomic.Uint32 // counts receives and waits that followed a send (waitPoint)
-	sent      atomic.Bool   // a send since the last waitPoint
+	// coalescing lists the TCP connections with coalesced writes
+	// (coalesce.go), which wait points and kickTimer flush;
+	// coalesceGen counts the wait points that followed a TCP write
+	// (tcpWrote), as waitGen counts those that followed a send.
+	coalescing  coalescing
+	coalesceGen atomic.Uint32
+	tcpWrote    atomic.Bool
+	waitGen     atomic.Uint32 // counts receives and waits that followed a send (waitPoint)
+	sent        atomic.Bool   // a send since the last waitPoint
 
 	// listeners are netstack's listeners, for the watcher's look at the
 	// ports SO_REUSEPORT listeners share (guarded by mu).

@@ -1941,3 +1941,119 @@ func TestTCPSetHoldsAcks(t *testing.T) {
 		}
 	})
 }
+
+// numbered is the i-th message of a coalescing test: 64 bytes that say
+// their number.
+func numbered(i int) []byte {
+	b := bytes.Repeat([]byte{'.'}, 64)
+	copy(b, fmt.Sprintf("message %06d", i))
+	return b
+}
+
+// TestTCPCoalescedWrites: small writes of a connection that follow each
+// other with no wait point between them go to netstack together
+// (coalesce.go): 400 writes of 64 bytes leave as a few segments, not
+// 400, and the kernel peer reads every byte in order. The first write
+// after a wait point leaves at once, so a request-response exchange
+// waits for nothing; a write shutdown sends what is coalesced before its
+// FIN. The kick delay is an hour: only the writes and wait points send.
+func TestTCPCoalescedWrites(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, &stack.Options{TxKickDelay: time.Hour})
+		c, s := connectedPair(t, bed, st, 7404)
+		sc := s.(*stack.TCPConn)
+		write := func(i int) {
+			t.Helper()
+			if n, err := sc.WriteNonblock([][]byte{numbered(i)}, false); n != 64 || err != nil {
+				t.Fatalf("write %d: %d, %v", i, n, err)
+			}
+		}
+		const writes = 400
+		sc.WaitPoint()
+		before := st.TCPCounters.TxSegments.Load()
+		for i := range writes {
+			write(i)
+		}
+		sc.WaitPoint()
+		segs := st.TCPCounters.TxSegments.Load() - before
+		got := make([]byte, writes*64)
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatalf("the kernel peer's read: %v", err)
+		}
+		for i := range writes {
+			if m := got[i*64 : i*64+64]; !bytes.Equal(m, numbered(i)) {
+				t.Fatalf("the kernel peer's message %d is %q, want %q", i, m, numbered(i))
+			}
+		}
+		if segs > 40 {
+			t.Errorf("%d writes of 64 bytes with no wait point left as %d segments, want at most 40", writes, segs)
+		}
+		sc.WaitPoint()
+		before = st.TCPCounters.TxSegments.Load()
+		write(writes)
+		if n := st.TCPCounters.TxSegments.Load() - before; n != 1 {
+			t.Errorf("the write after a wait point left as %d segments at once, want 1", n)
+		}
+		write(writes + 1)
+		if n := st.TCPCounters.TxSegments.Load() - before; n != 1 {
+			t.Errorf("the write that followed it without a wait: %d segments at once, want it coalesced", n-1)
+		}
+		if err := sc.Shutdown(unix.SHUT_WR); err != nil {
+			t.Fatal(err)
+		}
+		sc.WaitPoint() // the kick
+		rest, err := io.ReadAll(c)
+		if want := append(numbered(writes), numbered(writes+1)...); err != nil || !bytes.Equal(rest, want) {
+			t.Errorf("after the shutdown the peer read %q, %v; want the two writes, then the end", rest, err)
+		}
+	})
+}
+
+// TestTCPCoalescedFull: with netstack's send buffer full (the kernel peer
+// reads nothing, its window closed), coalesced writes netstack has no
+// room for stay coalesced and the writes after them get EAGAIN, as the
+// kernel's would; once the peer reads, every byte of every write that
+// returned success arrives in order, and a close made while some were
+// left sends them before its FIN.
+func TestTCPCoalescedFull(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		_, st := stackOn(t, bed, nil)
+		c, s := connectedPair(t, bed, st, 7405)
+		sc := s.(*stack.TCPConn)
+		if err := sc.SetOption(unix.SOL_SOCKET, unix.SO_SNDBUF, 8192); err != nil {
+			t.Fatal(err)
+		}
+		written := 0
+		deadline := time.Now().Add(10 * time.Second)
+		for eagains := 0; eagains < 50 && time.Now().Before(deadline); {
+			n, err := sc.WriteNonblock([][]byte{numbered(written)}, false)
+			switch {
+			case err == unix.EAGAIN:
+				eagains++
+				time.Sleep(time.Millisecond) // the peer's window stays closed
+				continue
+			case err != nil || n != 64:
+				t.Fatalf("write %d: %d, %v", written, n, err)
+			}
+			written++
+			if written > 1<<20 {
+				t.Fatal("a million writes and netstack never refused one: the peer's window never closed")
+			}
+		}
+		if err := sc.Close(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("the kernel peer's read: %v (%d bytes)", err, len(got))
+		}
+		if len(got) != written*64 {
+			t.Fatalf("the peer read %d bytes, want %d (%d writes)", len(got), written*64, written)
+		}
+		for i := range written {
+			if m := got[i*64 : i*64+64]; !bytes.Equal(m, numbered(i)) {
+				t.Fatalf("the peer's message %d is %q, want %q", i, m, numbered(i))
+			}
+		}
+	})
+}

@@ -65,6 +65,7 @@ type TCPConn struct {
 	sets atomic.Int32
 	wmu  sync.Mutex
 	wr   gatherReader
+	coal coalesceState // coalesced writes (coalesce.go), under wmu
 	// wrShut: the write side is shut (Shutdown, Close: push), and
 	// appCork and appNoDelay are TCP_CORK and TCP_NODELAY as the
 	// application set them, which the endpoint no longer follows
@@ -137,6 +138,19 @@ func (c *TCPConn) WaitPoint() { c.st.waitPoint() }
 // Close closes the connection as netstack does (FIN, or RST with unread
 // data); its rule and port stay until netstack has finished with it.
 func (c *TCPConn) Close() error {
+	c.wmu.Lock()
+	c.coal.shut = true
+	if !c.flushCoalescedLocked() {
+		c.coal.then = thenClose // once they went (flushCoalesced)
+		c.wmu.Unlock()
+		return nil
+	}
+	c.wmu.Unlock()
+	return c.closeNow()
+}
+
+// closeNow is Close once no coalesced bytes are left.
+func (c *TCPConn) closeNow() error {
 	c.push()
 	err := c.TCPConn.Close()
 	c.once.Do(func() {
@@ -309,6 +323,18 @@ func (c *TCPConn) WriteNonblock(bufs [][]byte, more bool) (int, error) {
 	if c.wr.reset(bufs); c.wr.left == 0 {
 		return 0, nil
 	}
+	gen := c.st.coalesceGen.Load()
+	if n := c.wr.left; len(bufs) <= maxGather && c.coalesce(bufs, n, more, gen) {
+		c.wr.reset(nil)
+		return n, nil
+	}
+	if len(c.coal.buf) > 0 {
+		if !c.flushCoalescedLocked() {
+			return 0, c.coalescedErr()
+		}
+		c.wr.reset(bufs) // the flush's Write read another payload
+	}
+	c.wroteDirect(gen)
 	c.st.tcpAppSends.Add(1)
 	n, terr := c.ep.Write(&c.wr, tcpip.WriteOptions{More: more})
 	c.st.tcpAppSends.Add(-1)
@@ -336,12 +362,32 @@ func (c *TCPConn) Shutdown(how int) error {
 		return unix.EINVAL
 	}
 	if f&tcpip.ShutdownWrite != 0 {
-		c.push()
+		c.wmu.Lock()
+		c.coal.shut = true
+		if !c.flushCoalescedLocked() {
+			// The FIN goes after them (flushCoalesced); the read side
+			// shuts now.
+			c.coal.then = thenShut
+			c.wmu.Unlock()
+			if f &^= tcpip.ShutdownWrite; f == 0 {
+				return nil
+			}
+		} else {
+			c.wmu.Unlock()
+			c.push()
+		}
 	}
 	if terr := c.ep.Shutdown(f); terr != nil {
 		return tcpipErrno(terr)
 	}
 	return nil
+}
+
+// shutWrite shuts the write side once coalesced bytes left before a
+// shutdown or a close have gone (flushCoalesced).
+func (c *TCPConn) shutWrite() {
+	c.push()
+	c.ep.Shutdown(tcpip.ShutdownWrite)
 }
 
 // push sends what TCP_CORK or Nagle's algorithm holds back, as the kernel
@@ -391,8 +437,29 @@ func (c *TCPConn) shutOption(level, name int) *bool {
 	return nil
 }
 
-// Abort resets the connection (close with SO_LINGER 0).
-func (c *TCPConn) Abort() { c.ep.Abort() }
+// Abort resets the connection (close with SO_LINGER 0); coalesced bytes
+// go with it, as the kernel's send queue does.
+func (c *TCPConn) Abort() {
+	c.wmu.Lock()
+	c.coal.buf = c.coal.buf[:0]
+	c.wmu.Unlock()
+	c.ep.Abort()
+}
+
+// flushWrites writes the coalesced bytes before a call that reads or
+// changes the send side (SIOCOUTQ, TCP_INFO, an option, a move to the
+// kernel).
+func (c *TCPConn) flushWrites() {
+	c.wmu.Lock()
+	c.flushCoalescedLocked()
+	c.wmu.Unlock()
+}
+
+// Write is net.Conn's, after the coalesced bytes of the engine's writes.
+func (c *TCPConn) Write(b []byte) (int, error) {
+	c.flushWrites()
+	return c.TCPConn.Write(b)
+}
 
 // Unread is the bytes received and not yet read (FIONREAD).
 func (c *TCPConn) Unread() int {
@@ -409,6 +476,7 @@ func (c *TCPConn) Unread() int {
 // GetSockOptInt does not serve SendQueueSizeOption for TCP: its send
 // buffer's use is read from the endpoint's state (connState).
 func (c *TCPConn) Unacked() int {
+	c.flushWrites()
 	var s tcp.TCPEndpointState
 	if !c.connState(&s) {
 		return 0
@@ -500,6 +568,7 @@ func (c *TCPConn) SoError() unix.Errno {
 // SetOption sets an integer socket option by its Linux level and name;
 // unix.ENOPROTOOPT for one netstack has no equivalent of.
 func (c *TCPConn) SetOption(level, name, v int) error {
+	c.flushWrites()
 	c.optMu.Lock()
 	defer c.optMu.Unlock()
 	if o := c.shutOption(level, name); o != nil {
@@ -692,6 +761,7 @@ func (c *TCPConn) Linger() (on bool, secs int) {
 // SACK, window scaling), segments unacknowledged and SACKed, and
 // segments in and out.
 func (c *TCPConn) Info() unix.TCPInfo {
+	c.flushWrites()
 	var o tcpip.TCPInfoOption
 	var ti unix.TCPInfo
 	if terr := c.ep.GetSockOpt(&o); terr != nil {

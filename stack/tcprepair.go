@@ -66,6 +66,7 @@ func (c *TCPConn) ToKernel() (int, error) {
 	if t == nil || !ok {
 		return fail(unix.ENOTCONN)
 	}
+	c.flushWrites() // what is left is unsent: ErrUnsent below
 	// What netstack received and the application did not read goes to
 	// the kernel socket's receive queue: peeked, as nothing may be taken
 	// from netstack before the move is sure, then the endpoint held, and
