@@ -159,6 +159,22 @@ static inline int tcp(int fd) { return state(fd) == VMX_TCP; }
  * (engine.ForkPage), set before each fork; NULL: nothing was kept. */
 static struct vmx_fork_page *vmx_fork_page;
 
+/* claim_wait: this child claimed fd's slot (it holds its pid); it wakes
+ * the engine and waits for its answer (the slot back to 0): at most 1 s,
+ * and not at all once the engine's process is gone. */
+static void claim_wait(struct vmx_fork_page *p, int fd)
+{
+	__atomic_add_fetch(&p->seq, 1, __ATOMIC_SEQ_CST);
+	sys(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
+	for (int i = 0; i < 100; i++) {
+		int v = __atomic_load_n(&p->fd[fd], __ATOMIC_ACQUIRE);
+		if (v <= 0 || (kill(p->engine_pid, 0) < 0 && errno == ESRCH))
+			break;
+		struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
+		sys(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
+	}
+}
+
 /* claim_slow: this forked child uses fd, a socket the parent's engine
  * kept offloaded across the fork, where its steering takes the socket's
  * traffic. It claims the socket, and waits for the engine to hand it to
@@ -174,15 +190,7 @@ static void claim_slow(int fd)
 		errno = saved; /* not kept: the kernel's already */
 		return;
 	}
-	__atomic_add_fetch(&p->seq, 1, __ATOMIC_SEQ_CST);
-	sys(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
-	for (int i = 0; i < 100; i++) {
-		v = __atomic_load_n(&p->fd[fd], __ATOMIC_ACQUIRE);
-		if (v <= 0 || (kill(p->engine_pid, 0) < 0 && errno == ESRCH))
-			break;
-		struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
-		sys(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
-	}
+	claim_wait(p, fd);
 	errno = saved;
 }
 
@@ -236,15 +244,7 @@ static void claim_conn(int fd)
 	memcpy(CMSG_DATA(c), &sv[1], sizeof(int));
 	sys(SYS_sendmsg, fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL); /* failed: nothing comes back */
 	sys(SYS_close, sv[1]);
-	__atomic_add_fetch(&p->seq, 1, __ATOMIC_SEQ_CST);
-	sys(SYS_futex, &p->seq, FUTEX_WAKE, 1, NULL, NULL, 0);
-	for (int i = 0; i < 100; i++) {
-		v = __atomic_load_n(&p->fd[fd], __ATOMIC_ACQUIRE);
-		if (v <= 0 || (kill(p->engine_pid, 0) < 0 && errno == ESRCH))
-			break;
-		struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
-		sys(SYS_futex, &p->fd[fd], FUTEX_WAIT, v, &ts, NULL, 0);
-	}
+	claim_wait(p, fd);
 	memset(&u, 0, sizeof u);
 	m.msg_controllen = sizeof u.buf;
 	int kfd = -1;

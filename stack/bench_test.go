@@ -231,6 +231,23 @@ func BenchmarkTCPPingPong(b *testing.B) {
 	}
 }
 
+// readAll reads n bytes off r on a goroutine of its own, and sends on
+// the channel it returns how that ended.
+func readAll(r io.Reader, n int) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		var err error
+		for total := 0; total < n && err == nil; {
+			var k int
+			k, err = r.Read(buf)
+			total += k
+		}
+		done <- err
+	}()
+	return done
+}
+
 // BenchmarkTCPStream is one 64-byte write of a kernel client (TCP_NODELAY)
 // to a server that reads all, per op: the small-message rate one way.
 func BenchmarkTCPStream(b *testing.B) {
@@ -238,17 +255,7 @@ func BenchmarkTCPStream(b *testing.B) {
 		b.Run(server, func(b *testing.B) {
 			_, c, s := tcpPair(b, server, 7401)
 			n := b.N
-			done := make(chan error, 1)
-			go func() {
-				buf := make([]byte, 64<<10)
-				var err error
-				for total := 0; total < 64*n && err == nil; {
-					var k int
-					k, err = s.Read(buf)
-					total += k
-				}
-				done <- err
-			}()
+			done := readAll(s, 64*n)
 			msg := make([]byte, 64)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -275,17 +282,7 @@ func BenchmarkTCPSendStream(b *testing.B) {
 		b.Run(server, func(b *testing.B) {
 			st, c, s := tcpPair(b, server, 7406)
 			n := b.N
-			done := make(chan error, 1)
-			go func() {
-				buf := make([]byte, 64<<10)
-				var err error
-				for total := 0; total < 64*n && err == nil; {
-					var k int
-					k, err = c.Read(buf)
-					total += k
-				}
-				done <- err
-			}()
+			done := readAll(c, 64*n)
 			msg := make([]byte, 64)
 			write := func() error { _, err := s.Write(msg); return err }
 			if sc, ok := s.(*stack.TCPConn); ok {
