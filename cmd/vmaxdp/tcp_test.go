@@ -2539,8 +2539,13 @@ func countServerSyscalls(t *testing.T, name string, wait, d time.Duration, calls
 //     the rings to the loop's next wait, and its answers share kicks
 //     until then (a sendto each before: 1.13 a request, 0.46 after);
 //   - nginx as one process (edge-triggered): an owed connection's edge is
-//     reported once a notice (1.0 recvfrom a request before, 0.045 after).
+//     reported once a notice (1.0 recvfrom a request before, 0.045 after
+//     in `bench apps`; 0.09-0.11 in this test's runs, perf counting).
 //
+// The bound, a quarter of a recvfrom a request, is far under the 1.0
+// these paths cost before and clear of nginx's spread here, which a
+// tenth was not (it failed make test once at c230ea1 and at c1a3654
+// alike: 6,040 for 59,608 requests).
 // Both beds.
 func TestRunTCPEventLoopReads(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -2559,7 +2564,7 @@ func TestRunTCPEventLoopReads(t *testing.T) {
 					t.Skipf("not installed: %s (make deps installs it)", miss)
 				}
 				reqs, calls := countedServerRun(t, b, vmaxdp, a, c.process, "sendto", "recvfrom")
-				if float64(calls["recvfrom"]) > reqs/10 {
+				if float64(calls["recvfrom"]) > reqs/4 {
 					t.Errorf("the server made %d recvfrom system calls for about %.0f requests: its connections' readiness went through their mirrors", calls["recvfrom"], reqs)
 				}
 				if c.kicks > 0 && float64(calls["sendto"]) > c.kicks*reqs {
