@@ -356,9 +356,9 @@ func (p *TCPPoller) Poll() int {
 // whose data the thread read since, as it had its chance to answer them
 // (tcpLink.hold holds them for it), but writers'.
 func (p *TCPPoller) Wait(writers []*TCPConn) {
-	// What the loop's writes coalesced goes first, and carries the ACKs
-	// held for its connections (lighttpd's second write of an answer:
-	// released first, each ACK left alone, a frame more a request).
+	// Set members do not coalesce (coalesce.go), but a connection may
+	// join a set with bytes coalesced before: they go first, and carry
+	// the ACKs held for it rather than leaving after them.
 	p.st.flushCoalesced(true)
 	if !p.Alone() {
 		p.releaseRead(writers)
