@@ -1863,6 +1863,13 @@ while True:
 // event loop in epoll_wait, and a Python thread in a blocking recv.
 // Without the sleep on the queues 100 requests woke a drain 100 times.
 // Both beds.
+//
+// A drain also takes over, as it should, while the server is awake past
+// appPollRecent without polling (redis's cron, a preempted thread), and
+// the next request then wakes it once, beside the server: 3-10 times in
+// 100 requests on an idle machine, 6-15 with two busy loops on its two
+// CPUs (make test failed on 14 at a tenth), so the bound is a quarter.
+
 func TestRunTCPSleepOnQueues(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
@@ -1920,7 +1927,7 @@ func TestRunTCPSleepOnQueues(t *testing.T) {
 				if tc.RxInline < requests*9/10 {
 					t.Errorf("rx_inline %d: the server's thread processed fewer than 9 in 10 of the %d requests' segments", tc.RxInline, requests)
 				}
-				if tc.DrainWakeups > requests/10 {
+				if tc.DrainWakeups > requests/4 {
 					t.Errorf("drain_wakeups %d for %d requests: the drains, not the sleeping server, were woken by the requests", tc.DrainWakeups, requests)
 				}
 			})
