@@ -358,11 +358,11 @@ func TestMuxWakesEverySleeper(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	a, err := st.BeginWait(nil)
+	a, err := st.BeginWait(nil, []*stack.UDPConn{c}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := st.BeginWait(nil)
+	b, err := st.BeginWait(nil, []*stack.UDPConn{c}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,5 +381,74 @@ func TestMuxWakesEverySleeper(t *testing.T) {
 		if err != nil || n == 0 {
 			t.Fatalf("sleeper %d was not woken (ppoll: %d, %v)", i, n, err)
 		}
+	}
+}
+
+// TestSleepersOffTheQueues: of the threads asleep on a stack's sockets,
+// one watches the queues (the first to sleep), the others sleep on their
+// eventfds alone and wake for their own sockets' datagrams only, as the
+// kernel wakes a socket's waiters: a datagram for b, polled off the ring
+// by a spinning thread (the test), wakes b's sleeper and not a's. Once
+// the watcher wakes, a datagram for a that no thread polls wakes a's
+// sleeper within ringVacancy (1 ms; 500 ms allowed), and a, woken so,
+// watches the queues at its next sleep.
+func TestSleepersOffTheQueues(t *testing.T) {
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, groupOptions())
+	la, lb := netip.MustParseAddrPort("198.18.0.2:9311"), netip.MustParseAddrPort("198.18.0.2:9312")
+	a, b := reuseSocket(t, bed, st, la), reuseSocket(t, bed, st, lb)
+	defer a.Close()
+	defer b.Close()
+	queues := len(st.AppendQueues(nil))
+	bw, err := st.BeginWait(nil, []*stack.UDPConn{b}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aw, err := st.BeginWait(nil, []*stack.UDPConn{a}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bw) != queues+1 || len(aw) != 1 {
+		t.Fatalf("the first sleeper sleeps on %d fds, the second on %d: want %d (the queues and its eventfd) and 1", len(bw), len(aw), queues+1)
+	}
+	flow := flowSenders(t, bed, 1)
+	send(t, flow, lb, 0, 1)
+	for deadline := time.Now().Add(2 * time.Second); !b.Queued() && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		st.Poll()
+	}
+	if !b.Queued() {
+		t.Fatal("the datagram never reached b's queue")
+	}
+	bEvfd := bw[len(bw)-1:]
+	if n, err := unix.Ppoll(bEvfd, &unix.Timespec{Nsec: 200e6}, nil); err != nil || n != 1 {
+		t.Errorf("b's sleeper was not woken for its datagram (ppoll: %d, %v)", n, err)
+	}
+	if n, err := unix.Ppoll(aw, &unix.Timespec{Nsec: 100e6}, nil); err != nil || n != 0 {
+		t.Errorf("a's sleeper was woken for b's datagram (ppoll: %d, %v)", n, err)
+	}
+	copy(bw[len(bw)-1:], bEvfd)
+	st.EndWait(bw) // the watcher wakes; a sleeps on, off the queues
+	buf := make([]byte, 64)
+	b.SetReadDeadline(time.Now().Add(time.Second))
+	if _, _, err := b.ReadFromUDPAddrPort(buf); err != nil {
+		t.Fatal(err)
+	}
+	send(t, flow, la, 1, 1)
+	began := time.Now()
+	if n, err := unix.Ppoll(aw, &unix.Timespec{Nsec: 500e6}, nil); err != nil || n != 1 {
+		t.Fatalf("a's sleeper, off the queues with nobody watching them, was not woken in 500 ms (ppoll: %d, %v)", n, err)
+	}
+	t.Logf("a's sleeper woken %v after the datagram was sent", time.Since(began))
+	st.EndWait(aw)
+	aw, err = st.BeginWait(nil, []*stack.UDPConn{a}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.EndWait(aw)
+	if len(aw) != queues+1 {
+		t.Errorf("a's sleeper, woken to take the queues, sleeps on %d fds: want %d", len(aw), queues+1)
+	}
+	a.SetReadDeadline(time.Now().Add(time.Second))
+	if _, _, err := a.ReadFromUDPAddrPort(buf); err != nil {
+		t.Errorf("a's datagram: %v", err)
 	}
 }

@@ -321,16 +321,19 @@ type Stack struct {
 	// namespace, sorted; nil when the kernel does not say (mcmember.go).
 	mcMembers atomic.Pointer[[]netip.Addr]
 
-	// Multiplexers (poll, epoll) sleeping on the stack's queues: the
-	// demultiplexer writes each one's eventfd (muxSleeping) when it queues
-	// a datagram while they sleep, because the datagram left the ring
-	// they watch. One eventfd per sleeper: with a shared one, the first
-	// thread to wake drained it and a second (another thread of a
-	// SO_REUSEPORT group) slept on with its datagrams queued.
+	// Multiplexers (poll, epoll) sleeping on the stack's sockets: the
+	// demultiplexer writes the eventfd of each one whose sockets it queues
+	// a datagram for while they sleep (wakeQueued), because the datagram
+	// left the ring they watch, or that they do not watch (ringWatch).
+	// One eventfd per sleeper: with a shared one, the first thread to
+	// wake drained it and a second (another thread of a SO_REUSEPORT
+	// group) slept on with its datagrams queued.
 	muxWaiters  atomic.Int32
 	muxMu       sync.Mutex
-	muxSleeping []int32 // eventfds of the sleeping multiplexers
+	muxSleeping []muxSleeper
 	muxFree     []int32 // eventfds not in use
+	muxWoke     []int32 // wakeQueued's eventfds written (guarded by rxMu)
+	rings       ringWatch
 	// queuedNow are the sockets the poll under way queued datagrams for
 	// (guarded by rxMu).
 	queuedNow []*UDPConn
@@ -464,6 +467,7 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		rules: map[steer.Rule]steer.RuleID{}, ruleUse: map[steer.RuleID]ruleUse{}, copyQ: &queue{idx: -1}}
 	st.kickTimer = time.AfterFunc(time.Hour, st.kickFired)
 	st.kickTimer.Stop()
+	st.rings.heir.Store(-1)
 	defer func() {
 		if err != nil {
 			st.Close()
@@ -873,11 +877,21 @@ func (st *Stack) Poll() int {
 	return st.pollLocked()
 }
 
-// BeginWait announces a multiplexer about to sleep and appends what it
-// must sleep on: every queue's fd and an eventfd that the stack writes
-// when a datagram is queued meanwhile. The caller looks at its sockets
-// once more after BeginWait, sleeps, and calls EndWait.
-func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
+// muxSleeper is a multiplexer asleep on the stack (BeginWait).
+type muxSleeper struct {
+	fd               int32      // its eventfd
+	conns            []*UDPConn // the sockets it waits for (of any stack)
+	onRings, watcher bool       // takeRingsLocked's answer
+}
+
+// BeginWait announces a multiplexer about to sleep for conns (those of
+// other stacks are passed over) and appends what it must sleep on: an
+// eventfd that the stack writes when it queues a datagram for one of
+// conns meanwhile, and the queues' fds if it watches them (ringWatch) or
+// must (a thread asleep on them for its TCP connections, sleepOnRings).
+// The caller looks at its sockets once more after BeginWait, sleeps, and
+// calls EndWait.
+func (st *Stack) BeginWait(pfds []unix.PollFd, conns []*UDPConn, must bool) ([]unix.PollFd, error) {
 	st.muxMu.Lock()
 	defer st.muxMu.Unlock()
 	var fd int32
@@ -890,31 +904,76 @@ func (st *Stack) BeginWait(pfds []unix.PollFd) ([]unix.PollFd, error) {
 		}
 		fd = int32(highfd.Move(e))
 	}
-	st.muxSleeping = append(st.muxSleeping, fd)
+	for _, c := range conns {
+		if c.st == st {
+			c.muxFDs = append(c.muxFDs, fd)
+			c.muxSleepers.Add(1)
+		}
+	}
+	on, watcher := st.takeRingsLocked(fd, must)
+	st.muxSleeping = append(st.muxSleeping, muxSleeper{fd: fd, conns: conns, onRings: on, watcher: watcher})
 	st.muxWaiters.Add(1)
-	return append(st.AppendQueues(pfds), unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
+	if on {
+		pfds = st.AppendQueues(pfds)
+	}
+	return append(pfds, unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
 }
 
 // EndWait ends a BeginWait; pfds are what the multiplexer slept on, with
 // their revents. Its eventfd is read only when it woke the sleep: a read
 // of one that did not costs a system call per sleep.
 func (st *Stack) EndWait(pfds []unix.PollFd) {
+	if st.endWait(pfds) {
+		st.Poll()
+	}
+}
+
+// endWait is EndWait but for its poll: it says whether the sleeper woke
+// from the queues, which it then polls whatever the caller's scan does
+// (a set whose members are all disabled, EPOLLONESHOT, polls nothing),
+// since the sleepers off them wait for it.
+func (st *Stack) endWait(pfds []unix.PollFd) (queuesReady bool) {
 	st.muxMu.Lock()
 	defer st.muxMu.Unlock()
 	for _, p := range pfds {
-		i := slices.Index(st.muxSleeping, p.Fd)
+		i := slices.IndexFunc(st.muxSleeping, func(m muxSleeper) bool { return m.fd == p.Fd })
 		if i < 0 {
 			continue
 		}
+		m := st.muxSleeping[i]
 		st.muxSleeping = slices.Delete(st.muxSleeping, i, i+1)
 		st.muxWaiters.Add(-1)
+		for _, c := range m.conns {
+			if c.st != st {
+				continue
+			}
+			if j := slices.Index(c.muxFDs, m.fd); j >= 0 {
+				c.muxFDs = slices.Delete(c.muxFDs, j, j+1)
+				c.muxSleepers.Add(-1)
+			}
+		}
+		st.leaveRingsLocked(m.fd, m.onRings, m.watcher)
 		if p.Revents&unix.POLLIN != 0 {
 			var v [8]byte
 			unix.Read(int(p.Fd), v[:])
 		}
 		st.muxFree = append(st.muxFree, p.Fd)
-		return
+		return m.onRings && st.queuesReady(pfds)
 	}
+	return false
+}
+
+// queuesReady says whether pfds, after a ppoll, have one of the stack's
+// queues readable.
+func (st *Stack) queuesReady(pfds []unix.PollFd) bool {
+	for _, q := range st.pollQueues() {
+		for _, p := range pfds {
+			if p.Fd == int32(q.be.FD()) && p.Revents&unix.POLLIN != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wakeMux wakes every sleeping multiplexer.
@@ -930,8 +989,8 @@ func (st *Stack) WakeWaiters() {
 func (st *Stack) wakeMux() {
 	var one = [8]byte{1}
 	st.muxMu.Lock()
-	for _, fd := range st.muxSleeping {
-		unix.Write(int(fd), one[:])
+	for _, m := range st.muxSleeping {
+		unix.Write(int(m.fd), one[:])
 	}
 	st.muxMu.Unlock()
 }
@@ -987,21 +1046,40 @@ func (st *Stack) drainRings() int {
 // wakeQueued wakes the sleepers on the sockets the poll queued datagrams
 // for, once each: a SO_REUSEPORT group's threads share the stack's queues,
 // and whichever polls hands the others their datagrams, a wakeup (an
-// eventfd write) per socket and batch instead of per datagram. Waiters
-// are looked at after the datagrams are queued, so that none arrives
-// unseen (see UDPConn.sleep). Caller holds rxMu.
+// eventfd write) per socket and batch instead of per datagram, and a
+// multiplexer's once however many of its sockets got some. Only their
+// own sleepers wake (ringWatch), and the first woken is the queues' heir.
+// Waiters are looked at after the datagrams are queued, so that none
+// arrives unseen (see UDPConn.sleep). Caller holds rxMu.
 func (st *Stack) wakeQueued() {
-	for i, c := range st.queuedNow {
+	mux := false
+	for _, c := range st.queuedNow {
 		c.queuedNow = false
 		if c.waiters.Load() > 0 {
 			c.wake()
+			st.inherit(int32(c.evfd))
 		}
-		st.queuedNow[i] = nil
+		mux = mux || c.muxSleepers.Load() > 0
 	}
+	if mux {
+		st.muxMu.Lock()
+		woke := st.muxWoke[:0]
+		for _, c := range st.queuedNow {
+			for _, fd := range c.muxFDs {
+				if !slices.Contains(woke, fd) {
+					writeEventfd(fd)
+					woke = append(woke, fd)
+				}
+			}
+		}
+		if len(woke) > 0 {
+			st.inherit(woke[0])
+		}
+		st.muxWoke = woke
+		st.muxMu.Unlock()
+	}
+	clear(st.queuedNow)
 	st.queuedNow = st.queuedNow[:0]
-	if st.muxWaiters.Load() > 0 {
-		st.wakeMux()
-	}
 }
 
 func (st *Stack) flushLocked(q *queue) {
@@ -1296,9 +1374,16 @@ func (st *Stack) Close() error {
 	st.rxMu.Unlock()
 	st.stopRefreshes()
 	st.muxMu.Lock()
-	for _, fd := range append(st.muxFree, st.muxSleeping...) {
+	for _, fd := range st.muxFree {
 		highfd.Close(int(fd))
 	}
+	for _, m := range st.muxSleeping {
+		highfd.Close(int(m.fd))
+	}
+	if st.rings.timer != nil {
+		st.rings.timer.Stop()
+	}
+	st.rings.off = nil
 	st.muxFree, st.muxSleeping = nil, nil
 	st.muxMu.Unlock()
 	if st.ns >= 0 {

@@ -1579,6 +1579,7 @@ func (st *Stack) notePoll() {
 		st.appPolled.Store(monoNow())
 		t.link.pollHeld()
 	}
+	st.markPoller()
 }
 
 // appPolling says whether an application thread polls the queues.

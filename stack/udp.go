@@ -144,6 +144,10 @@ type UDPConn struct {
 	errAgain error // EAGAIN as a *net.OpError, made once: nonblocking polls return it per call
 	spin     Spin  // how long blocking receives poll (Options.RxPoll 0)
 	waiters  atomic.Int32
+	// muxFDs are the eventfds of the multiplexers asleep for the socket
+	// (BeginWait; guarded by Stack.muxMu), muxSleepers how many.
+	muxFDs      []int32
+	muxSleepers atomic.Int32
 	// queuedNow: the poll under way queued a datagram for the socket
 	// (guarded by Stack.rxMu).
 	queuedNow bool
@@ -1135,10 +1139,11 @@ func (c *UDPConn) countPoll(slept bool) {
 	}
 }
 
-// sleep blocks until a queue, the kernel socket or a wakeup has work, the
-// read deadline passes or a signal ends sw. The waiter is announced before
-// the last look at the queue, and the demultiplexer looks at waiters after
-// queueing, so no datagram can arrive unseen between the two.
+// sleep blocks until a queue (if it watches them, ringWatch), the kernel
+// socket or a wakeup has work, the read deadline passes or a signal ends
+// sw. The waiter is announced before the last look at the queue, and the
+// demultiplexer looks at waiters after queueing, so no datagram can
+// arrive unseen between the two.
 func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	st := c.st
 	if !c.enter() {
@@ -1171,7 +1176,13 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	}
 	var pfds [maxQueues + 2]unix.PollFd
 	n := 0
+	st.muxMu.Lock()
+	on, watcher := st.takeRingsLocked(int32(c.evfd), false)
+	st.muxMu.Unlock()
 	for _, q := range st.pollQueues() {
+		if !on {
+			break
+		}
 		pfds[n] = unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN}
 		n++
 	}
@@ -1186,6 +1197,14 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 		ts = &tsv
 	}
 	_, err := sw.Ppoll(pfds[:n], ts)
+	st.muxMu.Lock()
+	st.leaveRingsLocked(int32(c.evfd), on, watcher)
+	st.muxMu.Unlock()
+	if err == nil && on && st.queuesReady(pfds[:n-2]) && c.Queued() {
+		// The receive that follows polls only an empty queue; the
+		// sleepers off the queues wait for this poll.
+		st.Poll()
+	}
 	if err == unix.EINTR && sw.s != nil {
 		return c.readErr(unix.EINTR)
 	}

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +95,31 @@ func TestRunReusePort(t *testing.T) {
 		if got := len(regexp.MustCompile(`fd \d+: offloaded on `+b.Link(testbed.B)).FindAllString(p.out.String(), -1)); got != n {
 			t.Errorf("%d of the group's %d sockets were offloaded:\n%s", got, n, p.out.String())
 		}
+	})
+	t.Run("one flow", func(t *testing.T) {
+		const port, threads, requests = 11185, 2, 400
+		p := startC(t, b, prog, nil, fmt.Sprint(port), fmt.Sprint(threads), seconds)
+		if err := p.waitFor("bound\n"); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		p.waitOffloaded(t)
+		before, idle := udpInDatagrams(t, b, testbed.B), threadSwitches(t, p.pid)
+		if err := pingFlow(b, port, requests); err != nil {
+			t.Fatalf("%v\n%s", err, p.out.String())
+		}
+		after := threadSwitches(t, p.pid)
+		var woke []int
+		for i := range threads {
+			woke = append(woke, wokeSince(idle, after, fmt.Sprintf("serve%d", i))...)
+		}
+		t.Logf("%d requests of one flow: the threads' voluntary context switches %v", requests, woke)
+		if slices.Min(woke) > requests/10 {
+			t.Errorf("the thread whose socket the flow does not reach slept and woke %d times for %d requests: woken for its sibling's datagrams", slices.Min(woke), requests)
+		}
+		if kernel := udpInDatagrams(t, b, testbed.B) - before; kernel > requests/10 {
+			t.Errorf("the kernel delivered %d of %d requests: not offloaded", kernel, requests)
+		}
+		p.wait(t, b)
 	})
 	for i, sel := range []string{"cbpf", "cpu"} {
 		opt := map[string]string{"cbpf": "SO_ATTACH_REUSEPORT_CBPF", "cpu": "SO_INCOMING_CPU"}[sel]
@@ -275,4 +303,141 @@ func askGroup(t *testing.T, b *testbed.Bed, network string, port int, sticky boo
 		t.Error(err)
 	}
 	return int(asked.Load()), len(seen)
+}
+
+// pingFlow asks port on side B from one kernel socket of side A (one
+// flow), requests times, each answer awaited, a millisecond apart so that
+// the server's threads sleep between them.
+func pingFlow(b *testbed.Bed, port, requests int) error {
+	to := netip.AddrPortFrom(b.Addr(testbed.B), uint16(port)).String()
+	return b.Do(testbed.A, func() error {
+		c, err := net.DialTimeout("udp4", to, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 256)
+		for i := range requests {
+			if _, err := fmt.Fprintf(c, "request %d", i); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Read(buf); err != nil {
+				return fmt.Errorf("request %d of %d: %w", i, requests, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return nil
+	})
+}
+
+// threadSwitches are the voluntary context switches of each thread of
+// process pid (the kernel's count: each is a sleep that woke), by thread
+// id, with the thread's name.
+func threadSwitches(t *testing.T, pid int) map[int]threadCount {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("the threads of process %d: %v", pid, err)
+	}
+	out := map[int]threadCount{}
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(filepath.Base(task))
+		comm, err1 := os.ReadFile(filepath.Join(task, "comm"))
+		status, err2 := os.ReadFile(filepath.Join(task, "status"))
+		if err1 != nil || err2 != nil {
+			continue // the thread ended
+		}
+		m := regexp.MustCompile(`(?m)^voluntary_ctxt_switches:\s+(\d+)$`).FindSubmatch(status)
+		if m == nil {
+			t.Fatalf("%s/status has no voluntary_ctxt_switches", task)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		out[tid] = threadCount{strings.TrimSpace(string(comm)), n}
+	}
+	return out
+}
+
+type threadCount struct {
+	name string
+	n    int
+}
+
+// wokeSince are the voluntary context switches since before of the
+// threads named name, in thread id order.
+func wokeSince(before, after map[int]threadCount, name string) []int {
+	var tids []int
+	for tid, c := range after {
+		if c.name == name {
+			tids = append(tids, tid)
+		}
+	}
+	slices.Sort(tids)
+	var out []int
+	for _, tid := range tids {
+		out = append(out, after[tid].n-before[tid].n)
+	}
+	return out
+}
+
+// TestRunPowerDNSRecursor: PowerDNS's recursor (Debian's pdns-recursor,
+// not written with vmaxdp in mind) with a socket per thread
+// (reuseport=yes, pdns-distributes-queries=no: two workers, a
+// SO_REUSEPORT group of two), serving a zone of its own, under vmaxdp
+// run, asked by dnsperf from side A on one socket (one flow, its
+// default), paced. Every query is answered, the kernel of the
+// recursor's namespace receives none, and the worker whose socket the
+// flow does not reach stays asleep: with every thread asleep on the
+// stack's queues, each query woke it too (it made 0.61-0.67x the
+// kernel's queries a second unpaced, where one worker made 1.0x). Both
+// beds.
+func TestRunPowerDNSRecursor(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, prog := range []string{"pdns_recursor", "dnsperf"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s is not installed (make deps installs it)", prog)
+		}
+	}
+	testutil.EachBed(t, nil, func(t *testing.T, b *testbed.Bed) {
+		const port, rate, seconds = 11186, 1000, 2
+		dir := t.TempDir()
+		addr := b.Addr(testbed.B).String()
+		files := map[string]string{
+			"zone": "$ORIGIN example.test.\n$TTL 3600\n@ IN SOA ns admin 1 3600 600 86400 300\n@ IN NS ns\nns IN A " + addr + "\nwww IN A 198.18.0.10\n",
+			// Nothing leaves the bed: the root is forwarded to a port of
+			// side B that nobody serves, and the security poll is off.
+			"recursor.conf": fmt.Sprintf("local-address=%s\nlocal-port=%d\nauth-zones=example.test=%s/zone\nforward-zones=.=%s:5399\nsecurity-poll-suffix=\nallow-from=198.18.0.0/15\nthreads=2\nreuseport=yes\npdns-distributes-queries=no\nsocket-dir=%s\ndaemon=no\nwrite-pid=no\n",
+				addr, port, dir, addr, dir),
+			"queries": "www.example.test A\n",
+		}
+		for name, text := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := startArgv(t, b, nil, tools(t), "run", "--", "pdns_recursor", "--config-dir="+dir)
+		p.waitOffloaded(t)
+		kernel, idle := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams"), threadSwitches(t, p.pid)
+		out, err := exec.Command("ip", "netns", "exec", b.NSName(testbed.A), "dnsperf", "-s", addr, "-p", strconv.Itoa(port),
+			"-d", filepath.Join(dir, "queries"), "-Q", strconv.Itoa(rate), "-l", strconv.Itoa(seconds), "-t", "2").CombinedOutput()
+		m := regexp.MustCompile(`Queries completed:\s+(\d+) `).FindSubmatch(out)
+		if err != nil || m == nil || !strings.Contains(string(out), "Queries lost:         0 ") {
+			t.Fatalf("dnsperf: %v\n%s\nvmaxdp run:\n%s", err, out, tail(p.out.String(), 20))
+		}
+		queries, _ := strconv.Atoi(string(m[1]))
+		// Go's threads that a worker's call into the engine made are
+		// named as it is: the idle worker is the second busiest.
+		woke := wokeSince(idle, threadSwitches(t, p.pid), "rec/worker")
+		t.Logf("%d queries of one flow, all answered: the voluntary context switches of the threads named rec/worker %v", queries, woke)
+		if len(woke) < 2 {
+			t.Fatalf("pdns_recursor runs %d threads named rec/worker, want 2 and Go's", len(woke))
+		}
+		slices.Sort(woke)
+		if idle := woke[len(woke)-2]; idle > queries/10 {
+			t.Errorf("the worker whose socket the flow does not reach slept and woke %d times for %d queries: woken for its sibling's", idle, queries)
+		}
+		if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - kernel; n > queries/100 {
+			t.Errorf("the kernel in the recursor's namespace received %d of %d queries: not offloaded", n, queries)
+		}
+	})
 }

@@ -575,6 +575,38 @@ remote-control:
 	}
 }
 
+// pdnsRecursor is PowerDNS's recursor with threads workers, each with a
+// socket of its own (reuseport=yes, pdns-distributes-queries=no: the
+// sockets a SO_REUSEPORT group on port 53), authoritative for the zone
+// (auth-zones). The root is
+// forwarded to a port of the server's address that nobody serves and the
+// security poll is off, so that nothing it asks leaves the bed.
+func pdnsRecursor(threads int) *App {
+	name, client := threaded("pdns-recursor", threads, "threads")
+	return &App{
+		Name: name, Unit: "queries/s", Programs: []string{"pdns_recursor", "dnsperf"}, Package: "pdns-recursor dnsperf",
+		Proto: "udp", Port: 53, Group: threads,
+		Server: func(dir, addr string) []string {
+			write(dir, map[string]string{"zone.db": zoneFile, "recursor.conf": fmt.Sprintf(`local-address=%[1]s
+local-port=53
+auth-zones=%[3]s=%[2]s/zone.db
+forward-zones=.=%[1]s:5399
+security-poll-suffix=
+allow-from=198.18.0.0/15
+threads=%[4]d
+reuseport=yes
+pdns-distributes-queries=no
+socket-dir=%[2]s
+daemon=no
+write-pid=no
+loglevel=3
+`, addr, dir, zoneName, threads)})
+			return []string{"pdns_recursor", "--config-dir=" + dir}
+		},
+		Client: client, Parse: parseDnsperf,
+	}
+}
+
 // bind9 is BIND 9's named, authoritative, with threads worker threads and
 // as many UDP sockets, a SO_REUSEPORT group on port 53 (named's default
 // is a thread a CPU). Its event loop, libuv before 1.45, reads and
@@ -665,6 +697,7 @@ zone:
 	knot(2),
 	unbound(2),
 	bind9(2),
+	pdnsRecursor(2),
 }
 
 // TCP are the TCP applications; their offload needs VMAXDP_TCP=1.

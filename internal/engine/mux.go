@@ -162,7 +162,7 @@ func sleepOn(pfds []unix.PollFd, sc *sleepScratch, deadline time.Time, infinite 
 	}()
 	for _, st := range w.stacks {
 		var err error
-		if all, err = st.BeginWait(all); err != nil {
+		if all, err = st.BeginWait(all, w.udp, slices.Contains(w.rings, st)); err != nil {
 			return false, errnoOf(err)
 		}
 		began = append(began, st)
@@ -203,11 +203,13 @@ func getSleep() *sleepScratch { return sleepPool.Get().(*sleepScratch) }
 // a pooled scratch must not keep a closed stack or connection alive.
 func putSleep(sc *sleepScratch) {
 	clear(sc.w.stacks)
+	clear(sc.w.udp)
+	clear(sc.w.rings)
 	clear(sc.w.mirrors)
 	clear(sc.began)
 	clear(sc.sleepers)
 	clear(sc.mirrored)
-	sc.w = sleepWatch{stacks: sc.w.stacks[:0], wakes: sc.w.wakes[:0], mirrors: sc.w.mirrors[:0]}
+	sc.w = sleepWatch{stacks: sc.w.stacks[:0], udp: sc.w.udp[:0], rings: sc.w.rings[:0], wakes: sc.w.wakes[:0], mirrors: sc.w.mirrors[:0]}
 	sc.all, sc.began = sc.all[:0], sc.began[:0]
 	sc.sleepers, sc.mirrored = sc.sleepers[:0], sc.mirrored[:0]
 	sleepPool.Put(sc)
@@ -219,6 +221,8 @@ func putSleep(sc *sleepScratch) {
 // with no eventfd to be had).
 type sleepWatch struct {
 	stacks  []*stack.Stack
+	udp     []*stack.UDPConn // the offloaded UDP sockets the sleep is for
+	rings   []*stack.Stack   // stacks whose queues the sleep must watch (TCP's sleepOnRings)
 	wakes   []int
 	mirrors []*stack.TCPConn // TCP connections the sleep watches the mirrors of
 	slice   bool
@@ -247,6 +251,7 @@ func (e *Engine) watch(fd int, w *sleepWatch) {
 	}
 	if c := e.Conn(fd); c != nil {
 		w.stacks = appendStack(w.stacks, c.Stack())
+		w.udp = append(w.udp, c)
 		return
 	}
 	if l := e.listener(fd); l != nil {
@@ -264,6 +269,7 @@ func (e *Engine) watch(fd int, w *sleepWatch) {
 	switch c := s.conn.Load(); {
 	case c != nil:
 		w.stacks = appendStack(w.stacks, c.Stack())
+		w.udp = append(w.udp, c)
 	case s.state != StateCandidate:
 	case s.decidedFD() >= 0:
 		w.wakes = append(w.wakes, s.decided)
@@ -821,6 +827,11 @@ func (e *Engine) EpollCtl(epfd, op, fd int, ev *unix.EpollEvent) State {
 	set.tellLocked(e, epfd, st)
 	set.mu.Unlock()
 	e.propagate(parents)
+	if c := e.Conn(fd); c != nil && op == unix.EPOLL_CTL_ADD {
+		// A thread asleep on the set is woken only for the sockets it
+		// went to sleep for (Stack.BeginWait): it looks again.
+		c.Stack().WakeWaiters()
+	}
 	return st
 }
 
@@ -1077,6 +1088,7 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			if p.Alone() && p.Sleep() {
 				sc.sleepers = append(sc.sleepers, p)
 				sc.w.stacks = appendStack(sc.w.stacks, p.Stack())
+				sc.w.rings = appendStack(sc.w.rings, p.Stack())
 				continue
 			}
 			p.SleepOnMirrors() // the drains mark the mirrors the sleep watches

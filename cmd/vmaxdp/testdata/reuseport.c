@@ -11,7 +11,8 @@
  * SO_INCOMING_CPU on each), prints
  * "bound", and answers every datagram with "I PAYLOAD", I being the
  * index of the socket that got it. After SECONDS it prints "served I N"
- * for each socket and exits 0; a watchdog ends it after 20 s.
+ * for each socket and exits 0; a watchdog ends it after 20 s. Socket I's
+ * thread is named serveI.
  *
  * With tcp, the sockets are TCP listeners (a thread per listener, as
  * threaded servers with SO_REUSEPORT run), and each request is a line
@@ -167,8 +168,12 @@ int main(int argc, char **argv)
 	printf("bound\n");
 	fflush(stdout);
 	pthread_t t[MAX];
-	for (long i = 0; i < n; i++)
+	for (long i = 0; i < n; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "serve%ld", i);
 		pthread_create(&t[i], NULL, serve, (void *)i);
+		pthread_setname_np(t[i], name); /* the test reads each thread's context switches */
+	}
 	for (int i = 0; i < n; i++)
 		pthread_join(t[i], NULL);
 	for (int i = 0; i < n; i++)
