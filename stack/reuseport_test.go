@@ -390,7 +390,7 @@ func TestMuxWakesEverySleeper(t *testing.T) {
 // kernel wakes a socket's waiters: a datagram for b, polled off the ring
 // by a spinning thread (the test), wakes b's sleeper and not a's. Once
 // the watcher wakes, a datagram for a that no thread polls wakes a's
-// sleeper within ringVacancy (1 ms; 500 ms allowed), and a, woken so,
+// sleeper within ringVacancy (4 to 8 ms; 500 ms allowed), and a, woken so,
 // watches the queues at its next sleep.
 func TestSleepersOffTheQueues(t *testing.T) {
 	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, groupOptions())

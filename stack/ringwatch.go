@@ -34,10 +34,14 @@ import (
 // them.
 type ringWatch struct {
 	// held: a sleeper sleeps on the queues (written under muxMu).
-	held  atomic.Bool
-	off   []int32 // eventfds of the sleepers off the queues (muxMu)
-	timer *time.Timer
-	armed bool // timer runs (muxMu): it is not pushed back
+	held atomic.Bool
+	off  []int32 // eventfds of the sleepers off the queues (muxMu)
+	// vacant is monoNow's when nobody watched the queues since, with
+	// sleepers off them (muxMu); timer looks at it (ringsVacant), armed
+	// while it runs.
+	vacant int64
+	timer  *time.Timer
+	armed  bool
 	// heir is the eventfd of the sleeper woken last for its datagrams
 	// while nobody watched, -1 if none: the queues are kept for it.
 	// Written without muxMu by wakeQueued.
@@ -52,9 +56,12 @@ type ringWatch struct {
 }
 
 // ringVacancy bounds how long frames for sleepers off the queues wait
-// while no thread watches them. Go's timers fire at millisecond
-// granularity when the runtime's threads are idle.
-const ringVacancy = time.Millisecond
+// while no thread watches them, twice over: the timer that looks is
+// armed when a vacancy begins and left running after it ends, not reset
+// at each, since each reset that comes before Go's netpoller's deadline
+// wakes one of Go's threads: a watcher leaves at every query, and a timer
+// reset there woke one per query (unbound with two threads, paced).
+const ringVacancy = 4 * time.Millisecond
 
 // takeRingsLocked says whether the sleeper whose eventfd is fd sleeps on
 // the queues: as the watcher (watcher true), or because it must (a
@@ -72,10 +79,7 @@ func (st *Stack) takeRingsLocked(fd int32, must bool) (onRings, watcher bool) {
 	if !w.held.Load() && (heir == fd || must || heir < 0 && !polled) {
 		w.held.Store(true)
 		w.heir.Store(-1)
-		if w.armed {
-			w.timer.Stop()
-			w.armed = false
-		}
+		w.vacant = 0
 		return true, true
 	}
 	if must {
@@ -83,12 +87,22 @@ func (st *Stack) takeRingsLocked(fd int32, must bool) (onRings, watcher bool) {
 	}
 	w.off = append(w.off, fd)
 	if !w.held.Load() {
-		st.armVacancyLocked() // kept for an heir that may not sleep again soon
+		st.vacantLocked() // kept for an heir that may not sleep again soon
 	}
 	return false, false
 }
 
-// armVacancyLocked starts ringVacancy's count. Caller holds muxMu.
+// vacantLocked notes that nobody watches the queues while sleepers are
+// off them, and arms the timer that looks (ringsVacant) unless it runs.
+// Caller holds muxMu.
+func (st *Stack) vacantLocked() {
+	w := &st.rings
+	if w.vacant == 0 {
+		w.vacant = monoNow()
+	}
+	st.armVacancyLocked()
+}
+
 func (st *Stack) armVacancyLocked() {
 	w := &st.rings
 	switch {
@@ -111,7 +125,7 @@ func (st *Stack) leaveRingsLocked(fd int32, onRings, watcher bool) {
 	case watcher:
 		w.held.Store(false)
 		if len(w.off) > 0 {
-			st.armVacancyLocked()
+			st.vacantLocked()
 		}
 	case !onRings:
 		if i := slices.Index(w.off, fd); i >= 0 {
@@ -129,12 +143,15 @@ func (st *Stack) ringsVacant() {
 	w := &st.rings
 	w.armed = false
 	if w.held.Load() || len(w.off) == 0 {
+		w.vacant = 0
 		return
 	}
-	if w.poller.Load() != 0 && monoNow()-w.polled.Load() < int64(ringVacancy) {
-		st.armVacancyLocked() // a thread polls them still
+	now := monoNow()
+	if w.poller.Load() != 0 && now-w.polled.Load() < int64(ringVacancy) || now-w.vacant < int64(ringVacancy) {
+		st.armVacancyLocked() // a thread polls them still, or the vacancy is young
 		return
 	}
+	w.vacant = 0
 	w.heir.Store(w.off[0])
 	writeEventfd(w.off[0])
 }

@@ -882,6 +882,7 @@ type muxSleeper struct {
 	fd               int32      // its eventfd
 	conns            []*UDPConn // the sockets it waits for (of any stack)
 	onRings, watcher bool       // takeRingsLocked's answer
+	must             bool       // asleep on the queues for its TCP connections
 }
 
 // BeginWait announces a multiplexer about to sleep for conns (those of
@@ -911,7 +912,7 @@ func (st *Stack) BeginWait(pfds []unix.PollFd, conns []*UDPConn, must bool) ([]u
 		}
 	}
 	on, watcher := st.takeRingsLocked(fd, must)
-	st.muxSleeping = append(st.muxSleeping, muxSleeper{fd: fd, conns: conns, onRings: on, watcher: watcher})
+	st.muxSleeping = append(st.muxSleeping, muxSleeper{fd: fd, conns: conns, onRings: on, watcher: watcher, must: must})
 	st.muxWaiters.Add(1)
 	if on {
 		pfds = st.AppendQueues(pfds)
@@ -929,9 +930,11 @@ func (st *Stack) EndWait(pfds []unix.PollFd) {
 }
 
 // endWait is EndWait but for its poll: it says whether the sleeper woke
-// from the queues, which it then polls whatever the caller's scan does
-// (a set whose members are all disabled, EPOLLONESHOT, polls nothing),
-// since the sleepers off them wait for it.
+// from the queues while others sleep off them: it then polls the queues
+// for them whatever the caller's scan does (a set whose members are all
+// disabled, EPOLLONESHOT, polls nothing). Not a thread asleep on them
+// for its TCP connections, which processes their segments itself
+// (rx_inline) and polls the queues as it does.
 func (st *Stack) endWait(pfds []unix.PollFd) (queuesReady bool) {
 	st.muxMu.Lock()
 	defer st.muxMu.Unlock()
@@ -958,7 +961,7 @@ func (st *Stack) endWait(pfds []unix.PollFd) (queuesReady bool) {
 			unix.Read(int(p.Fd), v[:])
 		}
 		st.muxFree = append(st.muxFree, p.Fd)
-		return m.onRings && st.queuesReady(pfds)
+		return m.onRings && !m.must && len(st.rings.off) > 0 && st.queuesReady(pfds)
 	}
 	return false
 }

@@ -1199,8 +1199,9 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	_, err := sw.Ppoll(pfds[:n], ts)
 	st.muxMu.Lock()
 	st.leaveRingsLocked(int32(c.evfd), on, watcher)
+	others := len(st.rings.off) > 0
 	st.muxMu.Unlock()
-	if err == nil && on && st.queuesReady(pfds[:n-2]) && c.Queued() {
+	if err == nil && on && others && st.queuesReady(pfds[:n-2]) && c.Queued() {
 		// The receive that follows polls only an empty queue; the
 		// sleepers off the queues wait for this poll.
 		st.Poll()
