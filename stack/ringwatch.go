@@ -175,6 +175,7 @@ func (st *Stack) inherit(fd int32) {
 	}
 }
 
+// writeEventfd adds one to eventfd fd: its sleepers wake.
 func writeEventfd(fd int32) {
 	var one = uint64(1)
 	unix.Write(int(fd), (*[8]byte)(unsafe.Pointer(&one))[:])

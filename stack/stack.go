@@ -990,10 +990,9 @@ func (st *Stack) WakeWaiters() {
 }
 
 func (st *Stack) wakeMux() {
-	var one = [8]byte{1}
 	st.muxMu.Lock()
 	for _, m := range st.muxSleeping {
-		unix.Write(int(m.fd), one[:])
+		writeEventfd(m.fd)
 	}
 	st.muxMu.Unlock()
 }

@@ -781,8 +781,7 @@ func (st *Stack) arrival(q *queue, b backend.Buf) int64 {
 
 func (c *UDPConn) wake() {
 	if c.evfd >= 0 {
-		var one = uint64(1)
-		unix.Write(c.evfd, (*[8]byte)(unsafe.Pointer(&one))[:])
+		writeEventfd(int32(c.evfd))
 	}
 }
 
