@@ -63,12 +63,13 @@ type ringWatch struct {
 // reset there woke one per query (unbound with two threads, paced).
 const ringVacancy = 4 * time.Millisecond
 
-// takeRingsLocked says whether the sleeper whose eventfd is fd sleeps on
-// the queues: as the watcher (watcher true), or because it must (a
-// thread asleep on the queues for its TCP connections, sleepOnRings,
-// which the drains leave the frames to). A sleeper off the queues is
-// recorded until leaveRingsLocked. Caller holds muxMu.
-func (st *Stack) takeRingsLocked(fd int32, must bool) (onRings, watcher bool) {
+// takeRingsLocked says whether the sleeper whose eventfd is fd watches
+// the queues. One that must sleep on them (a thread asleep on the queues
+// for its TCP connections, sleepOnRings, which the drains leave the frames
+// to) does whatever the answer, and takes the watch if nobody has it. A
+// sleeper off the queues is recorded until leaveRingsLocked. Caller holds
+// muxMu.
+func (st *Stack) takeRingsLocked(fd int32, must bool) (watcher bool) {
 	w := &st.rings
 	w.sleepers.Add(1)
 	tid := int32(unix.Gettid())
@@ -80,16 +81,15 @@ func (st *Stack) takeRingsLocked(fd int32, must bool) (onRings, watcher bool) {
 		w.held.Store(true)
 		w.heir.Store(-1)
 		w.vacant = 0
-		return true, true
+		return true
 	}
-	if must {
-		return true, false
+	if !must {
+		w.off = append(w.off, fd)
+		if !w.held.Load() {
+			st.vacantLocked() // kept for an heir that may not sleep again soon
+		}
 	}
-	w.off = append(w.off, fd)
-	if !w.held.Load() {
-		st.vacantLocked() // kept for an heir that may not sleep again soon
-	}
-	return false, false
+	return false
 }
 
 // vacantLocked notes that nobody watches the queues while sleepers are
@@ -116,9 +116,13 @@ func (st *Stack) armVacancyLocked() {
 }
 
 // leaveRingsLocked ends a sleep that takeRingsLocked placed. A watcher
-// that leaves while others sleep off the queues arms ringVacancy. Caller
-// holds muxMu.
-func (st *Stack) leaveRingsLocked(fd int32, onRings, watcher bool) {
+// that leaves while others sleep off the queues arms ringVacancy, and
+// polls them for those (pollForOthers) if the queues woke it, whatever
+// its caller's scan does: a set whose members are all disabled
+// (EPOLLONESHOT) polls nothing. Not a thread that must sleep on them: it
+// processes its TCP connections' segments itself (rx_inline) and polls
+// the queues as it does. Caller holds muxMu.
+func (st *Stack) leaveRingsLocked(fd int32, watcher, must bool) (pollForOthers bool) {
 	w := &st.rings
 	w.sleepers.Add(-1)
 	switch {
@@ -126,12 +130,14 @@ func (st *Stack) leaveRingsLocked(fd int32, onRings, watcher bool) {
 		w.held.Store(false)
 		if len(w.off) > 0 {
 			st.vacantLocked()
+			return !must
 		}
-	case !onRings:
+	case !must:
 		if i := slices.Index(w.off, fd); i >= 0 {
 			w.off = slices.Delete(w.off, i, i+1)
 		}
 	}
+	return false
 }
 
 // ringsVacant wakes the oldest sleeper off the queues when nobody has

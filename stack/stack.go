@@ -879,10 +879,10 @@ func (st *Stack) Poll() int {
 
 // muxSleeper is a multiplexer asleep on the stack (BeginWait).
 type muxSleeper struct {
-	fd               int32      // its eventfd
-	conns            []*UDPConn // the sockets it waits for (of any stack)
-	onRings, watcher bool       // takeRingsLocked's answer
-	must             bool       // asleep on the queues for its TCP connections
+	fd      int32      // its eventfd
+	conns   []*UDPConn // the sockets it waits for (of any stack)
+	watcher bool       // takeRingsLocked's answer
+	must    bool       // asleep on the queues for its TCP connections
 }
 
 // BeginWait announces a multiplexer about to sleep for conns (those of
@@ -911,10 +911,10 @@ func (st *Stack) BeginWait(pfds []unix.PollFd, conns []*UDPConn, must bool) ([]u
 			c.muxSleepers.Add(1)
 		}
 	}
-	on, watcher := st.takeRingsLocked(fd, must)
-	st.muxSleeping = append(st.muxSleeping, muxSleeper{fd: fd, conns: conns, onRings: on, watcher: watcher, must: must})
+	watcher := st.takeRingsLocked(fd, must)
+	st.muxSleeping = append(st.muxSleeping, muxSleeper{fd: fd, conns: conns, watcher: watcher, must: must})
 	st.muxWaiters.Add(1)
-	if on {
+	if watcher || must {
 		pfds = st.AppendQueues(pfds)
 	}
 	return append(pfds, unix.PollFd{Fd: fd, Events: unix.POLLIN}), nil
@@ -929,13 +929,9 @@ func (st *Stack) EndWait(pfds []unix.PollFd) {
 	}
 }
 
-// endWait is EndWait but for its poll: it says whether the sleeper woke
-// from the queues while others sleep off them: it then polls the queues
-// for them whatever the caller's scan does (a set whose members are all
-// disabled, EPOLLONESHOT, polls nothing). Not a thread asleep on them
-// for its TCP connections, which processes their segments itself
-// (rx_inline) and polls the queues as it does.
-func (st *Stack) endWait(pfds []unix.PollFd) (queuesReady bool) {
+// endWait is EndWait but for its poll, which it says is owed to the
+// sleepers off the queues (leaveRingsLocked).
+func (st *Stack) endWait(pfds []unix.PollFd) (pollForOthers bool) {
 	st.muxMu.Lock()
 	defer st.muxMu.Unlock()
 	for _, p := range pfds {
@@ -955,13 +951,13 @@ func (st *Stack) endWait(pfds []unix.PollFd) (queuesReady bool) {
 				c.muxSleepers.Add(-1)
 			}
 		}
-		st.leaveRingsLocked(m.fd, m.onRings, m.watcher)
+		others := st.leaveRingsLocked(m.fd, m.watcher, m.must)
 		if p.Revents&unix.POLLIN != 0 {
 			var v [8]byte
 			unix.Read(int(p.Fd), v[:])
 		}
 		st.muxFree = append(st.muxFree, p.Fd)
-		return m.onRings && !m.must && len(st.rings.off) > 0 && st.queuesReady(pfds)
+		return others && st.queuesReady(pfds)
 	}
 	return false
 }

@@ -1176,10 +1176,10 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	var pfds [maxQueues + 2]unix.PollFd
 	n := 0
 	st.muxMu.Lock()
-	on, watcher := st.takeRingsLocked(int32(c.evfd), false)
+	watcher := st.takeRingsLocked(int32(c.evfd), false)
 	st.muxMu.Unlock()
 	for _, q := range st.pollQueues() {
-		if !on {
+		if !watcher {
 			break
 		}
 		pfds[n] = unix.PollFd{Fd: int32(q.be.FD()), Events: unix.POLLIN}
@@ -1197,10 +1197,9 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	}
 	_, err := sw.Ppoll(pfds[:n], ts)
 	st.muxMu.Lock()
-	st.leaveRingsLocked(int32(c.evfd), on, watcher)
-	others := len(st.rings.off) > 0
+	others := st.leaveRingsLocked(int32(c.evfd), watcher, false)
 	st.muxMu.Unlock()
-	if err == nil && on && others && st.queuesReady(pfds[:n-2]) && c.Queued() {
+	if err == nil && others && st.queuesReady(pfds[:n-2]) && c.Queued() {
 		// The receive that follows polls only an empty queue; the
 		// sleepers off the queues wait for this poll.
 		st.Poll()
