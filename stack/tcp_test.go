@@ -1988,6 +1988,14 @@ func TestTCPCoalescedWrites(t *testing.T) {
 		if segs > 40 {
 			t.Errorf("%d writes of 64 bytes with no wait point left as %d segments, want at most 40", writes, segs)
 		}
+		// Counted from here, a segment is the next write's: under load the
+		// peer's last ACK can come after a probe timer's retransmission
+		// (make test counted one), so the burst must be acknowledged first.
+		for deadline := time.Now().Add(5 * time.Second); sc.Unacked() != 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d bytes of the burst not acknowledged in 5 s", sc.Unacked())
+			}
+		}
 		sc.WaitPoint()
 		before = st.TCPCounters.TxSegments.Load()
 		write(writes)
