@@ -869,12 +869,17 @@ func (st *Stack) Backends() []backend.Backend {
 }
 
 // Poll drains the queues' RX rings into the sockets' queues and returns
-// how many frames it saw; for an application thread (notePoll).
+// how many frames it saw; for an application thread (notePoll). Its wait
+// point's kicks come before the receive lock: a kick runs the device's
+// transmit, for a veth the peer's receive, and other threads' receives
+// waited for it (knot's two workers: most of the lock's hand-offs, see
+// spinLock).
 func (st *Stack) Poll() int {
-	st.rxMu.Lock()
+	st.waitPoint()
+	spinLock(&st.rxMu)
 	defer st.rxMu.Unlock()
 	st.notePoll()
-	return st.pollLocked()
+	return st.drainRings()
 }
 
 // muxSleeper is a multiplexer asleep on the stack (BeginWait).
@@ -975,7 +980,6 @@ func (st *Stack) queuesReady(pfds []unix.PollFd) bool {
 	return false
 }
 
-// wakeMux wakes every sleeping multiplexer.
 // WakeWaiters wakes the multiplexers asleep on the stack's sockets, for
 // what they wait for that the stack did not queue (the engine's transmit
 // stamps: POLLERR).
@@ -985,6 +989,7 @@ func (st *Stack) WakeWaiters() {
 	}
 }
 
+// wakeMux wakes every sleeping multiplexer.
 func (st *Stack) wakeMux() {
 	st.muxMu.Lock()
 	for _, m := range st.muxSleeping {

@@ -572,7 +572,7 @@ func (l *tcpLink) transmit(q *queue, pkts []*nstack.PacketBuffer, hops []nextHop
 	if n == 0 {
 		return nil
 	}
-	q.txMu.Lock()
+	spinLock(&q.txMu)
 	got := q.be.Alloc(q.txBufs[:n])
 	for k, i := range send[:got] {
 		b := &q.txBufs[k]

@@ -810,7 +810,7 @@ func (c *UDPConn) popLocked(it *rxItem) bool {
 func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool, meta *RecvMeta) (int, int, netip.AddrPort, bool) {
 	st := c.st
 	var it rxItem
-	st.rxMu.Lock()
+	spinLock(&st.rxMu)
 	defer st.rxMu.Unlock()
 	st.notePoll()
 	if c.rxLen == 0 && (st.pollLocked() == 0 || c.rxLen == 0) {
@@ -839,7 +839,7 @@ func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool, meta *RecvMeta) 
 // datagram (what FIONREAD reports for UDP) and whether there is one.
 func (c *UDPConn) Pending() (int, bool) {
 	st := c.st
-	st.rxMu.Lock()
+	spinLock(&st.rxMu)
 	defer st.rxMu.Unlock()
 	if c.rxLen == 0 {
 		st.pollLocked()
@@ -912,7 +912,7 @@ func (d *Datagram) Release() {
 	if d.it.q == nil {
 		return
 	}
-	d.c.st.rxMu.Lock()
+	spinLock(&d.c.st.rxMu)
 	d.c.st.releaseLocked(d.it.q, d.it.buf)
 	d.c.st.rxMu.Unlock()
 	d.it = rxItem{}
@@ -1165,7 +1165,7 @@ func (c *UDPConn) sleep(deadline int64, sw *SignalWait) error {
 	}
 	c.waiters.Add(1)
 	defer c.waiters.Add(-1)
-	st.rxMu.Lock()
+	spinLock(&st.rxMu)
 	// Close marks the socket closing before it wakes evfd under rxMu: a
 	// reader that made evfd after that wake sees the mark here.
 	ready := c.closing() || c.rxLen > 0 || st.pollLocked() > 0 && c.rxLen > 0
@@ -1469,7 +1469,7 @@ func (c *UDPConn) sendBatch(d datagrams, to netip.AddrPort, from netip.Addr, ts 
 		maxPayload = min(maxPayload, g)
 	}
 	q := c.txq
-	q.txMu.Lock()
+	spinLock(&q.txMu)
 	sent, err = c.sendLocked(q, &d, to, &f, maxPayload, now, ts)
 	if kerr := c.st.unlockTx(q); err == nil && kerr != nil {
 		err = c.sendErr(to, kerr)
