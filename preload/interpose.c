@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <linux/sockios.h>
 #include <sys/resource.h>
 #include <sys/select.h>
@@ -2506,17 +2507,44 @@ int chroot(const char *path)
 	return REAL(chroot)(path);
 }
 
-/* Go's sysmon thread runs SCHED_BATCH (preload's quietSysmon), and it is
+/* Go's threads (its Ms) are made by its runtime/cgo, in this library,
+ * with pthread_create. A new thread takes its creator's name, so Go's
+ * threads were named after whichever application thread's call made
+ * them: `top -H` of pdns_recursor listed three rec/worker threads for its
+ * two workers. They are named vmaxdp (go_thread).
+ *
+ * Go's sysmon thread runs SCHED_BATCH (preload's quietSysmon), and it is
  * the thread that creates Go's new threads (startm when it takes a P from a
  * thread in a system call). A thread inherits its creator's policy, and
  * SCHED_RESET_ON_FORK resets only real-time ones, so the threads sysmon
  * creates are made SCHED_OTHER here: they run the engine's goroutines,
- * whose wake-ups must preempt as any thread's do. Any other thread's
- * pthread_create is passed on as it is. */
+ * whose wake-ups must preempt as any thread's do. The application's
+ * pthread_create calls are passed on as they are. */
 int vmx_sysmon_tid;
 DECLARE(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 
-int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+struct go_start {
+	void *(*fn)(void *);
+	void *arg;
+};
+
+static void *go_thread(void *p)
+{
+	struct go_start s = *(struct go_start *)p;
+	free(p);
+	prctl(PR_SET_NAME, "vmaxdp");
+	return s.fn(s.arg);
+}
+
+/* from_self says whether code at pc is this library's. */
+static int from_self(void *pc)
+{
+	Dl_info caller, self;
+	return dladdr(pc, &caller) && dladdr((void *)go_thread, &self) &&
+	       caller.dli_fbase == self.dli_fbase;
+}
+
+static int create_go_thread(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
 	int sysmon = __atomic_load_n(&vmx_sysmon_tid, __ATOMIC_RELAXED);
 	if (!sysmon || sysmon != (int)sys(SYS_gettid))
@@ -2545,6 +2573,21 @@ int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *)
 		a = &own;
 	int r = REAL(pthread_create)(t, a, fn, arg);
 	pthread_attr_destroy(&own);
+	return r;
+}
+
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	if (!from_self(__builtin_return_address(0)))
+		return REAL(pthread_create)(t, attr, fn, arg);
+	struct go_start *s = malloc(sizeof *s);
+	if (!s)
+		return create_go_thread(t, attr, fn, arg); /* unnamed, still made */
+	s->fn = fn;
+	s->arg = arg;
+	int r = create_go_thread(t, attr, go_thread, s);
+	if (r != 0)
+		free(s);
 	return r;
 }
 
