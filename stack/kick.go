@@ -22,9 +22,10 @@ import (
 // Go's netpoller thread (3.5 us a send on each side of a sockperf
 // ping-pong when every send armed it).
 //
-// The kick runs without the queue's txMu (kick): the system call runs the
-// device's transmit, for a veth the peer's receive on this CPU, and the
-// threads that sent meanwhile waited for it on txMu. An application
+// The kick runs without the queue's txMu (kick), and a poll's without the
+// receive lock (Stack.Poll): the system call runs the device's transmit,
+// for a veth the peer's receive on this CPU, and the threads that sent or
+// received meanwhile waited for it on the lock. An application
 // thread that waits on a Go mutex in a cgo call hands its P to another
 // thread and is woken by a third: memcached's four workers over TCP
 // spent 2.8 s of every 3 s blocked on txMu (Go's block profile), and a
