@@ -1000,7 +1000,13 @@ func (st *Stack) wakeMux() {
 
 // pollLocked drains every queue's RX ring into socket queues and returns
 // how many frames it saw; a poll of the application's, it is a wait point
-// (kick.go). Caller holds rxMu.
+// (kick.go), whose kick runs under rxMu here. Stack.Poll makes its wait
+// point before the lock, where the hand-offs were (knot's two workers);
+// a receive that polls an empty queue (tryOffload, sleep) made one
+// already at its start (recvZC), so theirs rarely kicks: 25 hand-offs a
+// second of tryOffload's in the same run. FIONREAD's (Pending) and the
+// progress engine's and TCP's inline polls are left as they were.
+// Caller holds rxMu.
 func (st *Stack) pollLocked() int {
 	st.waitPoint()
 	return st.drainRings()
