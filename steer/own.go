@@ -127,14 +127,33 @@ func RemoveNetnsLocks(lockDir string, netns uint32) error {
 	})
 }
 
-// Exiting removes the interface's lock file of a process that exits
-// without Close (the preload library's engine): the kernel lets the lock
-// go with the process, and the file, left, would stay in LockDir for
-// every namespace an engine ever ran in.
+// Exiting readies the program of a process that exits without Close (the
+// preload library's engine). It removes the interface's lock file: the
+// kernel lets the lock go with the process, and the file, left, would
+// stay in LockDir for every namespace an engine ever ran in. And it
+// removes the pins: the process's own fds keep the program attached and
+// serving until it ends, and the kernel detaches it then. Left pinned, it
+// stayed on the interface, every frame passing through it, until the
+// next engine there cleaned it: for ever where the mount namespace of the
+// pins outlives the process (the host's, or that of a shell run under
+// ip netns exec), where the end of one that an `ip netns exec` made for
+// the process alone took them along.
 func (p *Program) Exiting() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.lockfd >= 0 {
 		ownUnlink(p.lockfd, p.lockPath)
+	}
+	switch {
+	case p.dirfd >= 0:
+		p.unpinKept()
+	case p.link != nil && p.dir != "":
+		p.link.Unpin()
+		for _, m := range p.maps() {
+			if *m != nil {
+				(*m).Unpin()
+			}
+		}
+		os.Remove(p.dir)
 	}
 }

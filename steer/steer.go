@@ -500,7 +500,7 @@ func (p *Program) claim(l netlink.Link) error {
 		if holders := programHolders(uint32(x.ProgId)); len(holders) > 0 {
 			return fmt.Errorf("%w: %s", ErrBusy, strings.Join(holders, ", "))
 		}
-		if err := detachXDPLink(p.ifindex); err != nil {
+		if err := detachXDPLink(p.ifindex, ebpf.ProgramID(x.ProgId)); err != nil {
 			return fmt.Errorf("detach program id %d left by a dead vmaxdp engine: %w", x.ProgId, err)
 		}
 		slog.Info("steer: detached the program of a vmaxdp engine that died without cleaning up", "interface", p.ifname, "prog_id", x.ProgId)

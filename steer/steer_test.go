@@ -119,7 +119,14 @@ func TestForeignProgramNotReplaced(t *testing.T) {
 // output; it is killed with the test.
 func startHelper(t *testing.T, bed *testbed.Bed, mode string) (*exec.Cmd, *bufio.Reader) {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", bed.NSName(testbed.B), os.Args[0], "-test.run=^$")
+	return startHelperBy(t, bed, mode, "ip", "netns", "exec", bed.NSName(testbed.B))
+}
+
+// startHelperBy is startHelper with the command that enters side B's
+// namespace (launcher).
+func startHelperBy(t *testing.T, bed *testbed.Bed, mode string, launcher ...string) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(launcher[0], append(launcher[1:], os.Args[0], "-test.run=^$")...)
 	cmd.Env = append(os.Environ(), helperEnv+"="+strings.TrimSpace(bed.Link(testbed.B)+" "+mode))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -180,6 +187,55 @@ func TestStaleStateAfterSIGKILL(t *testing.T) {
 	}
 }
 
+// TestStaleCleanupSparesOtherNamespaces: the clean-up of a dead engine's
+// program detaches that program only, not a live engine's on the other
+// end of the veth, whose interface has the same ifindex in its own
+// namespace (a fresh namespace's first link is 2 in both). Before, the
+// clean-up detached the first XDP bpf_link of the host with that ifindex:
+// the live one, when it was the older (a kernel-stack client under
+// vmaxdp, run twice from one shell, took the server's program off its
+// interface on the other side). The dead engine runs in this test's
+// mount namespace (nsenter, not ip netns exec, whose mount namespace
+// would end with it and take its pins along), so its pinned program
+// outlives it, as a program's does when its shell lives on.
+func TestStaleCleanupSparesOtherNamespaces(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	var live *steer.Program
+	if err := bed.Do(testbed.A, func() (err error) {
+		live, err = steer.Attach(bed.Link(testbed.A), nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	liveID := testutil.XDPProgram(t, bed, testbed.A)
+	if a, b := testutil.Ifindex(t, bed, testbed.A), testutil.Ifindex(t, bed, testbed.B); a != b {
+		t.Logf("the two ends have ifindexes %d and %d: the test shows less", a, b)
+	}
+	cmd, out := startHelperBy(t, bed, "", "nsenter", "--net=/run/netns/"+bed.NSName(testbed.B))
+	if line := helperLine(out); line != "ready" {
+		t.Fatalf("helper engine: %q", line)
+	}
+	cmd.Process.Signal(unix.SIGKILL)
+	cmd.Wait()
+	if testutil.XDPProgram(t, bed, testbed.B) == 0 {
+		t.Fatal("the dead engine's program went with it: the test shows nothing")
+	}
+	err := bed.Do(testbed.B, func() error {
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return fmt.Errorf("attach after SIGKILL: %w", err)
+		}
+		return p.Close()
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	if id := testutil.XDPProgram(t, bed, testbed.A); id != liveID {
+		t.Errorf("side A's live program (id %d) is off its interface (id %d there now) after the clean-up on side B", liveID, id)
+	}
+}
+
 // TestBusyWhileDetached: an engine whose program is off the interface,
 // as it is while the engine has no rule (Detach), still owns it: another
 // engine gets ErrBusy naming it, and gets the interface once it dies.
@@ -235,8 +291,9 @@ func TestAttachRace(t *testing.T) {
 }
 
 // TestExitingRemovesLockFile: an engine that exits without Close (the
-// preload library's) removes its lock file first; a Close after that
-// leaves the file another engine may have made at the path since.
+// preload library's) removes its lock file and its pins first, its
+// program still attached; a Close after that leaves the lock file
+// another engine may have made at the path since.
 func TestExitingRemovesLockFile(t *testing.T) {
 	bed := testutil.Bed(t, nil)
 	err := bed.Do(testbed.B, func() error {
@@ -253,6 +310,16 @@ func TestExitingRemovesLockFile(t *testing.T) {
 		if _, err := os.Stat(lock); !errors.Is(err, os.ErrNotExist) {
 			p.Close()
 			return fmt.Errorf("lock file %s left by Exiting: %v", lock, err)
+		}
+		// The pins go too; the program stays attached by the process's
+		// own fds, and goes with them.
+		if _, err := os.Stat(p.PinDir()); !errors.Is(err, os.ErrNotExist) {
+			p.Close()
+			return fmt.Errorf("pin directory %s left by Exiting: %v", p.PinDir(), err)
+		}
+		if testutil.XDPProgram(t, bed, testbed.B) == 0 {
+			p.Close()
+			return errors.New("the program left the interface at Exiting, before the process ended")
 		}
 		if err := os.WriteFile(lock, nil, 0o600); err != nil {
 			p.Close()

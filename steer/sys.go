@@ -2,7 +2,6 @@ package steer
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
@@ -66,15 +66,18 @@ func programHolders(progID uint32) []string {
 	return out
 }
 
-// detachXDPLink detaches the XDP bpf_link on ifindex in this namespace,
-// wherever it is pinned.
-func detachXDPLink(ifindex int) error {
+// detachXDPLink detaches the XDP bpf_link that attaches program prog to
+// the interface ifindex. The program's ID names it: bpf_links are the
+// host's, and an ifindex alone names an interface of every network
+// namespace (both ends of a veth pair are often 2 in theirs), so a match
+// on it alone detached a live engine's program in another namespace.
+func detachXDPLink(ifindex int, prog ebpf.ProgramID) error {
 	it := new(link.Iterator)
 	defer it.Close()
 	for it.Next() {
 		l := it.Link
 		info, err := l.Info()
-		if err != nil || info.Type != link.XDPType {
+		if err != nil || info.Type != link.XDPType || info.Program != prog {
 			continue
 		}
 		if x := info.XDP(); x != nil && int(x.Ifindex) == ifindex {
@@ -84,7 +87,7 @@ func detachXDPLink(ifindex int) error {
 	if err := it.Err(); err != nil {
 		return err
 	}
-	return errors.New("no bpf_link found for the attached program")
+	return fmt.Errorf("no bpf_link attaches program id %d to ifindex %d", prog, ifindex)
 }
 
 func htons(v uint16) uint16 {

@@ -218,21 +218,34 @@ func eachBed(t *testing.T, opts *testbed.Options, parallel bool, fn func(t *test
 // b; 0 when none is.
 func XDPProgram(tb testing.TB, b *testbed.Bed, s testbed.Side) uint32 {
 	tb.Helper()
-	var id uint32
+	if x := linkAttrs(tb, b, s).Xdp; x != nil && x.Attached {
+		return x.ProgId
+	}
+	return 0
+}
+
+// Ifindex is the index of side s's link of b in its namespace.
+func Ifindex(tb testing.TB, b *testbed.Bed, s testbed.Side) int {
+	tb.Helper()
+	return linkAttrs(tb, b, s).Index
+}
+
+// linkAttrs are side s's link's attributes, read in its namespace.
+func linkAttrs(tb testing.TB, b *testbed.Bed, s testbed.Side) netlink.LinkAttrs {
+	tb.Helper()
+	var attrs netlink.LinkAttrs
 	err := b.Do(s, func() error {
 		l, err := netlink.LinkByName(b.Link(s))
 		if err != nil {
 			return err
 		}
-		if x := l.Attrs().Xdp; x != nil && x.Attached {
-			id = x.ProgId
-		}
+		attrs = *l.Attrs()
 		return nil
 	})
 	if err != nil {
 		tb.Fatalf("link %s: %v", b.Link(s), err)
 	}
-	return id
+	return attrs
 }
 
 // UDPStat reads a Udp counter of /proc/net/snmp in side s's namespace
