@@ -117,8 +117,9 @@ func rawSockaddr4(to netip.AddrPort) unix.RawSockaddrInet4 {
 }
 
 // kernelSendVec sends vec's pieces as one datagram to to on the kernel
-// socket fd; more than 16 pieces take an allocation.
-func kernelSendVec(fd int, vec [][]byte, to netip.AddrPort) unix.Errno {
+// socket fd, with a UDP_SEGMENT message of seg when seg >= 0; more than
+// 16 pieces take an allocation.
+func kernelSendVec(fd int, vec [][]byte, to netip.AddrPort, seg int) unix.Errno {
 	sa := rawSockaddr4(to)
 	var small [16]unix.Iovec
 	iov := small[:0]
@@ -136,6 +137,15 @@ func kernelSendVec(fd int, vec [][]byte, to netip.AddrPort) unix.Errno {
 	if len(iov) > 0 {
 		m.Iov = &iov[0]
 		m.SetIovlen(len(iov))
+	}
+	var ctl [24]byte // unix.CmsgSpace(2)
+	if seg >= 0 {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
+		h.Level, h.Type = unix.IPPROTO_UDP, unix.UDP_SEGMENT
+		h.SetLen(unix.CmsgLen(2))
+		*(*uint16)(unsafe.Pointer(&ctl[unix.CmsgLen(0)])) = uint16(seg)
+		m.Control = &ctl[0]
+		m.SetControllen(len(ctl))
 	}
 	_, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&m)), 0)
 	return e

@@ -224,6 +224,96 @@ func TestSendGather(t *testing.T) {
 	}
 }
 
+// TestSendSegmented: a send longer than its segment size (UDP_SEGMENT,
+// the socket's or the send's own) reaches a kernel receiver as the
+// kernel's UDP GSO cuts it: datagrams of that size, the last one shorter,
+// the bytes in order across the pieces and across transmit batches; all
+// leave from the stack. A send's own size stands for the socket's, 0 as
+// well; a send of more segments than the stack makes goes to the kernel
+// socket with its size, which cuts it; segments longer than the MTU are
+// refused, as the kernel refuses them.
+func TestSendSegmented(t *testing.T) {
+	bed, st := bedStack(t, nil)
+	k := kernelConn(t, bed, "198.18.0.1:9115")
+	resolved(t, bed)
+	c, err := st.ListenUDP(netip.AddrPort{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := netip.MustParseAddrPort("198.18.0.1:9115")
+	cases := []struct {
+		name    string
+		socket  int   // SetSegment
+		meta    int   // the send's own, -1: none
+		pieces  []int // one datagram's
+		batch   []int // or these, one send
+		want    []int // datagram sizes read
+		viaOS   bool
+		refused bool
+	}{
+		{name: "socket's, cut", socket: 100, meta: -1, pieces: []int{400}, want: []int{100, 100, 100, 100}},
+		{name: "send's, pieces across segments", meta: 100, pieces: []int{30, 170, 0, 50}, want: []int{100, 100, 50}},
+		{name: "shorter than the segment", socket: 100, meta: -1, pieces: []int{80}, want: []int{80}},
+		{name: "send's 0 stands for the socket's", socket: 100, meta: 0, pieces: []int{400}, want: []int{400}},
+		{name: "send's stands for the socket's", socket: 100, meta: 150, pieces: []int{400}, want: []int{150, 150, 100}},
+		{name: "64 segments", meta: 20, pieces: []int{1000, 280}, want: slices.Repeat([]int{20}, 64)},
+		{name: "across transmit batches", socket: 20, meta: -1, batch: []int{1000, 1000, 1000}, want: slices.Repeat([]int{20}, 150)},
+		{name: "batch", socket: 100, meta: -1, batch: []int{250, 50, 0}, want: []int{100, 100, 50, 50, 0}},
+		{name: "more segments than the stack makes", meta: 10, pieces: []int{650}, want: slices.Repeat([]int{10}, 65), viaOS: true},
+		{name: "segments longer than the MTU", meta: 1600, pieces: []int{3000}, refused: true},
+	}
+	buf := make([]byte, 8192)
+	for i, tc := range cases {
+		c.SetSegment(tc.socket)
+		var vec [][]byte
+		var want []byte
+		for j, n := range append(tc.pieces, tc.batch...) {
+			p := make([]byte, n)
+			for x := range p {
+				p[x] = byte(i*53 + j*7 + x)
+			}
+			vec = append(vec, p)
+			want = append(want, p...)
+		}
+		offloaded, os := c.Counters.TxOffloadPackets.Load(), c.Counters.TxOSPackets.Load()
+		if tc.batch != nil {
+			if n, err := c.WriteBatchToUDPAddrPort(vec, to); err != nil || n != len(vec) {
+				t.Fatalf("%s: WriteBatchToUDPAddrPort = %d, %v; want %d", tc.name, n, err, len(vec))
+			}
+		} else {
+			m := stack.SendMeta{Segment: tc.meta, SegmentSet: tc.meta >= 0}
+			n, err := c.WriteMsg(vec, m, to, nil)
+			if tc.refused {
+				if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EMSGSIZE) {
+					t.Errorf("%s: WriteMsg = %d, %v; want EINVAL or EMSGSIZE, as the kernel refuses it", tc.name, n, err)
+				}
+				continue
+			}
+			if err != nil || n != len(want) {
+				t.Fatalf("%s: WriteMsg = %d, %v; want %d", tc.name, n, err, len(want))
+			}
+		}
+		var sizes []int
+		var got []byte
+		for range tc.want {
+			k.SetReadDeadline(time.Now().Add(3 * time.Second))
+			m, _, err := k.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				break
+			}
+			sizes = append(sizes, m)
+			got = append(got, buf[:m]...)
+		}
+		if !slices.Equal(sizes, tc.want) || !bytes.Equal(got, want) {
+			t.Errorf("%s: the kernel read datagrams of %v bytes (same bytes as sent: %v), want %v", tc.name, sizes, bytes.Equal(got, want), tc.want)
+		}
+		dOff, dOS := c.Counters.TxOffloadPackets.Load()-offloaded, c.Counters.TxOSPackets.Load()-os
+		if wantOff, wantOS := len(tc.want), 0; tc.viaOS && (dOff != 0 || dOS != uint64(len(tc.want))) || !tc.viaOS && (dOff != uint64(wantOff) || dOS != uint64(wantOS)) {
+			t.Errorf("%s: offloaded %d, through the kernel socket %d", tc.name, dOff, dOS)
+		}
+	}
+}
+
 // TestStampedSendLeavesAtOnce: a send that asks for a transmit stamp is
 // kicked at once, also one that follows another with no wait between,
 // which the stack leaves on the ring for a coalesced kick (as the plain

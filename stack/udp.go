@@ -1280,14 +1280,20 @@ func (c *UDPConn) WriteFromTo(b []byte, src netip.Addr, addr netip.AddrPort) (in
 // datagram's length. It does not allocate, but to hand the kernel socket
 // a datagram of more than 16 pieces.
 func (c *UDPConn) WriteVecFromTo(vec [][]byte, src netip.Addr, addr netip.AddrPort) (int, error) {
-	if src.IsValid() && !src.IsUnspecified() && !c.st.HasAddr(src) {
-		return 0, c.sendErr(addr, unix.EINVAL)
-	}
-	d := gathered(vec)
-	if _, err := c.sendBatch(d, addr, src, nil); err != nil {
-		return 0, err
-	}
-	return d.size(0), nil
+	return c.WriteMsg(vec, SendMeta{Src: src}, addr, nil)
+}
+
+// SendMeta is what a send asks beyond its bytes and destination (a
+// sendmsg's ancillary data).
+type SendMeta struct {
+	// Src is the source address, one of the interface's (IP_PKTINFO's
+	// ipi_spec_dst); the zero Addr means the socket's own.
+	Src netip.Addr
+	// Segment, when SegmentSet, is the send's UDP_SEGMENT size (0: none)
+	// in place of the socket's (SetSegment), as a UDP_SEGMENT message
+	// gives it.
+	Segment    int
+	SegmentSet bool
 }
 
 // TxStamp is what WriteStamped reports of the datagram it sent: At, the
@@ -1308,12 +1314,30 @@ type TxStamp struct {
 // queue when ts.Frame is set. It returns the datagram's length. It does
 // not allocate.
 func (c *UDPConn) WriteStamped(vec [][]byte, src netip.Addr, addr netip.AddrPort, ts *TxStamp) (int, error) {
-	if src.IsValid() && !src.IsUnspecified() && !c.st.HasAddr(src) {
+	return c.WriteMsg(vec, SendMeta{Src: src}, addr, ts)
+}
+
+// WriteMsg sends vec's pieces as one datagram to addr, with what m asks
+// (a source address, a segment size), as sendmsg sends with its
+// ancillary data; a non-nil ts is filled as WriteStamped fills it (for
+// the last frame of a segmented send). A source the interface does not
+// have is refused with EINVAL, as the kernel refuses it. A datagram
+// longer than its segment size leaves as segments of that size, each its
+// own datagram, as the kernel's UDP GSO cuts it. It returns the
+// datagram's length. It does not allocate.
+func (c *UDPConn) WriteMsg(vec [][]byte, m SendMeta, addr netip.AddrPort, ts *TxStamp) (int, error) {
+	if m.Src.IsValid() && !m.Src.IsUnspecified() && !c.st.HasAddr(m.Src) {
 		return 0, c.sendErr(addr, unix.EINVAL)
 	}
-	ts.Looped, ts.At = 0, 0
+	if ts != nil {
+		ts.Looped, ts.At = 0, 0
+	}
 	d := gathered(vec)
-	if _, err := c.sendBatch(d, addr, src, ts); err != nil {
+	d.seg = int(c.segment.Load())
+	if m.SegmentSet {
+		d.seg, d.segSet = m.Segment, true
+	}
+	if _, err := c.sendBatch(d, addr, m.Src, ts); err != nil {
 		return 0, err
 	}
 	return d.size(0), nil
@@ -1323,15 +1347,20 @@ func (c *UDPConn) WriteStamped(vec [][]byte, src netip.Addr, addr netip.AddrPort
 // one wakeup of the kernel for the whole batch (sendmmsg's counterpart). It
 // returns how many were sent; it does not allocate.
 func (c *UDPConn) WriteBatchToUDPAddrPort(msgs [][]byte, addr netip.AddrPort) (int, error) {
-	return c.sendBatch(datagrams{msgs: msgs}, addr, netip.Addr{}, nil)
+	return c.sendBatch(datagrams{msgs: msgs, seg: int(c.segment.Load())}, addr, netip.Addr{}, nil)
 }
 
 // datagrams is what one send puts out: each of msgs a datagram, or, when
-// gather is set, msgs' pieces together one datagram of gatherLen bytes.
+// gather is set, msgs' pieces together one datagram of gatherLen bytes;
+// a datagram longer than seg (UDP_SEGMENT's size, 0: none) is cut into
+// datagrams of seg bytes. segSet: seg is the send's own (a UDP_SEGMENT
+// message), not the socket's.
 type datagrams struct {
 	msgs      [][]byte
 	gather    bool
 	gatherLen int
+	seg       int
+	segSet    bool
 }
 
 func gathered(vec [][]byte) datagrams {
@@ -1356,14 +1385,22 @@ func (d *datagrams) size(i int) int {
 	return len(d.msgs[i])
 }
 
-// copyTo copies datagram i to the start of b, which holds it.
-func (d *datagrams) copyTo(i int, b []byte) {
+// copyTo copies len(b) bytes of datagram i from off on to b.
+func (d *datagrams) copyTo(i, off int, b []byte) {
 	if !d.gather {
-		copy(b, d.msgs[i])
+		copy(b, d.msgs[i][off:])
 		return
 	}
 	for _, p := range d.msgs {
-		b = b[copy(b, p):]
+		if off >= len(p) {
+			off -= len(p)
+			continue
+		}
+		b = b[copy(b, p[off:]):]
+		off = 0
+		if len(b) == 0 {
+			return
+		}
 	}
 }
 
@@ -1388,7 +1425,11 @@ func (c *UDPConn) hopTo(to netip.AddrPort, now int64, stamped bool) (nextHop, er
 func (c *UDPConn) sendKernel(d *datagrams, i int, to netip.AddrPort) error {
 	call, e := "sendto", unix.Errno(0)
 	if d.gather {
-		call, e = "sendmsg", kernelSendVec(c.FD(), d.msgs, to)
+		seg := -1 // the kernel socket's own UDP_SEGMENT
+		if d.segSet {
+			seg = d.seg
+		}
+		call, e = "sendmsg", kernelSendVec(c.FD(), d.msgs, to, seg)
 	} else {
 		e = kernelSendTo(c.FD(), d.msgs[i], to)
 	}
@@ -1396,7 +1437,7 @@ func (c *UDPConn) sendKernel(d *datagrams, i int, to netip.AddrPort) error {
 		return c.sendErr(to, os.NewSyscallError(call, e))
 	}
 	size, n := d.size(i), 1
-	if g := int(c.segment.Load()); g > 0 && size > g {
+	if g := d.seg; g > 0 && size > g {
 		n = (size + g - 1) / g // the kernel socket's UDP_SEGMENT cut it
 	}
 	c.Counters.TxOSPackets.Add(uint64(n))
@@ -1405,10 +1446,15 @@ func (c *UDPConn) sendKernel(d *datagrams, i int, to netip.AddrPort) error {
 }
 
 // SetSegment follows UDP_SEGMENT (UDP GSO), set on the socket's kernel
-// socket: a send longer than size bytes (0: off) goes to the kernel
-// socket, which cuts it into datagrams of size bytes, where the stack
-// would send it whole.
+// socket: a send longer than size bytes (0: off) leaves as datagrams of
+// size bytes, the last one shorter, as the kernel cuts it.
 func (c *UDPConn) SetSegment(size int) { c.segment.Store(int32(size)) }
+
+// maxSegments is the most datagrams the stack cuts one send into
+// (UDP_SEGMENT): the kernel's UDP_MAX_SEGMENTS was 64 before Linux 6.9
+// and is 128 since, and a send of more goes to the kernel socket, which
+// cuts it or refuses it (EINVAL) as its version does.
+const maxSegments = 64
 
 // txSoftSumMax is the largest payload whose UDP checksum the stack sums
 // itself though the backend would have the kernel finish it (AF_XDP TX
@@ -1465,9 +1511,6 @@ func (c *UDPConn) sendBatch(d datagrams, to netip.AddrPort, from netip.Addr, ts 
 		f.TTL = uint8(c.mttl.Load())
 	}
 	maxPayload := min(int(st.mtu.Load()), st.txFrameLen-header.EthernetLen) - header.IPv4MinLen - header.UDPLen
-	if g := int(c.segment.Load()); g > 0 {
-		maxPayload = min(maxPayload, g)
-	}
 	q := c.txq
 	spinLock(&q.txMu)
 	sent, err = c.sendLocked(q, &d, to, &f, maxPayload, now, ts)
@@ -1477,15 +1520,18 @@ func (c *UDPConn) sendBatch(d datagrams, to netip.AddrPort, from netip.Addr, ts 
 	return sent, err
 }
 
-// sendLocked is sendBatch's part under q.txMu: d on q's TX ring, or to
-// the kernel when a datagram is too long.
+// sendLocked is sendBatch's part under q.txMu: d on q's TX ring, each
+// datagram longer than d.seg cut into frames of d.seg bytes, or to the
+// kernel when a datagram is too long for the stack to send.
 func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *header.UDPFields, maxPayload int, now int64, ts *TxStamp) (sent int, err error) {
 	st := c.st
+	off := 0 // of datagram sent, the bytes already on the ring: a cut one may take more than a batch
 	for sent < d.count() {
-		if d.size(sent) > maxPayload {
+		if !d.fits(sent, maxPayload) {
 			// Larger than the MTU or a transmit frame: the kernel sends it
-			// (and fragments it when it must); longer than UDP_SEGMENT:
-			// the kernel cuts it.
+			// (and fragments it when it must); cut into more segments
+			// than the stack makes, or into segments too long: the kernel
+			// cuts it or refuses it.
 			if err := c.sendKernel(d, sent, to); err != nil {
 				return sent, err
 			}
@@ -1495,8 +1541,11 @@ func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *heade
 			}
 			continue
 		}
-		run := 1
-		for run < len(q.txBufs) && sent+run < d.count() && d.size(sent+run) <= maxPayload {
+		// The batch: frames from datagram sent's byte off on, through
+		// the datagrams after it that fit, as many as txBufs holds.
+		run, i, o := 0, sent, off
+		for run < len(q.txBufs) && i < d.count() && d.fits(i, maxPayload) {
+			i, o, _ = d.advance(i, o, 1)
 			run++
 		}
 		got := 0
@@ -1507,12 +1556,12 @@ func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *heade
 			c.Counters.TxNoBufs.Add(1)
 			return sent, c.sendErr(to, unix.ENOBUFS)
 		}
-		bytes := 0
 		devSum := q.be.TxChecksum()
-		for i := range got {
-			tb := &q.txBufs[i]
-			n := d.size(sent + i)
-			d.copyTo(sent+i, tb.Data[header.UDPHeadersLen:])
+		i, o = sent, off
+		for k := range got {
+			tb := &q.txBufs[k]
+			n := d.piece(i, o)
+			d.copyTo(i, o, tb.Data[header.UDPHeadersLen:header.UDPHeadersLen+n])
 			// Neither this stack nor a kernel receiver on this host sums
 			// the payload when the backend has the checksum finished; a
 			// small one is summed here all the same (txSoftSumMax).
@@ -1526,7 +1575,7 @@ func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *heade
 				ts.Looped = len(tb.Data)
 				copy(ts.Frame, tb.Data)
 			}
-			bytes += n
+			i, o, _ = d.advance(i, o, 1)
 		}
 		if ts != nil {
 			// As close to the device as the stack sees: the kick may
@@ -1536,14 +1585,52 @@ func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *heade
 			ts.At = time.Now().UnixNano()
 		}
 		k, err := st.transmit(q, q.txBufs[:got], now, ts != nil)
+		var bytes int
+		sent, off, bytes = d.advance(sent, off, k)
 		c.Counters.TxOffloadPackets.Add(uint64(k))
 		c.Counters.TxOffloadBytes.Add(uint64(bytes))
-		sent += k
 		if err != nil {
+			// A datagram cut short here counts as not sent; its segments
+			// that left are the peer's to drop, as a wire's loss.
 			return sent, c.sendErr(to, err)
 		}
 	}
 	return sent, nil
+}
+
+// fits says whether the stack sends datagram i of d itself: in one frame
+// of at most maxPayload bytes, or, longer than d.seg, cut into at most
+// maxSegments frames of d.seg bytes that each fit.
+func (d *datagrams) fits(i, maxPayload int) bool {
+	size := d.size(i)
+	if d.seg > 0 && size > d.seg {
+		return d.seg <= maxPayload && size <= d.seg*maxSegments
+	}
+	return size <= maxPayload
+}
+
+// piece is the payload of the frame that carries datagram i of d from
+// its byte off on.
+func (d *datagrams) piece(i, off int) int {
+	n := d.size(i) - off
+	if d.seg > 0 {
+		n = min(n, d.seg)
+	}
+	return n
+}
+
+// advance moves the cursor at datagram i's byte off over frames frames
+// (piece), and returns where it ends and the payload bytes it passed.
+func (d *datagrams) advance(i, off, frames int) (int, int, int) {
+	bytes := 0
+	for ; frames > 0; frames-- {
+		n := d.piece(i, off)
+		bytes += n
+		if off += n; off == d.size(i) {
+			i, off = i+1, 0
+		}
+	}
+	return i, off, bytes
 }
 
 // mcViaKernel says whether multicast to group goes through the kernel

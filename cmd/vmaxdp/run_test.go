@@ -1033,34 +1033,76 @@ sys.stdout.write("sent %d\n" % n); sys.stdout.flush()
 os.kill(os.getpid(), signal.SIGTERM)
 `
 
-// TestRunUDPSegment: a socket with UDP_SEGMENT set (UDP GSO, which QUIC
-// servers use) sends what the kernel would (testdata/gso.py): a send
-// longer than the segment size is cut into datagrams of that size, where
-// the stack sent it whole before (3 datagrams of 400 bytes for 12 of 100);
-// the others are offloaded.
+// TestRunUDPSegment: sends cut with UDP_SEGMENT (UDP GSO, as QUIC
+// servers cut theirs), by the socket's option or by a message of the send
+// (testdata/gso.py), reach side A's kernel socket as the kernel's own cut
+// them, on the kernel and under vmaxdp, side by side: the same datagrams,
+// the same bytes. Under vmaxdp all leave from the stack: side B's kernel
+// sends none of them. Before, a send longer than its segment size went to
+// the kernel socket, which cut it, and one with a UDP_SEGMENT message did
+// too (ngtcp2's server sent all of a download so).
 func TestRunUDPSegment(t *testing.T) {
 	b := pythonBed(t)
 	const port = 11451
 	c := listenA(t, b, port)
-	p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "testdata/gso.py", b.Addr(testbed.A).String(), strconv.Itoa(port))
-	want := []int{64, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 400}
-	var got []int
-	buf := make([]byte, 2048)
-	for len(got) < len(want) {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, err := c.Read(buf)
-		if err != nil {
-			break
+	sizes := [][]int{{64}, {100, 100, 100, 100}, {100, 100, 100, 100}, {100, 100, 100, 100}, {150, 100}, {300}, {400}, {100, 100, 50}}
+	var want []int
+	var wantBytes []byte
+	for j, cut := range sizes {
+		for _, n := range cut {
+			want = append(want, n)
 		}
-		got = append(got, n)
+		for x := range sum(cut) {
+			wantBytes = append(wantBytes, byte((j*7+x)%251))
+		}
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("datagrams received (bytes): %v, want %v", got, want)
+	for _, argv := range [][]string{{"python3"}, {tools(t), "run", "--", "python3"}} {
+		out := udpOutDatagrams(t, b)
+		p := startArgv(t, b, nil, append(argv, "testdata/gso.py", b.Addr(testbed.A).String(), strconv.Itoa(port))...)
+		var got []int
+		var gotBytes []byte
+		buf := make([]byte, 2048)
+		for len(got) < len(want) {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil {
+				break
+			}
+			got = append(got, n)
+			gotBytes = append(gotBytes, buf[:n]...)
+		}
+		if err := p.exited(); err != nil {
+			t.Fatalf("%v: sender: %v\n%s", argv, err, p.out.String())
+		}
+		if !slices.Equal(got, want) || !bytes.Equal(gotBytes, wantBytes) {
+			t.Errorf("%v: datagrams received (bytes): %v, want %v (same bytes as sent: %v)", argv, got, want, bytes.Equal(gotBytes, wantBytes))
+		}
+		moved := udpOutDatagrams(t, b) - out
+		if len(argv) == 1 {
+			if moved == 0 {
+				t.Errorf("on the kernel, side B's UdpOutDatagrams did not move: the count shows nothing")
+			}
+			continue
+		}
+		if moved != 0 {
+			t.Errorf("under vmaxdp, side B's kernel sent %d datagrams, want 0 (all from the stack)", moved)
+		}
+		p.wantSaid(t, "sent", "fd 3: offloaded on "+b.Link(testbed.B))
 	}
-	if err := p.exited(); err != nil {
-		t.Errorf("sender: %v", err)
+}
+
+func sum(v []int) int {
+	n := 0
+	for _, x := range v {
+		n += x
 	}
-	p.wantSaid(t, "sent", "fd 3: offloaded on "+b.Link(testbed.B))
+	return n
+}
+
+// udpOutDatagrams is side B's kernel's Udp OutDatagrams.
+func udpOutDatagrams(t *testing.T, b *testbed.Bed) int {
+	t.Helper()
+	return testutil.UDPStat(t, b, testbed.B, "OutDatagrams")
 }
 
 // TestRunUDPGRO: a socket with UDP_GRO on (QUIC servers turn it on) stays

@@ -340,13 +340,23 @@ type SendCmsg struct {
 	// stamp flags, which Stamp says (SOF_TIMESTAMPING_TX_SOFTWARE, or
 	// none), in place of the socket's.
 	Stamp, StampSet bool
+	// SegmentSet: a UDP_SEGMENT message gave this send's segment size
+	// (UDP GSO; 0: none), Segment, in place of the socket's.
+	Segment    int
+	SegmentSet bool
+}
+
+// meta is what the stack's send takes of m.
+func (m *SendCmsg) meta() stack.SendMeta {
+	return stack.SendMeta{Src: m.Src, Segment: m.Segment, SegmentSet: m.SegmentSet}
 }
 
 // ParseSendCmsg reads the ancillary data of a sendmsg, and says whether
 // the engine can send it at all: IP_PKTINFO is served for ifindex, the
-// socket's interface (0: any), and SO_TIMESTAMPING for software transmit
-// stamps (or none). Anything else is the kernel's: other flags, which it
-// makes or refuses, and every other kind.
+// socket's interface (0: any), SO_TIMESTAMPING for software transmit
+// stamps (or none), and UDP_SEGMENT. Anything else is the kernel's:
+// other flags, which it makes or refuses, a UDP_SEGMENT of another
+// length than a __u16's, which it refuses, and every other kind.
 func ParseSendCmsg(ctl []byte, ifindex int) (m SendCmsg, ok bool) {
 	for len(ctl) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
@@ -367,6 +377,8 @@ func ParseSendCmsg(ctl []byte, ifindex int) (m SendCmsg, ok bool) {
 				return m, false
 			}
 			m.Stamp, m.StampSet = flags != 0, true
+		case h.Level == unix.IPPROTO_UDP && h.Type == unix.UDP_SEGMENT && len(data) == 2:
+			m.Segment, m.SegmentSet = int(binary.NativeEndian.Uint16(data)), true
 		default:
 			return m, false
 		}

@@ -261,7 +261,7 @@ func (e *Engine) SendVec(fd int, vec [][]byte, to netip.AddrPort, m SendCmsg, fl
 		stamp = m.Stamp // the message's flags stand for the socket's, as in the kernel
 	}
 	if !stamp {
-		n, err := c.WriteVecFromTo(vec, m.Src, to)
+		n, err := c.WriteMsg(vec, m.meta(), to, nil)
 		if err != nil {
 			return 0, errnoOf(err)
 		}
@@ -270,21 +270,21 @@ func (e *Engine) SendVec(fd int, vec [][]byte, to netip.AddrPort, m SendCmsg, fl
 	if tx == nil {
 		tx = s.txQueue()
 	}
-	return e.sendStamped(fd, c, tx, vec, m.Src, to)
+	return e.sendStamped(fd, c, tx, vec, m.meta(), to)
 }
 
 // sendStamped is Send for a socket with transmit stamps on: the stack's
 // send is stamped as its frame goes on the ring (with the frame, when the
 // packet is looped back); one the stack handed its kernel socket (too
 // long for a frame) the kernel stamps itself, in its own error queue.
-func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, vec [][]byte, src netip.Addr, to netip.AddrPort) (int, unix.Errno) {
+func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, vec [][]byte, m stack.SendMeta, to netip.AddrPort) (int, unix.Errno) {
 	var ts stack.TxStamp
 	if tx.looped() {
 		frame := e.Scratch()
 		defer e.PutScratch(frame)
 		ts.Frame = *frame
 	}
-	n, err := c.WriteStamped(vec, src, to, &ts)
+	n, err := c.WriteMsg(vec, m, to, &ts)
 	if err != nil {
 		return 0, errnoOf(err)
 	}
