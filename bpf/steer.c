@@ -86,11 +86,14 @@ struct prog_counters {
 // the redirect and be dropped: it is passed to the kernel socket instead.
 volatile const __u32 max_frame_len = 0;
 
+// Sizes, not BTF types: the kernel refuses BTF on an XSKMAP (ENOTSUPP),
+// and frees the map it made first with an RCU wait (xsk_map_free), 20 ms
+// of every engine's start before cilium/ebpf tried again without.
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
 	__uint(max_entries, MAX_QUEUES);
-	__type(key, __u32);
-	__type(value, __u32);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
 } xsks_map SEC(".maps");
 
 #define RULE_MAP(name)                                                          \

@@ -611,6 +611,29 @@ static void hold_low_fds(void)
 	}
 }
 
+/* The engine keeps its fds at the top quarter of the fd space (package
+ * highfd: at least the soft RLIMIT_NOFILE less a quarter, below 65536).
+ * The first of them grows the process's fd table to that size, and the
+ * kernel's expand_fdtable waits for an RCU grace period (synchronize_rcu)
+ * when more than one thread shares the table: once Go's threads run, 15
+ * ms of every program's start, a shell's /bin/true's too (a child of a
+ * preloaded process inherits its parent's large table and never paid it).
+ * Grown here, before the runtime starts a thread, it costs no wait. */
+static void grow_fd_table(void)
+{
+	struct rlimit lim;
+	if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 64)
+		return;
+	long top = lim.rlim_cur < 65536 ? (long)lim.rlim_cur : 65536;
+	long null = sys(SYS_openat, AT_FDCWD, "/dev/null", O_RDONLY | O_CLOEXEC);
+	if (null < 0)
+		return;
+	long high = sys(SYS_fcntl, null, F_DUPFD_CLOEXEC, top - top / 4);
+	if (high >= 0)
+		sys(SYS_close, high);
+	sys(SYS_close, null);
+}
+
 static void release_low_fds(void)
 {
 	while (vmx_nheld > 0)
@@ -668,6 +691,7 @@ __attribute__((constructor(101))) static void vmx_before_runtime(void)
 	pthread_sigmask(SIG_BLOCK, &all, &vmx_loader_mask);
 	vmx_have_nofile = getrlimit(RLIMIT_NOFILE, &vmx_loader_nofile) == 0;
 	open_fds(vmx_loader_fds);
+	grow_fd_table();
 	hold_low_fds();
 }
 

@@ -66,7 +66,7 @@ func (e *Engine) Forking() {
 // namedConns are netstack's connections, each with the fds that name it.
 func (e *Engine) namedConns() map[*tcpConn][]int {
 	named := map[*tcpConn][]int{}
-	for fd := range e.conns {
+	for fd := range e.fdsInUse() {
 		if t := e.conns[fd].Load(); t != nil {
 			named[t] = append(named[t], fd)
 		}
@@ -86,7 +86,7 @@ func (e *Engine) handoverAtFork() {
 	e.fork.mu.Lock()
 	defer e.fork.mu.Unlock()
 	e.fork.closing = map[*tcpListener]bool{}
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		l := e.listeners[fd].Load()
 		if l == nil || e.fork.atFork[fd] == any(l) || l.nl.InHandover() {
 			continue
@@ -98,7 +98,7 @@ func (e *Engine) handoverAtFork() {
 	}
 	for l := range e.fork.closing {
 		var fds []int
-		for fd := range e.listeners {
+		for fd := range e.fdsInUse() {
 			if e.listeners[fd].Load() == l {
 				fds = append(fds, fd)
 			}
@@ -213,13 +213,13 @@ func (e *Engine) Forked() {
 	e.fork.mu.Lock()
 	kept, closing := e.fork.atFork, e.fork.closing
 	e.fork.mu.Unlock()
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		if l := e.listeners[fd].Load(); l != nil && kept[fd] != any(l) && (!l.nl.InHandover() || closing[l]) {
 			e.listenerToKernel(fd, l, forkedCause)
 		}
 	}
 	seen := map[*Socket]bool{}
-	for fd := range e.fds {
+	for fd := range e.fdsInUse() {
 		s := e.fds[fd].Load()
 		if s == nil || seen[s] || kept[fd] == any(s) {
 			continue
@@ -320,19 +320,19 @@ func (e *Engine) keepAtFork(moved map[uint16]bool) {
 	was := e.fork.kept
 	kept := map[int]any{}
 	named := map[any][]int{}
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		if l := e.listeners[fd].Load(); l != nil {
 			named[l] = append(named[l], fd)
 		}
 	}
 	e.mu.Lock()
-	for fd := range e.fds {
+	for fd := range e.fdsInUse() {
 		if s := e.fds[fd].Load(); s != nil {
 			named[s] = append(named[s], fd)
 		}
 	}
 	e.mu.Unlock()
-	for fd := range e.conns {
+	for fd := range e.fdsInUse() {
 		if t := e.conns[fd].Load(); t != nil {
 			kept[fd] = t
 		}

@@ -133,12 +133,12 @@ func (e *Engine) ringLoop() {
 // on the mirror ends at the move, with 0: end of stream.)
 func (e *Engine) ringSeen() {
 	e.Log.Printf(params.LevelWarning, "%s (every socket, from now on; a ring for files only costs their offload)", ioUringCause)
-	for fd := range e.fds {
+	for fd := range e.fdsInUse() {
 		if s := e.fds[fd].Load(); s != nil && s.fd == fd {
 			e.toOthers(s, ioUringCause)
 		}
 	}
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		if l := e.listeners[fd].Load(); l != nil {
 			e.handover(fd, l, ioUringCause)
 		}

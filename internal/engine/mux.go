@@ -781,6 +781,7 @@ func (e *Engine) epollSetLocked(epfd int) *epollSet {
 		set = &epollSet{fds: []int{epfd}, members: map[int]*epollMember{}, tcp: map[int]*tcpMember{}, owed: owedSet{total: e.owed, bell: -1}}
 		e.epolls[epfd] = set
 		if epfd >= 0 && epfd < MaxFD {
+			e.use(epfd)
 			e.sets[epfd].Store(set)
 		}
 	}
@@ -886,6 +887,7 @@ func (e *Engine) dupEpoll(oldfd, newfd int) (State, bool) {
 	}
 	e.mu.Lock()
 	e.epolls[newfd] = set
+	e.use(newfd)
 	e.sets[newfd].Store(set)
 	e.mu.Unlock()
 	set.mu.Lock()

@@ -263,7 +263,7 @@ func (e *Engine) writeCloseReport(rec *stats.Socket) {
 // eachSocket calls fn for each socket once, under its first fd (a dup
 // is not a socket of its own).
 func (e *Engine) eachSocket(fn func(s *Socket, fd int)) {
-	for fd := range e.fds {
+	for fd := range e.fdsInUse() {
 		s := e.fds[fd].Load()
 		if s == nil {
 			continue

@@ -678,6 +678,7 @@ func (e *Engine) Listen(fd, backlog int) State {
 	l.cancel = nl.Notify(l.mark)
 	l.mark() // what came before Notify
 	l.settle()
+	e.use(fd)
 	e.listeners[fd].Store(l)
 	e.watchRings()
 	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
@@ -811,6 +812,7 @@ func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int, v6 bool) 
 	if v6 {
 		c.SetMapped()
 	}
+	e.use(app)
 	e.conns[app].Store(t)
 	e.onState(app, StateTCP)
 	e.Log.Printf(params.LevelDebug, "fd %d: tcp connection %s>%s offloaded", app, local, peer)
@@ -943,6 +945,7 @@ func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Si
 		}
 	}
 	t.block() // unwritable until established, as the kernel's socket is
+	e.use(fd)
 	e.conns[fd].Store(t)
 	e.watchRings()
 	e.onState(fd, StateTCP)
@@ -1623,11 +1626,13 @@ func (e *Engine) closeTCP(fd int) bool {
 func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 	if l := e.listener(oldfd); l != nil {
 		l.refs.Add(1)
+		e.use(newfd)
 		e.listeners[newfd].Store(l)
 		return StateOffloaded, true
 	}
 	if t := e.tcpConn(oldfd); t != nil {
 		t.refs.Add(1)
+		e.use(newfd)
 		e.conns[newfd].Store(t)
 		return StateTCP, true
 	}
@@ -1638,7 +1643,7 @@ func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 // the kernel: a kernel listener the engine does not serve shares their
 // port (stack.ErrShared).
 func (e *Engine) sharedListenersToKernel(ls []*stack.NetstackListener, reason string) {
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		if l := e.listeners[fd].Load(); l != nil && slices.Contains(ls, l.nl) {
 			e.handover(fd, l, reason)
 		}
@@ -1668,7 +1673,7 @@ func (e *Engine) handover(fd int, l *tcpListener, cause string) {
 	}
 	// Every fd naming l (dup) goes back with it.
 	back := func() {
-		for fd := range e.listeners {
+		for fd := range e.fdsInUse() {
 			e.listenerToKernel(fd, l, cause)
 		}
 	}
@@ -1776,10 +1781,10 @@ const exitWait = 500 * time.Millisecond
 // netstack; then the stacks close and take their steering off the
 // interfaces.
 func (e *Engine) exitTCP() {
-	for fd := range e.conns {
+	for fd := range e.fdsInUse() {
 		e.closeTCP(fd)
 	}
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		e.closeTCP(fd)
 	}
 	// The connections the application closed before count too: one it
@@ -1826,7 +1831,7 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 	}
 	seenL := map[*tcpListener]bool{}
 	seenC := map[*tcpConn]bool{}
-	for fd := range e.listeners {
+	for fd := range e.fdsInUse() {
 		l := e.listeners[fd].Load()
 		if l == nil || seenL[l] || full() {
 			continue
@@ -1835,7 +1840,7 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 		snap.Sockets = append(snap.Sockets, listenerRecord(fd, l))
 		owner[ruleKey{l.ifname, uint32(l.nl.Rule())}] = fd
 	}
-	for fd := range e.conns {
+	for fd := range e.fdsInUse() {
 		t := e.conns[fd].Load()
 		if t == nil || seenC[t] || full() {
 			continue
