@@ -698,6 +698,7 @@ zone:
 	// (engine.bindEphemeral).
 	memcached("memcached", "udp", []string{"-U", "11211", "-t", "1"}, []string{"-U", "-T", "1", "-c", "16"},
 		parseMemcaslap, regexp.MustCompile(`ms_sort_udp_packet: Assertion .*`)),
+	quic(),
 	knot(2),
 	unbound(2),
 	bind9(2),
