@@ -360,6 +360,39 @@ func TestStampedSendLeavesAtOnce(t *testing.T) {
 	}
 }
 
+// TestLongSendKeepsOrder: a datagram too long for a frame, which the
+// kernel socket sends (and fragments), leaves after the socket's earlier
+// sends that were left on the TX ring for a coalesced kick, as the
+// kernel keeps a socket's datagrams in order. Before, it overtook them.
+func TestLongSendKeepsOrder(t *testing.T) {
+	bed, st := bedStack(t, &stack.Options{TxKickDelay: time.Second})
+	k := kernelConn(t, bed, "198.18.0.1:9121")
+	resolved(t, bed)
+	to := netip.MustParseAddrPort("198.18.0.1:9121")
+	c, err := st.DialUDP(netip.AddrPort{}, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []int{64, 64, 3000, 64}
+	for i, n := range sizes {
+		if _, err := c.Write(payload(i, n)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 && !stack.TxUnkicked(c) {
+			t.Fatal("a send that follows another left nothing for a coalesced kick: the test cannot tell")
+		}
+	}
+	c.FlushSends()
+	buf := make([]byte, 4096)
+	for i, n := range sizes {
+		k.SetReadDeadline(time.Now().Add(3 * time.Second))
+		m, _, err := k.ReadFromUDPAddrPort(buf)
+		if err != nil || !bytes.Equal(buf[:m], payload(i, n)) {
+			t.Fatalf("datagram %d: read %d bytes (%v), want send %d's %d", i, m, err, i, n)
+		}
+	}
+}
+
 // TestStaleNextHop: once its cached next hop expires, a send to a known
 // destination does not wait for the kernel's tables: it goes out through
 // the engine at once with the entry it had, while a background lookup

@@ -1531,7 +1531,14 @@ func (c *UDPConn) sendLocked(q *queue, d *datagrams, to netip.AddrPort, f *heade
 			// Larger than the MTU or a transmit frame: the kernel sends it
 			// (and fragments it when it must); cut into more segments
 			// than the stack makes, or into segments too long: the kernel
-			// cuts it or refuses it.
+			// cuts it or refuses it. What earlier sends left on the ring
+			// leaves first, as the kernel keeps a socket's datagrams in
+			// order: a kick under txMu, for a send that makes a system
+			// call anyway.
+			if q.unkicked.Load() || q.kickDue {
+				q.be.Flush()
+				st.noteUnsent(q, now, false)
+			}
 			if err := c.sendKernel(d, sent, to); err != nil {
 				return sent, err
 			}
