@@ -1703,13 +1703,13 @@ func BenchmarkCrossing(b *testing.B) {
 // programs for each python3): /bin/true, 20 at a time from a shell that
 // is not preloaded, without and with the library preloaded, in
 // interleaved rounds; ms per program. Its Go runtime starts in each, and
-// the engine starts and shuts down. 2026-12-02: 17.5 ms, of which 11 an
-// RCU grace period the kernel waited for as the engine's first high fd
-// grew the fd table beside Go's threads (grow_fd_table in interpose.c
-// grows it before they start) and 4 the engine's exit, which wrote its
-// four MaxFD-long per-fd arrays whole (Engine.use bounds the sweeps);
-// 5.2 ms since, against 0.7 without the library and 2.2 for an empty Go
-// library's runtime alone.
+// the engine starts and shuts down. 2026-12-02: 19-22 ms, of which 11
+// an RCU grace period the kernel waited for as the engine's first high
+// fd grew the fd table beside Go's threads (grow_fd_table in
+// interpose.c grows it before they start) and 4-5 the engine's exit,
+// which wrote its four MaxFD-long per-fd arrays whole (Engine.use bounds
+// the sweeps); 4.5-4.8 ms since, against 0.7 without the library and 2.2
+// for an empty Go library's runtime alone.
 //
 // go test -run '^$' -bench ProgramStart ./cmd/vmaxdp
 func BenchmarkProgramStart(b *testing.B) {
