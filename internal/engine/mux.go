@@ -1106,6 +1106,8 @@ func (e *Engine) epollWait(epfd int, out []unix.EpollEvent, timeout time.Duratio
 			}
 		}()
 		deadline, infinite = sc.w.deadline(deadline, infinite)
+		set.owed.sleep(1)
+		defer set.owed.sleep(-1)
 		_, errno := sleepOn(pfds, sc, deadline, infinite, sw, func() bool {
 			if set.owed.any() {
 				return true

@@ -98,8 +98,15 @@ type owedSet struct {
 	mu      sync.Mutex
 	polling bool // its wait processes segments: notices are owed
 	shared  bool // a shared set's: notices are owed, and ring the bell
-	owed    []*tcpConn
-	total   *atomic.Int32 // the engine's count of owed connections (Options.Owed)
+	// sleeping counts the set's waits asleep in the kernel, which only a
+	// mark wakes: while none is, a loop's set (epollSet.polls) owes the
+	// notices that come between its waits too, and its next wait reports
+	// them (nginx, whose answers to 20 connections outlast the drains'
+	// 200 us, left most of its segments to them: a mark and a settling
+	// recvfrom each, 0.4 a request).
+	sleeping int
+	owed     []*tcpConn
+	total    *atomic.Int32 // the engine's count of owed connections (Options.Owed)
 	// bell is the shared set's eventfd, -1 before it has one; bellMu
 	// keeps it open while a notice rings it.
 	bellMu sync.RWMutex
@@ -107,13 +114,14 @@ type owedSet struct {
 }
 
 // owe records that the set owes t's mark, when its wait is processing
-// segments or it is shared; false otherwise. ring: t was not owed yet,
-// and the set is shared: the caller rings the bell once it let t.mu go.
-// Caller holds t.mu.
-func (o *owedSet) owe(t *tcpConn) (owed, ring bool) {
+// segments, or it is a loop's (looping: its last wait polled) and no wait
+// of it sleeps in the kernel, or it is shared; false otherwise. ring: t
+// was not owed yet, and the set is shared: the caller rings the bell
+// once it let t.mu go. Caller holds t.mu.
+func (o *owedSet) owe(t *tcpConn, looping bool) (owed, ring bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if !o.polling && !o.shared {
+	if !o.polling && !o.shared && (!looping || o.sleeping > 0) {
 		return false, false
 	}
 	return true, o.addLocked(t) && o.shared
@@ -201,6 +209,15 @@ func (o *owedSet) addLocked(t *tcpConn) bool {
 		return true
 	}
 	return false
+}
+
+// sleep counts a wait of the set going to sleep in the kernel (+1) or
+// back from it (-1). The wait looks at the owed list after it counted
+// itself: a notice owed before is seen there, one after marks.
+func (o *owedSet) sleep(d int) {
+	o.mu.Lock()
+	o.sleeping += d
+	o.mu.Unlock()
 }
 
 func (o *owedSet) setPolling(on bool) {

@@ -255,7 +255,7 @@ func (t *tcpConn) notifyLocked(ev stack.TCPEvents) *owedSet {
 	}
 	if t.sleepers == 0 && t.lazy != nil {
 		o := &t.lazy.set.owed
-		if owed, ring := o.owe(t); owed {
+		if owed, ring := o.owe(t, t.lazy.set.polls.Load()); owed {
 			t.deferred = true
 			if ring {
 				return o
