@@ -1639,12 +1639,13 @@ ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
 }
 
 /* sent_os counts what the kernel socket of an offloaded fd sent when the
- * engine passed it a send (a flag, a cork or a source it does not serve):
- * the socket's tx_os counters, as the stack counts the sends it hands the
- * kernel socket itself. */
+ * engine passed it a send (a flag, a cork or a source it does not serve),
+ * or of a candidate whose stack is opening: the socket's tx_os counters,
+ * as the stack counts the sends it hands the kernel socket itself. */
 static void sent_os(int fd, long packets, long bytes)
 {
-	if (packets > 0 && state(fd) == VMX_OFFLOADED)
+	int s = state(fd);
+	if (packets > 0 && (s == VMX_OFFLOADED || s == VMX_CANDIDATE))
 		vmxgo_sent_os(fd, packets, bytes);
 }
 

@@ -95,9 +95,10 @@ type Options struct {
 	// (VMAXDP_PROGRESS_ENGINE_WCE_MAX; 0: 2048).
 	ProgressMax int
 	// Wanted, when set, is asked just before Open attaches the steering
-	// program: false ends Open with ErrNotWanted, leaving the interface
-	// untouched (every socket it was opened for went to the kernel
-	// meanwhile: attaching and detaching a program costs a veth's traffic).
+	// program, and again before it opens the queues: false ends Open with
+	// ErrNotWanted, leaving the interface untouched the first time (every
+	// socket it was opened for went to the kernel meanwhile: attaching and
+	// detaching a program costs a veth's traffic).
 	Wanted func() bool
 	// Ours, when set, says whether the kernel socket with this inode is
 	// one the caller is handing to the stack (the stack knows those it
@@ -571,6 +572,9 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	}
 	if st.prog, err = steer.Attach(ifname, &so); err != nil {
 		return st, err
+	}
+	if o.Wanted != nil && !o.Wanted() { // asked again: loading took the longest part
+		return st, ErrNotWanted
 	}
 	queues := o.Queues
 	if len(queues) == 0 {

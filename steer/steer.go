@@ -155,6 +155,12 @@ type Options struct {
 	// the kernel and counted in the rule's too_long (a redirect would drop
 	// them).
 	MaxFrameLen uint32
+	// DeferPin leaves the pins to Pin: for a caller that may exit before
+	// it takes the program on (the preload engine opens a stack on a
+	// goroutine). Unpinned, the program and its maps go with the process
+	// however it ends; pinned, they would stay on the interface for as
+	// long as the pins' mount namespace lives.
+	DeferPin bool
 }
 
 // RuleKind says which fields of a Rule are matched.
@@ -339,7 +345,24 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err := p.moveHigh(); err != nil {
 		return p, err
 	}
+	if o.DeferPin {
+		return p, nil
+	}
 	return p, p.pin()
+}
+
+// Pin pins the program's link and maps in its pin directory, which
+// Options.DeferPin left to this call.
+func (p *Program) Pin() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.link == nil {
+		return fmt.Errorf("steer %s: pin: the program is not attached", p.ifname)
+	}
+	if err := p.pin(); err != nil {
+		return fmt.Errorf("steer %s: %w", p.ifname, err)
+	}
+	return nil
 }
 
 // moveProgHigh moves a program's fd to the top of the fd space (package

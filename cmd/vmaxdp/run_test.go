@@ -32,6 +32,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Most tests check that an offloaded side's kernel sent and delivered
+	// nothing, from the first datagram: their programs' first sends wait
+	// for the stack, as the latency profile's do. TestRunApps runs on the
+	// default, where the kernel socket sends until the stack is open.
+	os.Setenv("VMAXDP_FIRST_SEND_WAIT", "1000")
 	code := testutil.Main(m)
 	if toolsDir != "" {
 		os.RemoveAll(toolsDir)

@@ -94,6 +94,9 @@ type App struct {
 	// Group: the server serves its port with a SO_REUSEPORT group of this
 	// many sockets, one per thread (0 or 1: one socket).
 	Group int
+	// Datagrams is the least number of datagrams the client receives for
+	// one of Result.Sent (0: one).
+	Datagrams int
 	// Defect matches the output of a load generator that failed on a
 	// defect of its own, which the kernel triggers now and then: run on
 	// the kernel, it is run once more. Under vmaxdp it stays a failure.

@@ -38,6 +38,8 @@ func quic() *App {
 	return &App{
 		Name: "quic-ngtcp2", Unit: "Mbit/s", Programs: []string{"gtlsserver", "gtlsclient"}, Package: "ngtcp2-server ngtcp2-client",
 		Proto: "udp", Port: 4433,
+		// A file's bytes in datagrams of at most a 1500-byte MTU's payload.
+		Datagrams: quicFileSize / 1472,
 		Server: func(dir, addr string) []string {
 			if err := quicSetup(dir); err != nil {
 				// The server then fails to start, with this in its output.

@@ -164,7 +164,12 @@ type Engine struct {
 	opening    map[string][]pendingAdopt // stacks opening, and the sockets waiting for them (guarded by mu)
 	opened     map[string]chan struct{}  // closed when a stack opening is done (guarded by mu)
 	opens      sync.WaitGroup            // openStack goroutines
-	ifaces     ifaceCache                // pickInterface's answers
+	// exiting: Shutdown has begun, and a stack that opens from now on is
+	// closed, never pinned (guarded by mu). Its program would otherwise
+	// stay attached after the process, a short-lived client's above all,
+	// which often ends before its stack has opened.
+	exiting bool
+	ifaces  ifaceCache // pickInterface's answers
 	// wildcardSaid: the interface wildcardInterface chose by the default
 	// route was logged.
 	wildcardSaid atomic.Bool
@@ -227,6 +232,10 @@ type Socket struct {
 	// kernel socket; adopt adds them to its offloaded socket's Rx OS
 	// counters, so that nothing it received goes uncounted.
 	osRxPackets, osRxBytes atomic.Uint64
+	// osTxPackets and osTxBytes count what a candidate's kernel socket
+	// sent while its stack opened (PrepareSend); adopt adds them to its
+	// offloaded socket's Tx OS counters.
+	osTxPackets, osTxBytes atomic.Uint64
 
 	mu     sync.Mutex // decisions and options below
 	state  State
@@ -254,6 +263,9 @@ type Socket struct {
 	// pending names the interface whose stack this candidate waits for
 	// (see stackOrWait); closed: the application closed its last fd.
 	pending string
+	// sendDecided: a send decided the socket while its stack is opening
+	// (pending), and the next ones go to the kernel socket undecided.
+	sendDecided bool
 	// heldRcvbuf is the kernel socket's own SO_RCVBUF while it is raised
 	// for the wait on a stack (see holdKernelQueue), 0: not raised.
 	heldRcvbuf int
@@ -497,7 +509,12 @@ func (e *Engine) Connect(fd int) State {
 
 // PrepareSend is called before a send on a candidate socket: the first
 // send decides (the udp_sender role), binding the socket first as the
-// kernel would.
+// kernel would. A socket whose stack is opening is sent by its kernel
+// socket meanwhile, as a bound one is served by it (stackOrWait), and
+// those sends are counted in its tx_os: by default the first send does
+// not wait the tens of milliseconds that opening takes, which a
+// short-lived client (dig, a QUIC client's connection, a health check)
+// paid in full, at every start; VMAXDP_FIRST_SEND_WAIT makes it wait.
 func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 	s := e.get(fd)
 	if s == nil {
@@ -507,6 +524,9 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 	defer s.mu.Unlock()
 	if s.state != StateCandidate {
 		return s.state
+	}
+	if s.pending != "" && s.sendDecided {
+		return StateCandidate
 	}
 	local, remote := sockAddrs(fd)
 	if remote.IsValid() {
@@ -526,24 +546,19 @@ func (e *Engine) PrepareSend(fd int, to netip.AddrPort) State {
 		role = rules.UDPConnect
 	}
 	st := e.decide(s, role, local, to, "")
-	if st == StateCandidate && s.pending != "" {
-		// The first send waits for the stack (unlike bind, which returns
-		// at once): its answers then all come the fast way, none through
-		// the kernel socket for the first tens of milliseconds.
+	if st == StateCandidate && s.pending != "" && e.p.FirstSendWait > 0 {
 		done := e.openDone(s.pending)
 		s.mu.Unlock()
 		select {
 		case <-done:
-		case <-time.After(firstSendWait):
+		case <-time.After(time.Duration(e.p.FirstSendWait) * time.Millisecond):
 		}
 		s.mu.Lock()
 		st = s.state
 	}
+	s.sendDecided = st == StateCandidate && s.pending != ""
 	return st
 }
-
-// firstSendWait bounds how long a first send waits for its stack to open.
-const firstSendWait = time.Second
 
 // openDone is closed once the stack of ifname, opening, is open (or
 // failed) and its sockets adopted; a closed channel when it is not
@@ -649,6 +664,10 @@ func (e *Engine) adopt(s *Socket, st *stack.Stack, what, by string) State {
 	c.Counters.RxOSBytes.Add(s.osRxBytes.Swap(0))
 	e.applyOptions(s, c)
 	s.conn.Store(c)
+	// After the store: SentOS adds to s's counters only while it finds
+	// no conn, so what it added is swapped here or by itself.
+	c.Counters.TxOSPackets.Add(s.osTxPackets.Swap(0))
+	c.Counters.TxOSBytes.Add(s.osTxBytes.Swap(0))
 	s.state = StateOffloaded
 	e.onState(s.fd, StateOffloaded)
 	s.wakeDecided()
@@ -768,22 +787,36 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 	}
 	highfd.Close(int(ns))
 	e.mu.Lock()
+	exiting := e.exiting
 	switch {
+	case exiting:
+		// Its sockets stay on the kernel for what is left of the process.
 	case errors.Is(err, stack.ErrNotWanted):
 		// Tried again by the interface's next socket.
 	case err != nil:
 		e.stackErr[ifname] = err
 	default:
-		e.stacks[ifname] = st
+		// Pinned under e.mu, which Shutdown takes to set exiting: a stack
+		// pinned is one Shutdown finds in e.stacks and unpins.
+		if err = st.Program().Pin(); err != nil {
+			e.stackErr[ifname] = err
+		} else {
+			e.stacks[ifname] = st
+		}
 	}
 	waiting := e.opening[ifname]
 	delete(e.opening, ifname)
 	e.mu.Unlock()
+	if st != nil && (exiting || err != nil) {
+		st.Close()
+		st = nil
+	}
 	for _, w := range waiting {
 		w.s.mu.Lock()
 		if w.s.state == StateCandidate && w.s.pending == ifname && !w.s.closed {
 			w.s.pending = ""
 			switch {
+			case exiting:
 			case errors.Is(err, stack.ErrNotWanted):
 				// It came after Wanted said no: open the stack for it.
 				if st, err := e.stackOrWait(ifname, w.s, w.what, w.by); err != nil {
@@ -818,16 +851,18 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 }
 
 // stillWanted says whether a socket waiting for ifname's stack still does
-// (not forked, closed or decided otherwise meanwhile).
+// (not forked, closed or decided otherwise meanwhile); none does once the
+// process is exiting.
 func (e *Engine) stillWanted(ifname string) bool {
-	if e.preparing.Load() {
-		return true
-	}
 	e.mu.Lock()
+	exiting := e.exiting
 	waiting := slices.Clone(e.opening[ifname])
 	listens := e.tcpWanting[ifname]
 	e.mu.Unlock()
-	if listens > 0 {
+	switch {
+	case exiting:
+		return false
+	case e.preparing.Load() || listens > 0:
 		return true
 	}
 	for _, w := range waiting {
@@ -1154,7 +1189,7 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 		SharedListeners:  func(ls []*stack.NetstackListener, reason string) { go e.sharedListenersToKernel(ls, reason) },
 		McLoopViaKernel:  e.logMcLoop,
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
-		Steer:            &steer.Options{Generic: p.XDPMode == "generic"},
+		Steer:            &steer.Options{Generic: p.XDPMode == "generic", DeferPin: true}, // openStack pins
 		RxPoll:           p.RxPoll,
 		RxPollOSRatio:    p.RxUDPPollOSRatio,
 		RxBytesLimit:     p.RxBytesMin,

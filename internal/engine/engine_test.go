@@ -28,6 +28,7 @@ import (
 	"github.com/vmaxdp/vmaxdp/stack"
 	"github.com/vmaxdp/vmaxdp/stack/header"
 	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/testbed"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
@@ -1318,5 +1319,164 @@ func TestJoinWhileOpening(t *testing.T) {
 	}
 	if got := e.Conn(fd).Counters.RxOffloadPackets.Load(); got != n {
 		t.Errorf("%d of the group's %d datagrams came through the stack, want all", got, n)
+	}
+}
+
+// firstSendWhileOpening sends one datagram from fd, unbound, to side A's
+// port as the preload library does (Send, and the kernel socket when it
+// passes): fd's stack begins to open at that send, which must not wait
+// for it. A test of that window skips when the stack opened before the
+// state could be read.
+func firstSendWhileOpening(t *testing.T, bed *testbed.Bed, e *Engine, fd, port int, msg []byte) {
+	t.Helper()
+	to := netip.AddrPortFrom(bed.Addr(testbed.A), uint16(port))
+	err := bed.Do(testbed.B, func() error {
+		n, errno := e.Send(fd, msg, to, SendCmsg{}, 0)
+		switch {
+		case errno == 0:
+			return fmt.Errorf("first send offloaded (%d bytes): it waited for its stack to open", n)
+		case errno != ErrPassOS:
+			return fmt.Errorf("first send: %v", errno)
+		}
+		if err := unix.Sendto(fd, msg, 0, &unix.SockaddrInet4{Addr: to.Addr().As4(), Port: port}); err != nil {
+			return err
+		}
+		e.SentOS(fd, 1, len(msg))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := e.State(fd); st != StateCandidate {
+		t.Skipf("the stack opened right after the first send (state %d): no window to test", st)
+	}
+}
+
+// listenA is a kernel UDP socket on side A's port, closed with the test.
+func listenA(t *testing.T, bed *testbed.Bed, port int) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	err := bed.Do(testbed.A, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(bed.Addr(testbed.A), uint16(port))))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// readA reads one datagram from c within a second.
+func readA(t *testing.T, c *net.UDPConn, want []byte) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 2048)
+	n, err := c.Read(buf)
+	if err != nil || !bytes.Equal(buf[:n], want) {
+		t.Fatalf("side A read %q, %v; want %q", buf[:n], err, want)
+	}
+}
+
+// TestFirstSendWhileOpening: a client's first send does not wait for its
+// stack to open (a short-lived client paid the 30-50 ms in full, at each
+// start): its kernel socket sends it, counted in the socket's tx_os once
+// offloaded, and the sends after the opening leave through the stack,
+// the kernel's Udp OutDatagrams moving for the first alone.
+func TestFirstSendWhileOpening(t *testing.T) {
+	testutil.EachBed(t, nil, func(t *testing.T, bed *testbed.Bed) {
+		const port = 9415
+		e := engineFor(t)
+		fd := socketB(t, bed, e, false)
+		a := listenA(t, bed, port)
+		out := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams")
+		firstSendWhileOpening(t, bed, e, fd, port, []byte("first"))
+		readA(t, a, []byte("first"))
+		if st := settled(e, fd); st != StateOffloaded {
+			t.Fatalf("once its stack opened: state %d, reason %q", st, e.Reason(fd))
+		}
+		to := netip.AddrPortFrom(bed.Addr(testbed.A), port)
+		if n, errno := e.Send(fd, []byte("second"), to, SendCmsg{}, 0); errno != 0 || n != 6 {
+			t.Fatalf("second send: %d bytes, errno %v", n, errno)
+		}
+		e.Conn(fd).FlushSends()
+		readA(t, a, []byte("second"))
+		c := e.Conn(fd)
+		if p, b := c.Counters.TxOSPackets.Load(), c.Counters.TxOSBytes.Load(); p != 1 || b != 5 {
+			t.Errorf("tx_os %d datagrams, %d bytes; want the first send's 1 and 5", p, b)
+		}
+		if p := c.Counters.TxOffloadPackets.Load(); p != 1 {
+			t.Errorf("tx_offload %d datagrams, want the second send's 1", p)
+		}
+		if moved := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams") - out; moved != 1 {
+			t.Errorf("side B's kernel sent %d datagrams, want the first alone", moved)
+		}
+	})
+}
+
+// TestShutdownWhileOpening: a process that exits while a stack it began
+// to open is still opening (a short-lived client, whose first send no
+// longer waits) leaves nothing behind: no program on the interface, no
+// pins, which would have kept the program attached after the process for
+// as long as their mount namespace lived. Its socket stays on the kernel.
+func TestShutdownWhileOpening(t *testing.T) {
+	const port = 9416
+	bed, e := newEngine(t)
+	fd := socketB(t, bed, e, false)
+	a := listenA(t, bed, port)
+	firstSendWhileOpening(t, bed, e, fd, port, []byte("only"))
+	e.Shutdown()
+	e.WaitOpens()
+	readA(t, a, []byte("only"))
+	if st := e.State(fd); st != StateCandidate {
+		t.Errorf("state %d after Shutdown, want a candidate that its kernel socket serves (reason %q)", st, e.Reason(fd))
+	}
+	if id := testutil.XDPProgram(t, bed, testbed.B); id != 0 {
+		t.Errorf("program id %d attached to %s after Shutdown", id, bed.Link(testbed.B))
+	}
+	var ns unix.Stat_t
+	if err := bed.Do(testbed.B, func() error { return unix.Stat("/proc/thread-self/ns/net", &ns) }); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(steer.DefaultPinDir, steer.PinDirName(uint32(ns.Ino), testutil.Ifindex(t, bed, testbed.B)))
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("pins left in %s after Shutdown: %v", dir, err)
+	}
+}
+
+// TestFirstSendWait: with VMAXDP_FIRST_SEND_WAIT, the first send waits
+// for its stack and leaves through it, the kernel sending nothing.
+func TestFirstSendWait(t *testing.T) {
+	const port = 9417
+	bed := testutil.Bed(t, nil)
+	p := params.Defaults()
+	p.FirstSendWait = 5000
+	p.StatsDir = t.TempDir()
+	e, err := New(&Options{Params: p, Program: "engine.test", Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.CloseStacks() })
+	fd := socketB(t, bed, e, false)
+	a := listenA(t, bed, port)
+	// A stack that does not know its next hop yet sends through the kernel.
+	if err := testutil.Resolve(bed, testbed.B); err != nil {
+		t.Fatal(err)
+	}
+	out := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams")
+	to := netip.AddrPortFrom(bed.Addr(testbed.A), port)
+	err = bed.Do(testbed.B, func() error {
+		if n, errno := e.Send(fd, []byte("waited"), to, SendCmsg{}, 0); errno != 0 || n != 6 {
+			return fmt.Errorf("first send: %d bytes, errno %v (state %d, reason %q): it did not wait for its stack", n, errno, e.State(fd), e.Reason(fd))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Conn(fd).FlushSends()
+	readA(t, a, []byte("waited"))
+	if moved := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams") - out; moved != 0 {
+		t.Errorf("side B's kernel sent %d datagrams, want none", moved)
 	}
 }

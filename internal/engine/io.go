@@ -299,12 +299,23 @@ func (e *Engine) sendStamped(fd int, c *stack.UDPConn, tx *txStamps, vec [][]byt
 // counters (tx_os), as the stack counts those it sends through the kernel
 // socket itself. The interposer calls it once the kernel has sent them.
 func (e *Engine) SentOS(fd, packets, bytes int) {
-	if s := e.get(fd); s != nil {
-		if c := s.conn.Load(); c != nil {
-			c.Counters.TxOSPackets.Add(uint64(packets))
-			c.Counters.TxOSBytes.Add(uint64(bytes))
-		}
+	s := e.get(fd)
+	if s == nil {
+		return
 	}
+	p, b := uint64(packets), uint64(bytes)
+	c := s.conn.Load()
+	if c == nil {
+		// A candidate whose stack is opening: adopt moves these over.
+		s.osTxPackets.Add(p)
+		s.osTxBytes.Add(b)
+		if c = s.conn.Load(); c == nil {
+			return
+		}
+		p, b = s.osTxPackets.Swap(0), s.osTxBytes.Swap(0)
+	}
+	c.Counters.TxOSPackets.Add(p)
+	c.Counters.TxOSBytes.Add(b)
 }
 
 // passSend hands a send to the kernel socket (ErrPassOS) once what the

@@ -157,6 +157,9 @@ func cmdline() string {
 // sockets still open and removes the stats file. The process is exiting;
 // later calls do nothing.
 func (e *Engine) Shutdown() {
+	e.mu.Lock()
+	e.exiting = true
+	e.mu.Unlock()
 	if e.pub != nil {
 		e.pub.shutdown.Do(e.shutdown)
 	}
@@ -327,6 +330,7 @@ func (e *Engine) socketRecord(s *Socket, rec *stats.Socket) {
 		rec.ReusePort = reusePort(s.fd)
 		// What its kernel socket served before a decision, or since.
 		rec.Counters.RxOSPackets, rec.Counters.RxOSBytes = s.osRxPackets.Load(), s.osRxBytes.Load()
+		rec.Counters.TxOSPackets, rec.Counters.TxOSBytes = s.osTxPackets.Load(), s.osTxBytes.Load()
 		return
 	}
 	rec.ReusePort = c.ReusePort()

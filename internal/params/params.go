@@ -38,6 +38,7 @@ type Params struct {
 	ProgressInterval  int // milliseconds
 	ProgressMax       int
 	TxKickDelay       int // microseconds
+	FirstSendWait     int // milliseconds
 	MTU               int
 	Interface         string
 	XDPMode           string
@@ -135,7 +136,7 @@ var All = []Param{
 	stringParam("CONFIG_FILE", "Conf File", "/etc/libvmaxdp.conf", "Rules file in libvma.conf syntax choosing which sockets are offloaded; a missing default file means offload everything.", nil, func(p *Params) *string { return &p.ConfigFile }),
 	stringParam("APPLICATION_ID", "Application ID", DefaultApplicationID, "Which application-id blocks of the rules file apply, besides those whose id is *.", nil, func(p *Params) *string { return &p.ApplicationID }),
 	boolParam("OFFLOADED_SOCKETS", "Offloaded Sockets", "1", "1: sockets are offloaded unless a rule says os; 0: only sockets a rule says vmaxdp for.", func(p *Params) *bool { return &p.OffloadedSockets }),
-	stringParam("SPEC", "Spec", "", "A profile of parameters, as VMA_SPEC: latency (every wait polls for ever: VMAXDP_RX_POLL=-1 and VMAXDP_SELECT_POLL=-1, for a core per polling thread; and VMAXDP_SYSMON_BATCH=1). Parameters set explicitly win over the profile.", checkSpec, func(p *Params) *string { return &p.Spec }),
+	stringParam("SPEC", "Spec", "", "A profile of parameters, as VMA_SPEC: latency (every wait polls for ever: VMAXDP_RX_POLL=-1 and VMAXDP_SELECT_POLL=-1, for a core per polling thread; VMAXDP_SYSMON_BATCH=1; and VMAXDP_FIRST_SEND_WAIT=1000). Parameters set explicitly win over the profile.", checkSpec, func(p *Params) *string { return &p.Spec }),
 	pollParam("RX_POLL", "Rx Poll Loops", "Polls of the AF_XDP queues before a blocking receive sleeps: auto (poll while polling pays: see package stack's Spin), -1 forever, 0 sleep at once, N that many polls (VMA's meaning).", func(p *Params) *int { return &p.RxPoll }),
 	intParam("RX_UDP_POLL_OS_RATIO", "Rx UDP Poll OS Ratio", "100", "While polling, look at the kernel socket once every this many polls (0: only before sleeping).", 0, 100000000, func(p *Params) *int { return &p.RxUDPPollOSRatio }),
 	pollParam("SELECT_POLL", "Select Poll (usec)", "Microseconds select, poll and epoll_wait poll the queues before they block: auto (poll while polling pays), -1 forever, 0 block at once, N that many microseconds (VMA's meaning).", func(p *Params) *int { return &p.SelectPoll }),
@@ -146,6 +147,7 @@ var All = []Param{
 	intParam("PROGRESS_ENGINE_INTERVAL", "Progress Engine Interval (msec)", "10", "When no receive has polled the AF_XDP queues for this many milliseconds, an engine thread drains them into the sockets' queues, so that an unread socket's datagrams wait there instead of starving the fill ring (0: never).", 0, 100000, func(p *Params) *int { return &p.ProgressInterval }),
 	intParam("PROGRESS_ENGINE_WCE_MAX", "Progress Engine WCE Max", "2048", "Most frames one drain of the progress engine takes.", 1, 1<<20, func(p *Params) *int { return &p.ProgressMax }),
 	intParam("TX_KICK_DELAY", "Tx Kick Delay (usec)", "20", "Microseconds a send may leave its datagram on the AF_XDP TX ring without the system call that sends it, so that consecutive sends share one: the call comes when a batch of 32 is full, when the application next receives or waits (recv, poll, select, epoll_wait), or when this delay is over (0: a system call per send).", 0, 1000000, func(p *Params) *int { return &p.TxKickDelay }),
+	intParam("FIRST_SEND_WAIT", "First Send Wait (msec)", "0", "Milliseconds a socket's first send waits for its interface's stack while it opens (the first socket on an interface opens it: an XDP program attached, AF_XDP sockets bound, 30-50 ms); the sends before it is open go through the kernel socket, counted in tx_os. 0: no send waits, and a short-lived client (dig, a QUIC client's connection) starts as fast as on the kernel; 1000: every datagram is offloaded from the first, as under VMA. The latency profile sets 1000.", 0, 10000, func(p *Params) *int { return &p.FirstSendWait }),
 	intParam("MTU", "MTU", "0", "Largest IP datagram the engine sends itself (0: the interface's MTU); larger ones go through the kernel, which fragments them.", 0, 9000, func(p *Params) *int { return &p.MTU }),
 	stringParam("INTERFACE", "Interface", "", "Interface serving sockets bound to 0.0.0.0 (default: the only up interface with an IPv4 address other than lo, else the one the default route leaves by).", nil, func(p *Params) *string { return &p.Interface }),
 	stringParam("XDP_MODE", "XDP Mode", "auto", "auto (native, else generic), native or generic.", checkXDPMode, func(p *Params) *string { return &p.XDPMode }),
@@ -249,6 +251,9 @@ func Load(lookup func(string) (string, bool)) (*Params, error) {
 		}
 		if !set["SYSMON_BATCH"] {
 			p.SysmonBatch = true
+		}
+		if !set["FIRST_SEND_WAIT"] {
+			p.FirstSendWait = 1000
 		}
 	}
 	return p, errors.Join(errs...)
