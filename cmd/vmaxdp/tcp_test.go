@@ -2547,7 +2547,10 @@ func countServerSyscalls(t *testing.T, name string, wait, d time.Duration, calls
 //     until then (a sendto each before: 1.13 a request, 0.46 after);
 //   - nginx as one process (edge-triggered): an owed connection's edge is
 //     reported once a notice (1.0 recvfrom a request before, 0.045 after
-//     in `bench apps`; 0.09-0.11 in this test's runs, perf counting).
+//     in `bench apps`; 0.09-0.11 in this test's runs, perf counting, and
+//     0.36-0.46 on a machine where nginx's answers outlasted the drains'
+//     200 us, until a loop's set owed the notices between its waits as
+//     well: 0.002-0.003).
 //
 // The bound, a quarter of a recvfrom a request, is far under the 1.0
 // these paths cost before and clear of nginx's spread here, which a

@@ -21,8 +21,10 @@ import (
 // loop reads the request, and the byte is taken back.
 //
 // So while an epoll set's wait processes its connections' segments
-// (pollTCP), a connection that is an EPOLLIN member of that set and of no
-// other (tcpConn.lazy) is left unmarked: the set owes its mark
+// (pollTCP), and, for a loop's set, whenever no wait of it sleeps in the
+// kernel (the drains process what comes while the loop answers), a
+// connection that is an EPOLLIN member of that set and of no other
+// (tcpConn.lazy) is left unmarked: the set owes its mark
 // (tcpConn.deferred with no receive under way, and the connection on the
 // set's owed list), and reports the connection itself for as long as
 // netstack has data for it, or once, edge-triggered (reportOwed). The
