@@ -161,6 +161,12 @@ type Options struct {
 	// however it ends; pinned, they would stay on the interface for as
 	// long as the pins' mount namespace lives.
 	DeferPin bool
+	// UDPOnly: the program steers UDP alone (the preload engine without
+	// VMAXDP_TCP), and AddRule refuses TCP rules. The maps only TCP uses,
+	// handover_flows and stack_syns, then hold one entry each: LRU maps
+	// are preallocated, and their 65,536 entries each took 3 ms of every
+	// Attach.
+	UDPOnly bool
 }
 
 // RuleKind says which fields of a Rule are matched.
@@ -235,6 +241,7 @@ type ProgCounters struct {
 type Program struct {
 	ifname  string
 	ifindex int
+	udpOnly bool // Options.UDPOnly
 	dir     string
 	mode    Mode
 	objs    vbpf.SteerObjects
@@ -311,6 +318,11 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	}
 	if err := spec.Variables["max_frame_len"].Set(o.MaxFrameLen); err != nil {
 		return p, fmt.Errorf("load: max_frame_len: %w", err)
+	}
+	if p.udpOnly = o.UDPOnly; p.udpOnly {
+		for _, name := range []string{"handover_flows", "stack_syns"} {
+			spec.Maps[name].MaxEntries = 1
+		}
 	}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		return p, fmt.Errorf("load: %w", err)
@@ -704,6 +716,9 @@ func (p *Program) AddRule(r Rule) (_ RuleID, err error) {
 	k, err := ruleKey(r)
 	if err != nil {
 		return 0, fmt.Errorf("steer %s: %w", p.ifname, err)
+	}
+	if r.Proto == unix.IPPROTO_TCP && p.udpOnly {
+		return 0, fmt.Errorf("steer %s: rule %s: %w: the program was attached for UDP alone (Options.UDPOnly)", p.ifname, r, errors.ErrUnsupported)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -639,3 +639,43 @@ func TestAttachKeepsNoLowFD(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUDPOnly: a program attached for UDP alone holds its TCP maps at one
+// entry (preallocated LRU maps: 3 ms each at 65,536) and refuses TCP
+// rules; UDP rules work as ever.
+func TestUDPOnly(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	bed.Do(testbed.B, func() error {
+		for _, udpOnly := range []bool{false, true} {
+			p, err := steer.Attach(bed.Link(testbed.B), &steer.Options{UDPOnly: udpOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := uint32(65536)
+			if udpOnly {
+				want = 1
+			}
+			if got := p.SYNMap().MaxEntries(); got != want {
+				t.Errorf("UDPOnly %v: stack_syns holds %d entries, want %d", udpOnly, got, want)
+			}
+			tcp := steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_TCP, Local: netip.MustParseAddrPort("198.18.0.2:80")}
+			id, err := p.AddRule(tcp)
+			switch {
+			case udpOnly && !errors.Is(err, errors.ErrUnsupported):
+				t.Errorf("UDPOnly: TCP rule: %v, want ErrUnsupported", err)
+			case !udpOnly && err != nil:
+				t.Errorf("TCP rule: %v", err)
+			case !udpOnly:
+				p.RemoveRule(id)
+			}
+			udp := steer.Rule{Kind: steer.Rule3Tuple, Proto: unix.IPPROTO_UDP, Local: netip.MustParseAddrPort("198.18.0.2:5")}
+			if id, err := p.AddRule(udp); err != nil {
+				t.Errorf("UDPOnly %v: UDP rule: %v", udpOnly, err)
+			} else {
+				p.RemoveRule(id)
+			}
+			p.Close()
+		}
+		return nil
+	})
+}

@@ -1189,7 +1189,7 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 		SharedListeners:  func(ls []*stack.NetstackListener, reason string) { go e.sharedListenersToKernel(ls, reason) },
 		McLoopViaKernel:  e.logMcLoop,
 		XSK:              &xsk.Options{NumFrames: uint32(p.RxBufs)},
-		Steer:            &steer.Options{Generic: p.XDPMode == "generic", DeferPin: true}, // openStack pins
+		Steer:            &steer.Options{Generic: p.XDPMode == "generic", DeferPin: true, UDPOnly: !p.TCP}, // openStack pins
 		RxPoll:           p.RxPoll,
 		RxPollOSRatio:    p.RxUDPPollOSRatio,
 		RxBytesLimit:     p.RxBytesMin,
