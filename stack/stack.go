@@ -573,7 +573,9 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 	if st.prog, err = steer.Attach(ifname, &so); err != nil {
 		return st, err
 	}
-	if o.Wanted != nil && !o.Wanted() { // asked again: loading took the longest part
+	// Asked again: the program's load, just done, is most of an open, and
+	// a process that began to exit meanwhile wants no AF_XDP sockets.
+	if o.Wanted != nil && !o.Wanted() {
 		return st, ErrNotWanted
 	}
 	queues := o.Queues

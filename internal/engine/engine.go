@@ -790,7 +790,8 @@ func (e *Engine) openStack(ifname string, ns netns.NsHandle) {
 	exiting := e.exiting
 	switch {
 	case exiting:
-		// Its sockets stay on the kernel for what is left of the process.
+		// Closed below, never pinned: its sockets stay on the kernel for
+		// what is left of the process.
 	case errors.Is(err, stack.ErrNotWanted):
 		// Tried again by the interface's next socket.
 	case err != nil:
