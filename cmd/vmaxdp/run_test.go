@@ -940,7 +940,7 @@ func TestRunExitFlush(t *testing.T) {
 	// sigkill's sends wait on the TX ring for their kick for a second,
 	// with no progress engine's drain to kick them sooner.
 	env := map[string][]string{"sigkill": {"VMAXDP_TX_KICK_DELAY=1000000", "VMAXDP_PROGRESS_ENGINE_INTERVAL=0"}}
-	c := listenA(t, b, port)
+	c := testutil.ListenUDP(t, b, testbed.A, port)
 	if err := c.SetReadBuffer(8 << 20); err != nil {
 		t.Fatal(err)
 	}
@@ -1049,7 +1049,7 @@ os.kill(os.getpid(), signal.SIGTERM)
 func TestRunUDPSegment(t *testing.T) {
 	b := pythonBed(t)
 	const port = 11451
-	c := listenA(t, b, port)
+	c := testutil.ListenUDP(t, b, testbed.A, port)
 	sizes := [][]int{{64}, {100, 100, 100, 100}, {100, 100, 100, 100}, {100, 100, 100, 100}, {150, 100}, {300}, {400}, {100, 100, 50}}
 	var want []int
 	var wantBytes []byte
@@ -1235,21 +1235,6 @@ func dialB(t *testing.T, b *testbed.Bed, port int) *net.UDPConn {
 	var c *net.UDPConn
 	if err := b.Do(testbed.A, func() (err error) {
 		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.B), uint16(port))))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// listenA is a kernel UDP socket on side A's address and port, closed
-// when the test ends.
-func listenA(t *testing.T, b *testbed.Bed, port int) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	if err := b.Do(testbed.A, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(testbed.A), uint16(port))))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -1992,7 +1977,7 @@ func TestRunTxStamps(t *testing.T) {
 
 func testTxStamps(t *testing.T, b *testbed.Bed, prog string) {
 	const port, sent = 11448, 11
-	c := listenA(t, b, port)
+	c := testutil.ListenUDP(t, b, testbed.A, port)
 	out := 0
 	said := sideBySide(t, b, nil, []string{prog, b.Addr(testbed.A).String(), strconv.Itoa(port)}, func(i int, p *cProgram) {
 		n, buf := 0, make([]byte, 64)

@@ -41,14 +41,18 @@ func newEngine(tb testing.TB) (*testbed.Bed, *Engine) {
 	return testutil.Bed(tb, nil), engineFor(tb)
 }
 
-// engineFor starts an engine, closed with the test.
-func engineFor(tb testing.TB) *Engine {
+// engineFor starts an engine, closed with the test; set, when given,
+// changes its parameters first.
+func engineFor(tb testing.TB, set ...func(*params.Params)) *Engine {
 	tb.Helper()
 	p := params.Defaults()
 	p.RxPoll = -1 // spin: the benchmarks measure the path, not a sleep
 	p.SelectPoll = 0
 	p.StatsDir = tb.TempDir()
 	p.StatsFile = filepath.Join(p.StatsDir, "close.txt")
+	for _, f := range set {
+		f(p)
+	}
 	e, err := New(&Options{Params: p, Program: "engine.test", Stderr: io.Discard})
 	if err != nil {
 		tb.Fatal(err)
@@ -1352,21 +1356,6 @@ func firstSendWhileOpening(t *testing.T, bed *testbed.Bed, e *Engine, fd, port i
 	}
 }
 
-// listenA is a kernel UDP socket on side A's port, closed with the test.
-func listenA(t *testing.T, bed *testbed.Bed, port int) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	err := bed.Do(testbed.A, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(bed.Addr(testbed.A), uint16(port))))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // readA reads one datagram from c within a second.
 func readA(t *testing.T, c *net.UDPConn, want []byte) {
 	t.Helper()
@@ -1388,7 +1377,7 @@ func TestFirstSendWhileOpening(t *testing.T) {
 		const port = 9415
 		e := engineFor(t)
 		fd := socketB(t, bed, e, false)
-		a := listenA(t, bed, port)
+		a := testutil.ListenUDP(t, bed, testbed.A, port)
 		out := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams")
 		firstSendWhileOpening(t, bed, e, fd, port, []byte("first"))
 		readA(t, a, []byte("first"))
@@ -1423,7 +1412,7 @@ func TestShutdownWhileOpening(t *testing.T) {
 	const port = 9416
 	bed, e := newEngine(t)
 	fd := socketB(t, bed, e, false)
-	a := listenA(t, bed, port)
+	a := testutil.ListenUDP(t, bed, testbed.A, port)
 	firstSendWhileOpening(t, bed, e, fd, port, []byte("only"))
 	e.Shutdown()
 	e.WaitOpens()
@@ -1449,23 +1438,16 @@ func TestShutdownWhileOpening(t *testing.T) {
 func TestFirstSendWait(t *testing.T) {
 	const port = 9417
 	bed := testutil.Bed(t, nil)
-	p := params.Defaults()
-	p.FirstSendWait = 5000
-	p.StatsDir = t.TempDir()
-	e, err := New(&Options{Params: p, Program: "engine.test", Stderr: io.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.CloseStacks() })
+	e := engineFor(t, func(p *params.Params) { p.FirstSendWait = 5000 })
 	fd := socketB(t, bed, e, false)
-	a := listenA(t, bed, port)
+	a := testutil.ListenUDP(t, bed, testbed.A, port)
 	// A stack that does not know its next hop yet sends through the kernel.
 	if err := testutil.Resolve(bed, testbed.B); err != nil {
 		t.Fatal(err)
 	}
 	out := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams")
 	to := netip.AddrPortFrom(bed.Addr(testbed.A), port)
-	err = bed.Do(testbed.B, func() error {
+	err := bed.Do(testbed.B, func() error {
 		if n, errno := e.Send(fd, []byte("waited"), to, SendCmsg{}, 0); errno != 0 || n != 6 {
 			return fmt.Errorf("first send: %d bytes, errno %v (state %d, reason %q): it did not wait for its stack", n, errno, e.State(fd), e.Reason(fd))
 		}

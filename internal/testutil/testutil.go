@@ -106,6 +106,21 @@ func SendUDP(b *testbed.Bed, port, n, size int) error {
 	})
 }
 
+// ListenUDP is a kernel UDP socket on side s's address and port, closed
+// with the test.
+func ListenUDP(tb testing.TB, b *testbed.Bed, s testbed.Side, port int) *net.UDPConn {
+	tb.Helper()
+	var c *net.UDPConn
+	if err := b.Do(s, func() (err error) {
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(b.Addr(s), uint16(port))))
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
 // ARPRetrans sets how long side s of b waits between its ARP requests
 // (retrans_time_ms on its link; a second by default), so that the kernel
 // gives up on a neighbour nobody holds after three times that.
