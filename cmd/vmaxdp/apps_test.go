@@ -169,13 +169,13 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 			}
 		case !strings.Contains(srvLog, "offloaded on "+b.Link(testbed.B)):
 			t.Errorf("the server's log says nothing of offload:\n%s", tail(srvLog, 30))
-		case kernel[1] > kernelBudget(int(res.Sent), openTime(srvLog), run.Duration):
+		case kernel[1] > kernelBudget(int(res.Sent), openTime(t, srvLog), run.Duration):
 			// A socket is served by the kernel until its stack has
 			// opened (tens of milliseconds, more while the client opens
 			// its own, over 100 ms at times while other tests' namespaces
 			// hold the RTNL lock XDP's attach needs): a silent fall-back
 			// would be all of them.
-			t.Errorf("the kernel delivered %d datagrams in the server's namespace for %d sent, its stack open in %v: not offloaded\n%s", kernel[1], res.Sent, openTime(srvLog), tail(srvLog, 30))
+			t.Errorf("the kernel delivered %d datagrams in the server's namespace for %d sent, its stack open in %v: not offloaded\n%s", kernel[1], res.Sent, openTime(t, srvLog), tail(srvLog, 30))
 		}
 		// A SO_REUSEPORT group: every thread's socket served its share.
 		if a.Group > 1 {
@@ -194,7 +194,7 @@ func runApp(t *testing.T, vmaxdp string, b *testbed.Bed, a *apps.App, p placemen
 		// the default): a client process per connection (quic-ngtcp2)
 		// has that window at every connection.
 		got := int(res.Sent) * max(a.Datagrams, 1)
-		if open := openTime(res.Output); !a.OneWay && kernel[0] > kernelBudget(got, open, run.Duration) {
+		if open := openTime(t, res.Output); !a.OneWay && kernel[0] > kernelBudget(got, open, run.Duration) {
 			t.Errorf("the kernel delivered %d datagrams in the client's namespace for %d it received, its stack open in %v: not offloaded\n%s", kernel[0], got, open, tail(res.Output, 30))
 		}
 	}
@@ -221,15 +221,20 @@ func kernelOverflows(t *testing.T, b *testbed.Bed, p placement) int {
 }
 
 // openTime is how long the first stack of a vmaxdp log took to open
-// (engine.newStack logs it), 0 when it says nothing of it.
-var reOpenTime = regexp.MustCompile(`XDP \S+, \d+ queues, open in (\S+)`)
+// (engine.newStack logs it), 0 when it says nothing of it; a time that
+// does not parse fails the test, for a budget silently left without it
+// fails only at times.
+var reOpenTime = regexp.MustCompile(`XDP \S+, \d+ queues, open in ([^,\s]+)`)
 
-func openTime(log string) time.Duration {
+func openTime(t *testing.T, log string) time.Duration {
 	m := reOpenTime.FindStringSubmatch(log)
 	if m == nil {
 		return 0
 	}
-	d, _ := time.ParseDuration(m[1])
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		t.Errorf("the log's open time %q: %v", m[0], err)
+	}
 	return d
 }
 
@@ -384,4 +389,16 @@ func TestRunSpoofedSources(t *testing.T) {
 			t.Errorf("the kernel in dnsmasq's namespace received %d datagrams: queries went through it", d)
 		}
 	})
+}
+
+// TestOpenTime reads the open time off the line engine.newStack logs (a
+// comma follows it).
+func TestOpenTime(t *testing.T) {
+	line := "vmaxdp DEBUG  : Pid:  2174 Tid:  2180 : vmxa: XDP native, 1 queues, open in 121ms, UDP checksums of sent datagrams completed by the kernel (TX metadata), backend AF_XDP (auto)"
+	if got := openTime(t, line); got != 121*time.Millisecond {
+		t.Errorf("openTime = %v, want 121ms", got)
+	}
+	if got := openTime(t, "fd 10: udp socket"); got != 0 {
+		t.Errorf("openTime of a log without it = %v, want 0", got)
+	}
 }
