@@ -4,9 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // The basic view prints the guide's example 1 byte for byte for the same
@@ -52,27 +49,6 @@ func TestDeltas(t *testing.T) {
 	WriteView(&b, d, ViewOptions{View: 1, Rates: true})
 	if !strings.Contains(b.String(), " 14  Rx:      1500 ") {
 		t.Errorf("deltas view:\n%s", b.String())
-	}
-}
-
-func TestPrometheusParses(t *testing.T) {
-	var b strings.Builder
-	other := sample()
-	other.Process.PID++
-	if err := WritePrometheus(&b, []*Snapshot{sample(), other}); err != nil {
-		t.Fatal(err)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(b.String()))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, b.String())
-	}
-	mf := fams["vmaxdp_socket_rx_offload_packets_total"]
-	if mf == nil || len(mf.Metric) != 2 || mf.Metric[0].Counter.GetValue() != 140479898 {
-		t.Errorf("vmaxdp_socket_rx_offload_packets_total: %v", mf)
-	}
-	if mf := fams["vmaxdp_socket_rx_queue_bytes_max"]; mf == nil || mf.GetType().String() != "GAUGE" {
-		t.Errorf("the high-water mark is not a gauge: %v", mf)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stats"
+	"github.com/vmaxdp/vmaxdp/stats/prom"
 )
 
 const statsUsage = `usage: vmaxdp stats [options]
@@ -366,7 +367,7 @@ func report(ctx context.Context, out io.Writer, readers []*stats.Reader, f *stat
 				return err
 			}
 		case f.prometheus:
-			if err := stats.WritePrometheus(out, shown); err != nil {
+			if err := prom.Write(out, shown); err != nil {
 				return err
 			}
 		case f.view == 5:
@@ -402,7 +403,7 @@ func runStatsServe(ctx context.Context, args []string, out io.Writer) error {
 		for _, err := range errs {
 			fmt.Fprintf(w, "# %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		}
-		if err := stats.WritePrometheus(w, snaps); err != nil {
+		if err := prom.Write(w, snaps); err != nil {
 			fmt.Fprintf(os.Stderr, "vmaxdp stats serve: %v\n", err)
 		}
 	})
