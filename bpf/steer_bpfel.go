@@ -39,6 +39,7 @@ type SteerRuleCounters struct {
 	MatchedBytes     uint64
 	RedirectFailures uint64
 	TooLong          uint64
+	Pad              [4]uint64
 }
 
 type SteerRuleValue struct {
@@ -65,6 +66,8 @@ const (
 	SteerProgVmaxdpPass   = "vmaxdp_pass"
 	SteerProgVmaxdpSteer  = "vmaxdp_steer"
 	SteerVarMaxFrameLen   = "max_frame_len"
+	SteerVarNrCpus        = "nr_cpus"
+	SteerVarUdpOnly       = "udp_only"
 )
 
 // LoadSteer returns the embedded CollectionSpec for Steer.
@@ -135,6 +138,8 @@ type SteerMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type SteerVariableSpecs struct {
 	MaxFrameLen *ebpf.VariableSpec `ebpf:"max_frame_len"`
+	NrCpus      *ebpf.VariableSpec `ebpf:"nr_cpus"`
+	UdpOnly     *ebpf.VariableSpec `ebpf:"udp_only"`
 }
 
 // SteerObjects contains all objects after they have been loaded into the kernel.
@@ -191,6 +196,8 @@ func (m *SteerMaps) Close() error {
 // It can be passed to LoadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SteerVariables struct {
 	MaxFrameLen *ebpf.Variable `ebpf:"max_frame_len"`
+	NrCpus      *ebpf.Variable `ebpf:"nr_cpus"`
+	UdpOnly     *ebpf.Variable `ebpf:"udp_only"`
 }
 
 // SteerPrograms contains all programs after they have been loaded into the kernel.

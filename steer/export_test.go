@@ -25,3 +25,17 @@ func (p *Program) HandoverFlows() (int, error) {
 	}
 	return n, it.Err()
 }
+
+// VerifiedInstructions is how many instructions the verifier processed
+// as it loaded the attached program.
+func (p *Program) VerifiedInstructions() (uint64, error) {
+	info, err := p.prog.Info()
+	if err != nil {
+		return 0, err
+	}
+	n, ok := info.VerifiedInstructions()
+	if !ok {
+		return 0, ebpf.ErrNotSupported
+	}
+	return uint64(n), nil
+}

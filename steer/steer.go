@@ -242,6 +242,7 @@ type Program struct {
 	ifname  string
 	ifindex int
 	udpOnly bool // Options.UDPOnly
+	cpus    int  // possible CPUs: each rule's row in rule_stats
 	dir     string
 	mode    Mode
 	objs    vbpf.SteerObjects
@@ -323,7 +324,17 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 		for _, name := range []string{"handover_flows", "stack_syns"} {
 			spec.Maps[name].MaxEntries = 1
 		}
+		if err := spec.Variables["udp_only"].Set(uint32(1)); err != nil {
+			return p, fmt.Errorf("load: udp_only: %w", err)
+		}
 	}
+	if p.cpus, err = ebpf.PossibleCPU(); err != nil {
+		return p, fmt.Errorf("load: %w", err)
+	}
+	if err := spec.Variables["nr_cpus"].Set(uint32(p.cpus)); err != nil {
+		return p, fmt.Errorf("load: nr_cpus: %w", err)
+	}
+	spec.Maps["rule_stats"].MaxEntries = MaxRules * uint32(p.cpus)
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		return p, fmt.Errorf("load: %w", err)
 	}
@@ -736,11 +747,8 @@ func (p *Program) AddRule(r Rule) (_ RuleID, err error) {
 			return 0, err
 		}
 	}
-	if counted(id) {
-		zero := make([]vbpf.SteerRuleCounters, ebpf.MustPossibleCPU())
-		if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
-			return 0, fmt.Errorf("steer %s: rule %s: reset counters: %w", p.ifname, r, err)
-		}
+	if err := p.zeroRuleCounters(id); err != nil {
+		return 0, fmt.Errorf("steer %s: rule %s: reset counters: %w", p.ifname, r, err)
 	}
 	if err := p.ruleMap(r.Kind).Update(k, vbpf.SteerRuleValue{RuleId: uint32(id)}, ebpf.UpdateNoExist); err != nil {
 		return 0, fmt.Errorf("steer %s: rule %s: %w", p.ifname, r, err)
@@ -1093,11 +1101,8 @@ func (p *Program) RuleSnapshots() ([]RuleSnapshot, error) {
 	if n == 0 {
 		return out, nil
 	}
-	cpus, err := ebpf.PossibleCPU()
-	if err != nil {
-		return out, fmt.Errorf("steer %s: rule counters: %w", p.ifname, err)
-	}
-	keys := make([]uint32, n)
+	cpus := p.cpus
+	keys := make([]uint32, n*cpus)
 	per := make([]vbpf.SteerRuleCounters, n*cpus)
 	var cursor ebpf.MapBatchCursor
 	got, err := p.objs.RuleStats.BatchLookup(&cursor, keys, per, nil)
@@ -1111,8 +1116,8 @@ func (p *Program) RuleSnapshots() ([]RuleSnapshot, error) {
 		return out, nil
 	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
 		return out, fmt.Errorf("steer %s: rule counters: %w", p.ifname, err)
-	case got != n:
-		return out, fmt.Errorf("steer %s: rule counters: batch lookup gave %d of %d", p.ifname, got, n)
+	case got != n*cpus:
+		return out, fmt.Errorf("steer %s: rule counters: batch lookup gave %d of %d", p.ifname, got, n*cpus)
 	}
 	for i := range out {
 		if !counted(out[i].ID) {
@@ -1130,11 +1135,37 @@ func (p *Program) RuleCounters(id RuleID) (RuleCounters, error) {
 	if !counted(id) {
 		return RuleCounters{}, nil
 	}
-	var per []vbpf.SteerRuleCounters
-	if err := p.objs.RuleStats.Lookup(uint32(id), &per); err != nil {
-		return RuleCounters{}, fmt.Errorf("steer %s: rule %d counters: %w", p.ifname, id, err)
+	per := make([]vbpf.SteerRuleCounters, p.cpus)
+	for cpu := range per {
+		if err := p.objs.RuleStats.Lookup(uint32(int(id)*p.cpus+cpu), &per[cpu]); err != nil {
+			return RuleCounters{}, fmt.Errorf("steer %s: rule %d counters: %w", p.ifname, id, err)
+		}
 	}
 	return sumRuleCounters(per), nil
+}
+
+// zeroRuleCounters zeroes a rule's row in rule_stats (none for an id
+// without counters): one batch update, one update per CPU where the
+// kernel has no batch operations.
+func (p *Program) zeroRuleCounters(id RuleID) error {
+	if !counted(id) {
+		return nil
+	}
+	keys := make([]uint32, p.cpus)
+	for cpu := range keys {
+		keys[cpu] = uint32(int(id)*p.cpus + cpu)
+	}
+	zero := make([]vbpf.SteerRuleCounters, p.cpus)
+	_, err := p.objs.RuleStats.BatchUpdate(keys, zero, nil)
+	if !errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	for i, k := range keys {
+		if err := p.objs.RuleStats.Put(k, zero[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sumRuleCounters adds up a rule's per-CPU counters.
@@ -1159,19 +1190,11 @@ func (p *Program) Counters() (ProgCounters, error) {
 func (p *Program) ZeroCounters() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, err := ebpf.PossibleCPU()
-	if err != nil {
-		return fmt.Errorf("steer %s: zero counters: %w", p.ifname, err)
-	}
-	if err := p.objs.ProgStats.Put(uint32(0), make([]vbpf.SteerProgCounters, n)); err != nil {
+	if err := p.objs.ProgStats.Put(uint32(0), make([]vbpf.SteerProgCounters, p.cpus)); err != nil {
 		return fmt.Errorf("steer %s: zero prog_stats: %w", p.ifname, err)
 	}
-	zero := make([]vbpf.SteerRuleCounters, n)
 	for id := range p.rules {
-		if !counted(id) {
-			continue
-		}
-		if err := p.objs.RuleStats.Put(uint32(id), zero); err != nil {
+		if err := p.zeroRuleCounters(id); err != nil {
 			return fmt.Errorf("steer %s: zero rule %d counters: %w", p.ifname, id, err)
 		}
 	}
