@@ -135,16 +135,16 @@ type Engine struct {
 	// sets holds epolls by fd too, for the multiplexers' lock-free look
 	// at an fd that may be an epoll fd (poll on one, one nested in
 	// another).
-	sets []atomic.Pointer[epollSet]
-	fds  []atomic.Pointer[Socket]
+	sets fdTable[epollSet]
+	fds  fdTable[Socket]
 	// The TCP sockets by fd (tcp.go): offloaded listeners and
 	// connections; tcpWanting counts the listens waiting for a stack to
 	// open, by interface (guarded by mu).
-	listeners []atomic.Pointer[tcpListener]
-	conns     []atomic.Pointer[tcpConn]
+	listeners fdTable[tcpListener]
+	conns     fdTable[tcpConn]
 	// fdEnd is one past the highest fd ever stored in sets, fds,
 	// listeners or conns (use): the sweeps over them stop there
-	// (fdsInUse). Each array is MaxFD long, and a sweep of all of them
+	// (fdsInUse). Each table spans MaxFD fds, and a sweep of all of them
 	// at exit wrote every page of them: 22 ms more for each program a
 	// shell under vmaxdp ran, /bin/true's too, where 2 ms is the Go
 	// runtime's own start.
@@ -321,8 +321,8 @@ func New(opts *Options) (*Engine, error) {
 		o.Owed = new(atomic.Int32)
 	}
 	e := &Engine{p: o.Params, program: filepath.Base(o.Program), onState: o.OnState, owed: o.Owed, stacks: map[string]*stack.Stack{},
-		stackErr: map[string]error{}, epolls: map[int]*epollSet{}, sets: make([]atomic.Pointer[epollSet], MaxFD), fds: make([]atomic.Pointer[Socket], MaxFD),
-		listeners: make([]atomic.Pointer[tcpListener], MaxFD), conns: make([]atomic.Pointer[tcpConn], MaxFD), streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
+		stackErr: map[string]error{}, epolls: map[int]*epollSet{},
+		streams: map[int]kernelStream{}, tcpWanting: map[string]int{}}
 	e.scratch.New = func() any { b := make([]byte, 65536); return &b }
 	if o.Params.PeerNotify {
 		e.peers = peernotify.New(o.Helper, o.Spawn)
@@ -381,7 +381,7 @@ func (e *Engine) get(fd int) *Socket {
 	if fd < 0 || fd >= MaxFD {
 		return nil
 	}
-	return e.fds[fd].Load()
+	return e.fds.Load(fd)
 }
 
 // Socket records a new AF_INET SOCK_DGRAM socket.
@@ -403,7 +403,7 @@ func (e *Engine) Socket(fd int, nonblock bool) State {
 		s.v6 = true
 	}
 	e.use(fd)
-	e.fds[fd].Store(s)
+	e.fds.Store(fd, s)
 	e.Log.Printf(params.LevelDebug, "fd %d: udp socket", fd)
 	return StateCandidate
 }
@@ -1266,7 +1266,7 @@ func (e *Engine) Close(fd int) {
 	if fd < 0 || fd >= MaxFD {
 		return
 	}
-	s := e.fds[fd].Swap(nil)
+	s := e.fds.Swap(fd, nil)
 	tcp := s == nil && e.closeTCP(fd)
 	e.mu.Lock()
 	// A registration is the open socket's, as the kernel's is the open
@@ -1288,7 +1288,7 @@ func (e *Engine) Close(fd int) {
 	var parents []*epollSet
 	if set := e.epolls[fd]; set != nil {
 		delete(e.epolls, fd)
-		e.sets[fd].Store(nil)
+		e.sets.Store(fd, nil)
 		if set.dropName(fd) {
 			parents = set.close()
 		}
@@ -1433,7 +1433,7 @@ func (e *Engine) Dup(oldfd, newfd int) State {
 	e.mu.Lock()
 	s.fds = append(s.fds, newfd)
 	e.use(newfd)
-	e.fds[newfd].Store(s)
+	e.fds.Store(newfd, s)
 	e.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1735,7 +1735,7 @@ func errnoOf(err error) unix.Errno {
 // SO_REUSEPORT group whose members are all ours may be offloaded.
 func (e *Engine) ours(inode uint64) bool {
 	for fd := range e.fdsInUse() {
-		if s := e.fds[fd].Load(); s != nil && s.inode == inode {
+		if s := e.fds.Load(fd); s != nil && s.inode == inode {
 			return !s.kernel.Load()
 		}
 	}
@@ -1747,7 +1747,7 @@ func (e *Engine) ours(inode uint64) bool {
 // not serve (stack.ErrShared).
 func (e *Engine) sharedToKernel(cs []*stack.UDPConn, reason string) {
 	for fd := range e.fdsInUse() {
-		if s := e.fds[fd].Load(); s != nil && slices.Contains(cs, s.conn.Load()) {
+		if s := e.fds.Load(fd); s != nil && slices.Contains(cs, s.conn.Load()) {
 			e.toKernel(s, reason)
 		}
 	}

@@ -67,7 +67,7 @@ func (e *Engine) Forking() {
 func (e *Engine) namedConns() map[*tcpConn][]int {
 	named := map[*tcpConn][]int{}
 	for fd := range e.fdsInUse() {
-		if t := e.conns[fd].Load(); t != nil {
+		if t := e.conns.Load(fd); t != nil {
 			named[t] = append(named[t], fd)
 		}
 	}
@@ -87,7 +87,7 @@ func (e *Engine) handoverAtFork() {
 	defer e.fork.mu.Unlock()
 	e.fork.closing = map[*tcpListener]bool{}
 	for fd := range e.fdsInUse() {
-		l := e.listeners[fd].Load()
+		l := e.listeners.Load(fd)
 		if l == nil || e.fork.atFork[fd] == any(l) || l.nl.InHandover() {
 			continue
 		}
@@ -99,7 +99,7 @@ func (e *Engine) handoverAtFork() {
 	for l := range e.fork.closing {
 		var fds []int
 		for fd := range e.fdsInUse() {
-			if e.listeners[fd].Load() == l {
+			if e.listeners.Load(fd) == l {
 				fds = append(fds, fd)
 			}
 		}
@@ -151,7 +151,7 @@ func (e *Engine) connToKernel(t *tcpConn, fds []int, move connMove) bool {
 		if err := unix.Dup3(kfd, fd, flags); err != nil {
 			e.Log.Printf(params.LevelError, "fd %d: tcp connection %s>%s: in place of its mirror: %v; the connection is lost", fd, local, remote, err)
 		}
-		e.conns[fd].Store(nil)
+		e.conns.Store(fd, nil)
 		e.onState(fd, StateKernel)
 		e.noteStream(fd, func(n *kernelStream) { n.reason = move.cause })
 	}
@@ -214,13 +214,13 @@ func (e *Engine) Forked() {
 	kept, closing := e.fork.atFork, e.fork.closing
 	e.fork.mu.Unlock()
 	for fd := range e.fdsInUse() {
-		if l := e.listeners[fd].Load(); l != nil && kept[fd] != any(l) && (!l.nl.InHandover() || closing[l]) {
+		if l := e.listeners.Load(fd); l != nil && kept[fd] != any(l) && (!l.nl.InHandover() || closing[l]) {
 			e.listenerToKernel(fd, l, forkedCause)
 		}
 	}
 	seen := map[*Socket]bool{}
 	for fd := range e.fdsInUse() {
-		s := e.fds[fd].Load()
+		s := e.fds.Load(fd)
 		if s == nil || seen[s] || kept[fd] == any(s) {
 			continue
 		}
@@ -321,19 +321,19 @@ func (e *Engine) keepAtFork(moved map[uint16]bool) {
 	kept := map[int]any{}
 	named := map[any][]int{}
 	for fd := range e.fdsInUse() {
-		if l := e.listeners[fd].Load(); l != nil {
+		if l := e.listeners.Load(fd); l != nil {
 			named[l] = append(named[l], fd)
 		}
 	}
 	e.mu.Lock()
 	for fd := range e.fdsInUse() {
-		if s := e.fds[fd].Load(); s != nil {
+		if s := e.fds.Load(fd); s != nil {
 			named[s] = append(named[s], fd)
 		}
 	}
 	e.mu.Unlock()
 	for fd := range e.fdsInUse() {
-		if t := e.conns[fd].Load(); t != nil {
+		if t := e.conns.Load(fd); t != nil {
 			kept[fd] = t
 		}
 	}
@@ -421,11 +421,11 @@ func (e *Engine) claimed(fd int) {
 	case *tcpListener:
 		e.handover(fd, o, cause)
 	case *Socket:
-		if e.fds[fd].Load() == o {
+		if e.fds.Load(fd) == o {
 			e.toOthers(o, cause)
 		}
 	case *tcpConn:
-		if e.conns[fd].Load() == o {
+		if e.conns.Load(fd) == o {
 			e.claimedConn(fd, o, pid)
 		}
 	}

@@ -134,12 +134,12 @@ func (e *Engine) ringLoop() {
 func (e *Engine) ringSeen() {
 	e.Log.Printf(params.LevelWarning, "%s (every socket, from now on; a ring for files only costs their offload)", ioUringCause)
 	for fd := range e.fdsInUse() {
-		if s := e.fds[fd].Load(); s != nil && s.fd == fd {
+		if s := e.fds.Load(fd); s != nil && s.fd == fd {
 			e.toOthers(s, ioUringCause)
 		}
 	}
 	for fd := range e.fdsInUse() {
-		if l := e.listeners[fd].Load(); l != nil {
+		if l := e.listeners.Load(fd); l != nil {
 			e.handover(fd, l, ioUringCause)
 		}
 	}

@@ -782,7 +782,7 @@ func (e *Engine) epollSetLocked(epfd int) *epollSet {
 		e.epolls[epfd] = set
 		if epfd >= 0 && epfd < MaxFD {
 			e.use(epfd)
-			e.sets[epfd].Store(set)
+			e.sets.Store(epfd, set)
 		}
 	}
 	return set
@@ -793,7 +793,7 @@ func (e *Engine) epollSetAt(fd int) *epollSet {
 	if fd < 0 || fd >= MaxFD {
 		return nil
 	}
-	return e.sets[fd].Load()
+	return e.sets.Load(fd)
 }
 
 // EpollCtl records an epoll_ctl on an engine socket, after the kernel
@@ -888,7 +888,7 @@ func (e *Engine) dupEpoll(oldfd, newfd int) (State, bool) {
 	e.mu.Lock()
 	e.epolls[newfd] = set
 	e.use(newfd)
-	e.sets[newfd].Store(set)
+	e.sets.Store(newfd, set)
 	e.mu.Unlock()
 	set.mu.Lock()
 	defer set.mu.Unlock()

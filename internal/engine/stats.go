@@ -267,7 +267,7 @@ func (e *Engine) writeCloseReport(rec *stats.Socket) {
 // is not a socket of its own).
 func (e *Engine) eachSocket(fn func(s *Socket, fd int)) {
 	for fd := range e.fdsInUse() {
-		s := e.fds[fd].Load()
+		s := e.fds.Load(fd)
 		if s == nil {
 			continue
 		}

@@ -532,14 +532,14 @@ func (e *Engine) listener(fd int) *tcpListener {
 	if fd < 0 || fd >= MaxFD {
 		return nil
 	}
-	return e.listeners[fd].Load()
+	return e.listeners.Load(fd)
 }
 
 func (e *Engine) tcpConn(fd int) *tcpConn {
 	if fd < 0 || fd >= MaxFD {
 		return nil
 	}
-	return e.conns[fd].Load()
+	return e.conns.Load(fd)
 }
 
 // epollListener follows an epoll_ctl the kernel accepted on the
@@ -679,7 +679,7 @@ func (e *Engine) Listen(fd, backlog int) State {
 	l.mark() // what came before Notify
 	l.settle()
 	e.use(fd)
-	e.listeners[fd].Store(l)
+	e.listeners.Store(fd, l)
 	e.watchRings()
 	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
 	return StateOffloaded
@@ -813,7 +813,7 @@ func (e *Engine) adoptConn(c *stack.TCPConn, ifname string, flags int, v6 bool) 
 		c.SetMapped()
 	}
 	e.use(app)
-	e.conns[app].Store(t)
+	e.conns.Store(app, t)
 	e.onState(app, StateTCP)
 	e.Log.Printf(params.LevelDebug, "fd %d: tcp connection %s>%s offloaded", app, local, peer)
 	return app, peer, 0
@@ -946,7 +946,7 @@ func (e *Engine) tcpConnect(fd int, raddr netip.AddrPort, dst int, sig *stack.Si
 	}
 	t.block() // unwritable until established, as the kernel's socket is
 	e.use(fd)
-	e.conns[fd].Store(t)
+	e.conns.Store(fd, t)
 	e.watchRings()
 	e.onState(fd, StateTCP)
 	e.Log.Printf(params.LevelDebug, "fd %d: offloaded on %s (%s)", fd, ifname, what)
@@ -1595,7 +1595,7 @@ func (e *Engine) TCPSetTimeout(fd int, recv bool, d time.Duration) {
 // closeTCP forgets fd if it names an offloaded listener or connection;
 // the last fd's close closes it. False when fd is neither.
 func (e *Engine) closeTCP(fd int) bool {
-	if l := e.listeners[fd].Swap(nil); l != nil {
+	if l := e.listeners.Swap(fd, nil); l != nil {
 		if l.refs.Add(-1) == 0 {
 			if e.p.StatsFile != "" {
 				rec := listenerRecord(fd, l)
@@ -1607,7 +1607,7 @@ func (e *Engine) closeTCP(fd int) bool {
 		}
 		return true
 	}
-	if t := e.conns[fd].Swap(nil); t != nil {
+	if t := e.conns.Swap(fd, nil); t != nil {
 		if t.refs.Add(-1) == 0 {
 			if e.p.StatsFile != "" {
 				rec := connRecord(fd, t)
@@ -1627,13 +1627,13 @@ func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 	if l := e.listener(oldfd); l != nil {
 		l.refs.Add(1)
 		e.use(newfd)
-		e.listeners[newfd].Store(l)
+		e.listeners.Store(newfd, l)
 		return StateOffloaded, true
 	}
 	if t := e.tcpConn(oldfd); t != nil {
 		t.refs.Add(1)
 		e.use(newfd)
-		e.conns[newfd].Store(t)
+		e.conns.Store(newfd, t)
 		return StateTCP, true
 	}
 	return StateOS, false
@@ -1644,7 +1644,7 @@ func (e *Engine) dupTCP(oldfd, newfd int) (State, bool) {
 // port (stack.ErrShared).
 func (e *Engine) sharedListenersToKernel(ls []*stack.NetstackListener, reason string) {
 	for fd := range e.fdsInUse() {
-		if l := e.listeners[fd].Load(); l != nil && slices.Contains(ls, l.nl) {
+		if l := e.listeners.Load(fd); l != nil && slices.Contains(ls, l.nl) {
 			e.handover(fd, l, reason)
 		}
 	}
@@ -1668,7 +1668,7 @@ const (
 // kernel's alone. A listener whose rule cannot be handed over goes back
 // at once, as a closed listener does.
 func (e *Engine) handover(fd int, l *tcpListener, cause string) {
-	if l == nil || e.listeners[fd].Load() != l {
+	if l == nil || e.listeners.Load(fd) != l {
 		return
 	}
 	// Every fd naming l (dup) goes back with it.
@@ -1706,8 +1706,8 @@ func (e *Engine) handover(fd int, l *tcpListener, cause string) {
 // fd goes on in the kernel.
 func (e *Engine) listenerToKernel(fd int, l *tcpListener, cause string) {
 	if l == nil {
-		l = e.listeners[fd].Swap(nil)
-	} else if !e.listeners[fd].CompareAndSwap(l, nil) {
+		l = e.listeners.Swap(fd, nil)
+	} else if !e.listeners.CompareAndSwap(fd, l, nil) {
 		return
 	}
 	if l == nil {
@@ -1832,7 +1832,7 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 	seenL := map[*tcpListener]bool{}
 	seenC := map[*tcpConn]bool{}
 	for fd := range e.fdsInUse() {
-		l := e.listeners[fd].Load()
+		l := e.listeners.Load(fd)
 		if l == nil || seenL[l] || full() {
 			continue
 		}
@@ -1841,7 +1841,7 @@ func (e *Engine) tcpRecords(snap *stats.Snapshot, owner map[ruleKey]int) {
 		owner[ruleKey{l.ifname, uint32(l.nl.Rule())}] = fd
 	}
 	for fd := range e.fdsInUse() {
-		t := e.conns[fd].Load()
+		t := e.conns.Load(fd)
 		if t == nil || seenC[t] || full() {
 			continue
 		}
