@@ -167,6 +167,14 @@ type Options struct {
 	// are preallocated, and their 65,536 entries each took 3 ms of every
 	// Attach.
 	UDPOnly bool
+	// OnLink, when set, is told of the fd of each XDP link the program
+	// makes (at Attach, and at each attach after a Detach); the function
+	// it returns runs before the program closes that link (Detach,
+	// Close). The preload engine hands a copy to its helper process
+	// (internal/peernotify), which closes it once the process has ended:
+	// the kernel's detach, which on a veth waits for two RCU grace
+	// periods (15-20 ms), no longer holds up the process's exit.
+	OnLink func(fd int) (release func())
 }
 
 // RuleKind says which fields of a Rule are matched.
@@ -242,6 +250,9 @@ type Program struct {
 	ifname  string
 	ifindex int
 	udpOnly bool // Options.UDPOnly
+	onLink  func(fd int) (release func())
+	// linkRelease is onLink's for the current link; nil: none.
+	linkRelease func()
 	cpus    int  // possible CPUs: each rule's row in rule_stats
 	dir     string
 	mode    Mode
@@ -368,10 +379,51 @@ func Attach(ifname string, opts *Options) (_ *Program, err error) {
 	if err := p.moveHigh(); err != nil {
 		return p, err
 	}
+	p.onLink = o.OnLink
+	p.linkMade()
 	if o.DeferPin {
 		return p, nil
 	}
 	return p, p.pin()
+}
+
+// holdersWait bounds how long Attach waits for the processes that hold
+// a dead engine's program to let it go (waitHolders).
+const holdersWait = 2 * time.Second
+
+// waitHolders waits, within holdersWait, until no other process holds
+// the program prog, and names those that still do. The
+// caller holds the interface's lock, so no live engine owns it: what
+// holds it is the dead engine's helper, which lets the link go once it
+// has kicked the rings (Options.OnLink), or a tool that reads its maps.
+// The next process of a loop that runs one after another looked while
+// the helper of the one before was still detaching, and stayed on the
+// kernel.
+func waitHolders(prog uint32) []string {
+	deadline := time.Now().Add(holdersWait)
+	for {
+		holders := programHolders(prog)
+		if len(holders) == 0 || time.Now().After(deadline) {
+			return holders
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// linkMade tells Options.OnLink of the link just made.
+func (p *Program) linkMade() {
+	if raw, ok := p.link.(interface{ FD() int }); ok && p.onLink != nil {
+		p.linkRelease = p.onLink(raw.FD())
+	}
+}
+
+// linkGone runs OnLink's release before the link closes: a copy left
+// with the helper would keep the program attached.
+func (p *Program) linkGone() {
+	if p.linkRelease != nil {
+		p.linkRelease()
+		p.linkRelease = nil
+	}
 }
 
 // Pin pins the program's link and maps in its pin directory, which
@@ -460,6 +512,7 @@ func (p *Program) Detach() (bool, error) {
 	if raw, ok := p.link.(interface{ FD() int }); ok {
 		highfd.Forget(raw.FD())
 	}
+	p.linkGone()
 	err := errors.Join(p.link.Unpin(), p.link.Close())
 	p.link = nil
 	if err != nil {
@@ -504,6 +557,7 @@ func (p *Program) reattachHere() error {
 	if err := p.moveLinkHigh(); err != nil {
 		return fmt.Errorf("steer %s: attach again: %w", p.ifname, err)
 	}
+	p.linkMade()
 	if err := p.link.Pin(filepath.Join(p.dir, "link")); err != nil {
 		return fmt.Errorf("steer %s: attach again: pin link: %w", p.ifname, err)
 	}
@@ -543,8 +597,12 @@ func (p *Program) claim(l netlink.Link) error {
 			return fmt.Errorf("%w: program id %d (name %q) is attached to %s; vmaxdp will not replace it (detach it with `ip link set dev %s xdp off`)",
 				ErrForeignProgram, x.ProgId, info.Name, p.ifname, p.ifname)
 		}
-		if holders := programHolders(uint32(x.ProgId)); len(holders) > 0 {
+		if holders := waitHolders(uint32(x.ProgId)); len(holders) > 0 {
 			return fmt.Errorf("%w: %s", ErrBusy, strings.Join(holders, ", "))
+		}
+		// The last holder may have detached it as it let go.
+		if now, err := netnsutil.LinkByIndex(p.ifindex); err == nil && (now.Attrs().Xdp == nil || now.Attrs().Xdp.ProgId != x.ProgId) {
+			return p.claim(now)
 		}
 		if err := detachXDPLink(p.ifindex, ebpf.ProgramID(x.ProgId)); err != nil {
 			return fmt.Errorf("detach program id %d left by a dead vmaxdp engine: %w", x.ProgId, err)
@@ -1251,6 +1309,7 @@ func (p *Program) Close() error {
 				errs = append(errs, err)
 			}
 		}
+		p.linkGone()
 		if err := p.link.Close(); err != nil {
 			errs = append(errs, err)
 		}

@@ -53,7 +53,22 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if v := strings.Fields(os.Getenv(helperEnv)); len(v) > 0 {
-		p, err := steer.Attach(v[0], nil)
+		var opts *steer.Options
+		if slices.Contains(v, "hold") {
+			// As the preload engine's helper does: another process holds
+			// a copy of the link, here for holdFor after it was made.
+			opts = &steer.Options{OnLink: func(fd int) func() {
+				if d, err := unix.Dup(fd); err == nil {
+					f := os.NewFile(uintptr(d), "link")
+					holder := exec.Command("sleep", fmt.Sprint(holdFor.Seconds()))
+					holder.ExtraFiles = []*os.File{f}
+					holder.Start()
+					f.Close()
+				}
+				return func() {}
+			}}
+		}
+		p, err := steer.Attach(v[0], opts)
 		if err != nil {
 			if slices.Contains(v, "try") && errors.Is(err, steer.ErrBusy) {
 				fmt.Println("busy")
@@ -183,6 +198,39 @@ func TestStaleStateAfterSIGKILL(t *testing.T) {
 		if n := len(p.Rules()); n != 0 {
 			return fmt.Errorf("%d rules of the dead engine survived", n)
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdFor is how long the helper engine's "hold" mode has another
+// process hold its link.
+const holdFor = 500 * time.Millisecond
+
+// TestAttachWaitsForHolders: a dead engine's program that another process
+// still holds for a moment (its helper, which lets the link go once it
+// has kicked the rings) does not keep the next engine off the interface:
+// Attach waits for the holder, where it used to fail with ErrBusy at once
+// (the next process of a loop that ran one after another stayed on the
+// kernel).
+func TestAttachWaitsForHolders(t *testing.T) {
+	bed := testutil.Bed(t, nil)
+	cmd, out := startHelper(t, bed, "hold")
+	if line := helperLine(out); line != "ready" {
+		t.Fatalf("helper engine: %q", line)
+	}
+	cmd.Process.Signal(unix.SIGKILL)
+	cmd.Wait()
+	err := bed.Do(testbed.B, func() error {
+		start := time.Now()
+		p, err := steer.Attach(bed.Link(testbed.B), nil)
+		if err != nil {
+			return fmt.Errorf("attach while the dead engine's link is held: %w", err)
+		}
+		defer p.Close()
+		t.Logf("attached after %v", time.Since(start).Round(time.Millisecond))
 		return nil
 	})
 	if err != nil {

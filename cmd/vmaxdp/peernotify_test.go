@@ -6,12 +6,17 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vmaxdp/vmaxdp/internal/peernotify"
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
 	"github.com/vmaxdp/vmaxdp/testbed"
 )
 
@@ -180,4 +185,69 @@ os._exit(0)
 			p.wantSaid(t, "offloaded on "+b.Link(testbed.B)+" (tcp_client")
 		})
 	}
+}
+
+// TestExitLeavesDetachToHelper: a process with an open stack hands its
+// helper a copy of the steering program's XDP link, so that its end does
+// not wait for the kernel's detach (two RCU grace periods on a veth, 15-20
+// ms that every such exit took before its parent saw it end). With the
+// helper stopped, the program is still attached once the process is
+// reaped; once the helper goes on, it detaches it and ends. A Python UDP
+// receiver that exits on SIGTERM, on the plain bed. (A killed process's
+// program stays pinned, and the pins go with the mount namespace, which
+// the helper shares: only a clean exit, which unpins, ever took the
+// detach.)
+func TestExitLeavesDetachToHelper(t *testing.T) {
+	b := pythonBed(t)
+	script := `import signal, socket, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 11240))
+time.sleep(30)
+`
+	p := startArgv(t, b, nil, tools(t), "run", "--", "python3", "-c", script, b.Addr(testbed.B).String())
+	if err := p.waitFor("offloaded on " + b.Link(testbed.B)); err != nil {
+		t.Fatalf("%v\n%s", err, p.out.String())
+	}
+	helper := helperOf(t, p.pid)
+	if err := syscall.Kill(helper, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(helper, syscall.SIGCONT) })
+	prog := testutil.XDPProgram(t, b, testbed.B)
+	if err := syscall.Kill(p.pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The stopped helper holds the program's stderr, where it reports.
+	if err := p.exited(); err != nil && !errors.Is(err, exec.ErrWaitDelay) {
+		t.Fatalf("the program: %v\n%s", err, tail(p.out.String(), 20))
+	}
+	if id := testutil.XDPProgram(t, b, testbed.B); id == 0 || id != prog {
+		t.Errorf("with its helper stopped, the process's end detached its program (id %d; now %d): the exit took the detach", prog, id)
+	}
+	if err := syscall.Kill(helper, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); testutil.XDPProgram(t, b, testbed.B) != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the helper (pid %d) did not detach the program within 5 s", helper)
+		}
+	}
+}
+
+// helperOf is the pid of the helper (vmaxdp notify-peers) of process pid.
+func helperOf(t *testing.T, pid int) int {
+	t.Helper()
+	want := fmt.Sprintf("\x00%s\x00-pid\x00%d\x00", peernotify.Command, pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, d := range dirs {
+			if cmd, err := os.ReadFile(d); err == nil && strings.Contains(string(cmd), want) {
+				h, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+				return h
+			}
+		}
+	}
+	t.Fatalf("no helper of process %d", pid)
+	return 0
 }

@@ -1169,6 +1169,17 @@ func (e *Engine) holdQueue(name string, fd int) (release func()) {
 	return release
 }
 
+// holdLink hands the helper a copy of the XDP link of ifname's steering
+// program (steer.Options.OnLink), so that the process's end leaves the
+// detach to it.
+func (e *Engine) holdLink(ifname string, fd int) (release func()) {
+	release, err := e.peers.HoldLink(ifname, fd)
+	if err != nil {
+		e.noHelper(err)
+	}
+	return release
+}
+
 // noHelper says, once, that no helper will outlive the process.
 func (e *Engine) noHelper(err error) {
 	if e.peersSaid.Swap(true) {
@@ -1201,6 +1212,7 @@ func (e *Engine) newStack(ifname string, wanted func() bool) (*stack.Stack, erro
 	}
 	if e.peers != nil {
 		o.OnQueue = e.holdQueue
+		o.Steer.OnLink = func(fd int) func() { return e.holdLink(ifname, fd) }
 	}
 	if p.ProgressInterval == 0 {
 		o.ProgressInterval = stack.ProgressNever

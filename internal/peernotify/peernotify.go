@@ -25,6 +25,12 @@
 // A clean exit closes the connections first (engine.Shutdown), which
 // takes their rules away, and the helper has nothing to do.
 //
+// And it holds a copy of each stack's XDP link (HoldLink), which it
+// closes last, once it has kicked the rings: the process's end then
+// leaves the detach to the helper. On a veth the kernel's detach waits
+// for two RCU grace periods, 15-20 ms that every exit of a process with
+// an open stack took before its parent saw it end.
+//
 // The helper also holds a copy of each AF_XDP socket of the process's
 // stacks (Hold). A send may leave its datagram on the TX ring for a
 // coalesced kick (stack.Options.TxKickDelay), and a process killed before
@@ -47,6 +53,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -93,7 +100,8 @@ func New(path string, spawn SpawnFunc) *Notifier {
 const (
 	msgStack   = 'T' // a stack's TCP maps and raw socket (Watch)
 	msgQueue   = 'Q' // an AF_XDP socket to kick when the process ends (Hold)
-	msgRelease = 'R' // give the AF_XDP socket back (Hold's release); answered
+	msgLink    = 'L' // an XDP link to close when the process ends (HoldLink)
+	msgRelease = 'R' // give the AF_XDP socket or link back (their release); answered
 )
 
 // running starts the helper if it has not started. Caller holds n.mu.
@@ -151,9 +159,33 @@ func (n *Notifier) Hold(name string, fd int) (release func(), err error) {
 	return func() { n.release(id) }, nil
 }
 
-// release asks the helper to close its copy of the AF_XDP socket of id
-// (Hold's message) and waits, within releaseWait, for its answer. A
-// helper that is gone has closed it already.
+// HoldLink hands the helper a copy of fd, the XDP link of ifname's
+// steering program, starting the helper first: when the process ends,
+// the helper closes it after the queues, and the kernel detaches the
+// program then. The release it returns takes the copy back, and returns
+// once the helper has closed it; the program's owner calls it before it
+// detaches the link itself. With no helper, HoldLink says why, and its
+// release does nothing.
+func (n *Notifier) HoldLink(ifname string, fd int) (release func(), err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	none := func() {}
+	if err := n.running(); err != nil {
+		return none, err
+	}
+	var id [5]byte
+	id[0] = msgLink
+	binary.LittleEndian.PutUint32(id[1:], uint32(fd))
+	if err := unix.Sendmsg(n.fd, append(id[:], ifname...), unix.UnixRights(fd), nil, 0); err != nil {
+		return none, fmt.Errorf("steering program of %s: hand the helper its XDP link: %w", ifname, err)
+	}
+	return func() { n.release(id) }, nil
+}
+
+// release asks the helper to close its copy of the AF_XDP socket or XDP
+// link of id (Hold's or HoldLink's message) and waits, within
+// releaseWait, for its answer. A helper that is gone has closed it
+// already.
 func (n *Notifier) release(id [5]byte) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -239,18 +271,24 @@ type stackConns struct {
 // every 500 ms (net.ipv4.tcp_invalid_ratelimit).
 const probeAgain = 700 * time.Millisecond
 
-// Serve is the helper (`vmaxdp notify-peers`). It takes the stacks and
-// the AF_XDP sockets the process pid hands it on conn, and gives those
-// sockets back as asked, until conn ends; then it kicks the TX rings of
-// the sockets it still holds and closes them, releases the TCP
-// connections left in the stacks and sends their peers a SYN, twice,
-// logging to log what it did.
+// Serve is the helper (`vmaxdp notify-peers`). It takes the stacks, the
+// AF_XDP sockets and the XDP links the process pid hands it on conn, and
+// gives those sockets and links back as asked, until conn ends; then it
+// kicks the TX rings of the sockets it still holds and closes them,
+// closes the links, releases the TCP connections left in the stacks and
+// sends their peers a SYN, twice, logging to log what it did.
 func Serve(conn, pid int, log io.Writer) error {
 	var stacks []stackConns
+	// By the fd number in the process, which names the copy in a
+	// release: unique across both.
 	queues := map[uint32]heldQueue{}
+	links := map[uint32]int{}
 	defer func() {
 		for _, q := range queues {
 			unix.Close(q.fd)
+		}
+		for _, fd := range links {
+			unix.Close(fd)
 		}
 	}()
 	buf, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(3*4))
@@ -280,11 +318,22 @@ func Serve(conn, pid int, log io.Writer) error {
 				continue
 			}
 			queues[binary.LittleEndian.Uint32(buf[1:5])] = heldQueue{name: string(buf[5:nb]), fd: fds[0]}
+		case buf[0] == msgLink && nb >= 5:
+			fds, err := rights(oob[:noob], 1)
+			if err != nil {
+				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: XDP link of %s: %v\n", pid, buf[5:nb], err)
+				continue
+			}
+			links[binary.LittleEndian.Uint32(buf[1:5])] = fds[0]
 		case buf[0] == msgRelease && nb == 5:
 			id := binary.LittleEndian.Uint32(buf[1:5])
 			if q, ok := queues[id]; ok {
 				unix.Close(q.fd)
 				delete(queues, id)
+			}
+			if fd, ok := links[id]; ok {
+				unix.Close(fd)
+				delete(links, id)
 			}
 			unix.Write(conn, buf[:5]) // the process waits for it
 		default:
@@ -293,7 +342,8 @@ func Serve(conn, pid int, log io.Writer) error {
 		}
 	}
 	// The datagrams first: their receivers wait for them.
-	for id, q := range queues {
+	inodes := map[uint64]bool{}
+	for _, q := range queues {
 		sent, left, err := xsk.FlushTx(q.fd)
 		if sent > 0 {
 			fmt.Fprintf(log, "vmaxdp: process %d ended with %d datagram(s) on %s's TX ring not sent yet: sent them\n", pid, sent, q.name)
@@ -301,8 +351,22 @@ func Serve(conn, pid int, log io.Writer) error {
 		if left > 0 || err != nil {
 			fmt.Fprintf(log, "vmaxdp: process %d ended with %d datagram(s) on %s's TX ring that could not be sent: %v\n", pid, left, q.name, err)
 		}
+		var st unix.Stat_t
+		if unix.Fstat(q.fd, &st) == nil {
+			inodes[st.Ino] = true
+		}
+	}
+	waitLetGo(pid, inodes, letGoWait)
+	for id, q := range queues {
 		unix.Close(q.fd)
 		delete(queues, id)
+	}
+	// Then the programs, which the kernel detaches as the last copy of
+	// their link closes: what comes after goes to the kernel's sockets,
+	// the peers' probes below among it.
+	for id, fd := range links {
+		unix.Close(fd)
+		delete(links, id)
 	}
 	var conns []steer.Rule
 	for i := range stacks {
@@ -335,6 +399,80 @@ func Serve(conn, pid int, log io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// letGoWait bounds how long the helper waits for the process to close
+// its own copies of the sockets it holds (waitLetGo).
+const letGoWait = time.Second
+
+// waitLetGo waits, within d, until process pid has ended (its pidfd
+// says so, once its exit has closed every fd) or holds none of the
+// sockets of inodes (the helper's copies of its AF_XDP sockets: it
+// exec'd). The last close of an AF_XDP socket and of an XDP link waits
+// for RCU grace periods (15-20 ms on a veth for the two); closed after
+// the process's own, the helper's copies take them. The engine ends conn
+// as it shuts down (exitTCP), before its process's exit closes its fds:
+// copies closed at once made the exit's closes the last, and the exit
+// took the waits, as without a helper. An exiting process's fd table
+// reads empty before its last thread has closed it: only the pidfd
+// tells that its closes are done.
+func waitLetGo(pid int, inodes map[uint64]bool, d time.Duration) {
+	if len(inodes) == 0 {
+		return
+	}
+	pidfd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return // gone already, or no pidfds (Linux before 5.3)
+	}
+	defer unix.Close(pidfd)
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		pfd := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		if k, err := unix.Poll(pfd, 1); k > 0 || (err != nil && err != unix.EINTR) {
+			return
+		}
+		if exiting(pid) {
+			continue // its fds are going: the pidfd tells when they are gone
+		}
+		if ents, err := os.ReadDir(dir); err == nil && lets(dir, ents, inodes) {
+			return
+		}
+	}
+}
+
+// exiting says whether process pid's main thread has exited (a zombie
+// while other threads still run, the last of which closes the fds): its
+// fd table reads empty then.
+func exiting(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the comm's last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+// lets says whether none of the fds ents of dir (a /proc/PID/fd) is a
+// socket of inodes, each read: an fd that cannot be read (the process
+// exits) says nothing.
+func lets(dir string, ents []os.DirEntry, inodes map[uint64]bool) bool {
+	for _, e := range ents {
+		l, err := os.Readlink(dir + "/" + e.Name())
+		if errors.Is(err, os.ErrNotExist) {
+			continue // closed since
+		}
+		if err != nil {
+			return false
+		}
+		if !strings.HasPrefix(l, "socket:[") {
+			continue
+		}
+		if ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64); err != nil || inodes[ino] {
+			return false
+		}
+	}
+	return true
 }
 
 // heldQueue is an AF_XDP socket the helper holds a copy of (Hold).

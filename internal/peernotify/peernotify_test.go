@@ -125,6 +125,17 @@ func TestWatchWithoutHelper(t *testing.T) {
 	}
 }
 
+// pipeEOF says whether r's writers are all closed, within d.
+func pipeEOF(r int, d time.Duration) bool {
+	pfd := []unix.PollFd{{Fd: int32(r), Events: unix.POLLIN}}
+	if k, err := unix.Poll(pfd, int(d.Milliseconds())); err != nil || k == 0 {
+		return false
+	}
+	var b [1]byte
+	k, err := unix.Read(r, b[:])
+	return k == 0 && err == nil
+}
+
 // TestHold: the helper holds a copy of each fd Hold hands it (a pipe's
 // write end here, whose reader sees EOF only once every copy is closed).
 // A release returns once the helper has closed its copy; at the process's
@@ -133,16 +144,6 @@ func TestWatchWithoutHelper(t *testing.T) {
 func TestHold(t *testing.T) {
 	var log sockperf.SyncBuffer
 	n, served := inProcess(&log)
-	// eof says whether r's writers are all closed, within d.
-	eof := func(r int, d time.Duration) bool {
-		pfd := []unix.PollFd{{Fd: int32(r), Events: unix.POLLIN}}
-		if k, err := unix.Poll(pfd, int(d.Milliseconds())); err != nil || k == 0 {
-			return false
-		}
-		var b [1]byte
-		k, err := unix.Read(r, b[:])
-		return k == 0 && err == nil
-	}
 	var released, held [2]int
 	for _, p := range []*[2]int{&released, &held} {
 		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
@@ -159,24 +160,69 @@ func TestHold(t *testing.T) {
 	}
 	unix.Close(released[1])
 	unix.Close(held[1])
-	if eof(released[0], 100*time.Millisecond) {
+	if pipeEOF(released[0], 100*time.Millisecond) {
 		t.Fatal("test/q0's writer closed before its release: the helper holds no copy")
 	}
 	release()
-	if !eof(released[0], 0) {
+	if !pipeEOF(released[0], 0) {
 		t.Error("test/q0's writer still open after its release returned")
 	}
-	if eof(held[0], 100*time.Millisecond) {
+	if pipeEOF(held[0], 100*time.Millisecond) {
 		t.Fatal("test/q1's writer closed while the process runs")
 	}
 	n.Close()
 	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
-	if !eof(held[0], time.Second) {
+	if !pipeEOF(held[0], time.Second) {
 		t.Error("test/q1's writer still open after the helper ended")
 	}
 	if want := "0 datagram(s) on test/q1's TX ring that could not be sent: XDP_MMAP_OFFSETS: socket operation on non-socket"; !strings.Contains(log.String(), want) {
 		t.Errorf("helper's log:\n%s\nwant %q", log.String(), want)
+	}
+}
+
+// HoldLink: the helper holds a copy of the link while the process runs,
+// gives it back on release, and closes the one it holds when the process
+// ends (its kernel then detaches the program), without treating it as a
+// queue to kick.
+func TestHoldLink(t *testing.T) {
+	var log sockperf.SyncBuffer
+	n, served := inProcess(&log)
+	var released, held [2]int
+	for _, p := range []*[2]int{&released, &held} {
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(p[0])
+	}
+	release, err := n.HoldLink("test0", released[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.HoldLink("test1", held[1]); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(released[1])
+	unix.Close(held[1])
+	if pipeEOF(released[0], 100*time.Millisecond) {
+		t.Fatal("test0's link closed before its release: the helper holds no copy")
+	}
+	release()
+	if !pipeEOF(released[0], 0) {
+		t.Error("test0's link still open after its release returned")
+	}
+	if pipeEOF(held[0], 100*time.Millisecond) {
+		t.Fatal("test1's link closed while the process runs")
+	}
+	n.Close()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	if !pipeEOF(held[0], time.Second) {
+		t.Error("test1's link still open after the helper ended")
+	}
+	if log.String() != "" {
+		t.Errorf("helper's log:\n%s\nwant nothing: a link is no queue", log.String())
 	}
 }
