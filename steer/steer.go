@@ -250,9 +250,6 @@ type Program struct {
 	ifname  string
 	ifindex int
 	udpOnly bool // Options.UDPOnly
-	onLink  func(fd int) (release func())
-	// linkRelease is onLink's for the current link; nil: none.
-	linkRelease func()
 	cpus    int  // possible CPUs: each rule's row in rule_stats
 	dir     string
 	mode    Mode
@@ -269,6 +266,11 @@ type Program struct {
 	// program lives (own.go); -1 when it does not.
 	lockfd   int
 	lockPath string
+
+	// onLink is Options.OnLink; linkRelease its release for the current
+	// link, nil: none.
+	onLink      func(fd int) (release func())
+	linkRelease func()
 
 	mu    sync.Mutex
 	rules map[RuleID]Rule
