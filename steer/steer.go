@@ -412,6 +412,18 @@ func waitHolders(prog uint32) []string {
 	}
 }
 
+// waitDetached waits, within holdersWait, for the interface to show
+// program prog gone (its last link is being released), and returns the
+// interface as it is then.
+func (p *Program) waitDetached(prog uint32) (netlink.Link, bool) {
+	for deadline := time.Now().Add(holdersWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if l, err := netnsutil.LinkByIndex(p.ifindex); err == nil && (l.Attrs().Xdp == nil || l.Attrs().Xdp.ProgId != prog) {
+			return l, true
+		}
+	}
+	return nil, false
+}
+
 // linkMade tells Options.OnLink of the link just made.
 func (p *Program) linkMade() {
 	if raw, ok := p.link.(interface{ FD() int }); ok && p.onLink != nil {
@@ -606,7 +618,13 @@ func (p *Program) claim(l netlink.Link) error {
 		if now, err := netnsutil.LinkByIndex(p.ifindex); err == nil && (now.Attrs().Xdp == nil || now.Attrs().Xdp.ProgId != x.ProgId) {
 			return p.claim(now)
 		}
-		if err := detachXDPLink(p.ifindex, ebpf.ProgramID(x.ProgId)); err != nil {
+		err = detachXDPLink(p.ifindex, ebpf.ProgramID(x.ProgId))
+		if errors.Is(err, errNoLink) {
+			if now, gone := p.waitDetached(x.ProgId); gone {
+				return p.claim(now)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("detach program id %d left by a dead vmaxdp engine: %w", x.ProgId, err)
 		}
 		slog.Info("steer: detached the program of a vmaxdp engine that died without cleaning up", "interface", p.ifname, "prog_id", x.ProgId)

@@ -2,6 +2,7 @@ package steer
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -87,8 +88,13 @@ func detachXDPLink(ifindex int, prog ebpf.ProgramID) error {
 	if err := it.Err(); err != nil {
 		return err
 	}
-	return fmt.Errorf("no bpf_link attaches program id %d to ifindex %d", prog, ifindex)
+	return fmt.Errorf("%w: program id %d to ifindex %d", errNoLink, prog, ifindex)
 }
+
+// errNoLink: no bpf_link attaches the program, which the interface still
+// shows attached (its last link is being released: the kernel's detach
+// waits for an RCU grace period before the interface shows it gone).
+var errNoLink = errors.New("no bpf_link attaches the program")
 
 func htons(v uint16) uint16 {
 	var b [2]byte
