@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -218,9 +217,12 @@ time.sleep(30)
 	if err := syscall.Kill(p.pid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	// The stopped helper holds the program's stderr, where it reports.
-	if err := p.exited(); err != nil && !errors.Is(err, exec.ErrWaitDelay) {
-		t.Fatalf("the program: %v\n%s", err, tail(p.out.String(), 20))
+	// Ended, reaped or not: the stopped helper holds the program's
+	// stderr, where it reports, and the program's Wait waits for it.
+	for deadline := time.Now().Add(5 * time.Second); !ended(p.pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the program did not end on SIGTERM\n%s", tail(p.out.String(), 20))
+		}
 	}
 	if id := testutil.XDPProgram(t, b, testbed.B); id == 0 || id != prog {
 		t.Errorf("with its helper stopped, the process's end detached its program (id %d; now %d): the exit took the detach", prog, id)
@@ -228,11 +230,24 @@ time.sleep(30)
 	if err := syscall.Kill(helper, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
+	if err := p.exited(); err != nil {
+		t.Errorf("the program: %v\n%s", err, tail(p.out.String(), 20))
+	}
 	for deadline := time.Now().Add(5 * time.Second); testutil.XDPProgram(t, b, testbed.B) != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the helper (pid %d) did not detach the program within 5 s", helper)
 		}
 	}
+}
+
+// ended says whether process pid has exited: reaped, or a zombie.
+func ended(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
 // helperOf is the pid of the helper (vmaxdp notify-peers) of process pid.

@@ -144,19 +144,7 @@ const releaseWait = time.Second
 // queue's owner calls it before it closes fd. With no helper, Hold says
 // why, and its release does nothing.
 func (n *Notifier) Hold(name string, fd int) (release func(), err error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	none := func() {}
-	if err := n.running(); err != nil {
-		return none, err
-	}
-	var id [5]byte
-	id[0] = msgQueue
-	binary.LittleEndian.PutUint32(id[1:], uint32(fd))
-	if err := unix.Sendmsg(n.fd, append(id[:], name...), unix.UnixRights(fd), nil, 0); err != nil {
-		return none, fmt.Errorf("queue %s: hand the helper its AF_XDP socket: %w", name, err)
-	}
-	return func() { n.release(id) }, nil
+	return n.hold(msgQueue, name, fd, "queue "+name+": hand the helper its AF_XDP socket")
 }
 
 // HoldLink hands the helper a copy of fd, the XDP link of ifname's
@@ -167,6 +155,13 @@ func (n *Notifier) Hold(name string, fd int) (release func(), err error) {
 // detaches the link itself. With no helper, HoldLink says why, and its
 // release does nothing.
 func (n *Notifier) HoldLink(ifname string, fd int) (release func(), err error) {
+	return n.hold(msgLink, ifname, fd, "steering program of "+ifname+": hand the helper its XDP link")
+}
+
+// hold sends the helper a copy of fd in a message of kind (msgQueue,
+// msgLink) naming it name, starting the helper first; the copy's id is
+// fd's number in this process. A failed send's error says what failed.
+func (n *Notifier) hold(kind byte, name string, fd int, what string) (release func(), err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	none := func() {}
@@ -174,10 +169,10 @@ func (n *Notifier) HoldLink(ifname string, fd int) (release func(), err error) {
 		return none, err
 	}
 	var id [5]byte
-	id[0] = msgLink
+	id[0] = kind
 	binary.LittleEndian.PutUint32(id[1:], uint32(fd))
-	if err := unix.Sendmsg(n.fd, append(id[:], ifname...), unix.UnixRights(fd), nil, 0); err != nil {
-		return none, fmt.Errorf("steering program of %s: hand the helper its XDP link: %w", ifname, err)
+	if err := unix.Sendmsg(n.fd, append(id[:], name...), unix.UnixRights(fd), nil, 0); err != nil {
+		return none, fmt.Errorf("%s: %w", what, err)
 	}
 	return func() { n.release(id) }, nil
 }

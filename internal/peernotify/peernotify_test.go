@@ -142,87 +142,62 @@ func pipeEOF(r int, d time.Duration) bool {
 // end the helper kicks what it still holds (no AF_XDP socket here, which
 // it says) and closes it.
 func TestHold(t *testing.T) {
-	var log sockperf.SyncBuffer
-	n, served := inProcess(&log)
-	var released, held [2]int
-	for _, p := range []*[2]int{&released, &held} {
-		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(p[0])
-	}
-	release, err := n.Hold("test/q0", released[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.Hold("test/q1", held[1]); err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(released[1])
-	unix.Close(held[1])
-	if pipeEOF(released[0], 100*time.Millisecond) {
-		t.Fatal("test/q0's writer closed before its release: the helper holds no copy")
-	}
-	release()
-	if !pipeEOF(released[0], 0) {
-		t.Error("test/q0's writer still open after its release returned")
-	}
-	if pipeEOF(held[0], 100*time.Millisecond) {
-		t.Fatal("test/q1's writer closed while the process runs")
-	}
-	n.Close()
-	if err := <-served; err != nil {
-		t.Fatal(err)
-	}
-	if !pipeEOF(held[0], time.Second) {
-		t.Error("test/q1's writer still open after the helper ended")
-	}
-	if want := "0 datagram(s) on test/q1's TX ring that could not be sent: XDP_MMAP_OFFSETS: socket operation on non-socket"; !strings.Contains(log.String(), want) {
-		t.Errorf("helper's log:\n%s\nwant %q", log.String(), want)
+	log := heldCopies(t, (*peernotify.Notifier).Hold, "test/q0", "test/q1")
+	if want := "0 datagram(s) on test/q1's TX ring that could not be sent: XDP_MMAP_OFFSETS: socket operation on non-socket"; !strings.Contains(log, want) {
+		t.Errorf("helper's log:\n%s\nwant %q", log, want)
 	}
 }
 
-// HoldLink: the helper holds a copy of the link while the process runs,
-// gives it back on release, and closes the one it holds when the process
-// ends (its kernel then detaches the program), without treating it as a
-// queue to kick.
+// TestHoldLink: the helper holds a copy of each XDP link HoldLink hands
+// it as Hold's sockets, and closes the one it holds when the process ends
+// (its kernel then detaches the program), without treating it as a queue
+// to kick.
 func TestHoldLink(t *testing.T) {
+	if log := heldCopies(t, (*peernotify.Notifier).HoldLink, "test0", "test1"); log != "" {
+		t.Errorf("helper's log:\n%s\nwant nothing: a link is no queue", log)
+	}
+}
+
+// heldCopies hands an in-process helper, with hold, the write ends of two
+// pipes named released and held. It checks that the helper holds a copy
+// of each, gives released's back on its release, and closes held's once
+// the process's end is told, and returns the helper's log.
+func heldCopies(t *testing.T, hold func(n *peernotify.Notifier, name string, fd int) (func(), error), released, held string) string {
+	t.Helper()
 	var log sockperf.SyncBuffer
 	n, served := inProcess(&log)
-	var released, held [2]int
-	for _, p := range []*[2]int{&released, &held} {
+	var rel, keep [2]int
+	for _, p := range []*[2]int{&rel, &keep} {
 		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 			t.Fatal(err)
 		}
 		defer unix.Close(p[0])
 	}
-	release, err := n.HoldLink("test0", released[1])
+	release, err := hold(n, released, rel[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.HoldLink("test1", held[1]); err != nil {
+	if _, err := hold(n, held, keep[1]); err != nil {
 		t.Fatal(err)
 	}
-	unix.Close(released[1])
-	unix.Close(held[1])
-	if pipeEOF(released[0], 100*time.Millisecond) {
-		t.Fatal("test0's link closed before its release: the helper holds no copy")
+	unix.Close(rel[1])
+	unix.Close(keep[1])
+	if pipeEOF(rel[0], 100*time.Millisecond) {
+		t.Fatalf("%s's writer closed before its release: the helper holds no copy", released)
 	}
 	release()
-	if !pipeEOF(released[0], 0) {
-		t.Error("test0's link still open after its release returned")
+	if !pipeEOF(rel[0], 0) {
+		t.Errorf("%s's writer still open after its release returned", released)
 	}
-	if pipeEOF(held[0], 100*time.Millisecond) {
-		t.Fatal("test1's link closed while the process runs")
+	if pipeEOF(keep[0], 100*time.Millisecond) {
+		t.Fatalf("%s's writer closed while the process runs", held)
 	}
 	n.Close()
 	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
-	if !pipeEOF(held[0], time.Second) {
-		t.Error("test1's link still open after the helper ended")
+	if !pipeEOF(keep[0], time.Second) {
+		t.Errorf("%s's writer still open after the helper ended", held)
 	}
-	if log.String() != "" {
-		t.Errorf("helper's log:\n%s\nwant nothing: a link is no queue", log.String())
-	}
+	return log.String()
 }
