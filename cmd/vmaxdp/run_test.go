@@ -153,10 +153,14 @@ func startFor(t *testing.T, b *testbed.Bed, side testbed.Side, limit time.Durati
 }
 
 // waitFor waits up to 10 s for the program to print line.
-func (p *cProgram) waitFor(line string) error {
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.out.String(), line); time.Sleep(10 * time.Millisecond) {
+func (p *cProgram) waitFor(line string) error { return p.waitForN(line, 1) }
+
+// waitForN waits up to 10 s for the program to print line n times, in
+// whatever its log writes between them.
+func (p *cProgram) waitForN(line string, n int) error {
+	for deadline := time.Now().Add(10 * time.Second); strings.Count(p.out.String(), line) < n; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("program never printed %q", line)
+			return fmt.Errorf("program printed %q %d times, want %d", line, strings.Count(p.out.String(), line), n)
 		}
 	}
 	return nil
