@@ -413,8 +413,8 @@ func waitHolders(prog uint32) []string {
 }
 
 // waitDetached waits, within holdersWait, for the interface to show
-// program prog gone (its last link is being released), and returns the
-// interface as it is then.
+// program prog gone (its last link is released, or being released), and
+// returns the interface as it is then.
 func (p *Program) waitDetached(prog uint32) (netlink.Link, bool) {
 	for deadline := time.Now().Add(holdersWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if l, err := netnsutil.LinkByIndex(p.ifindex); err == nil && (l.Attrs().Xdp == nil || l.Attrs().Xdp.ProgId != prog) {
@@ -614,10 +614,7 @@ func (p *Program) claim(l netlink.Link) error {
 		if holders := waitHolders(uint32(x.ProgId)); len(holders) > 0 {
 			return fmt.Errorf("%w: %s", ErrBusy, strings.Join(holders, ", "))
 		}
-		// The last holder may have detached it as it let go.
-		if now, err := netnsutil.LinkByIndex(p.ifindex); err == nil && (now.Attrs().Xdp == nil || now.Attrs().Xdp.ProgId != x.ProgId) {
-			return p.claim(now)
-		}
+		// The last holder may have let the link go, detaching it.
 		err = detachXDPLink(p.ifindex, ebpf.ProgramID(x.ProgId))
 		if errors.Is(err, errNoLink) {
 			if now, gone := p.waitDetached(x.ProgId); gone {
