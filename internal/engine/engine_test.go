@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -1356,14 +1357,27 @@ func firstSendWhileOpening(t *testing.T, bed *testbed.Bed, e *Engine, fd, port i
 	}
 }
 
-// readA reads one datagram from c within a second.
-func readA(t *testing.T, c *net.UDPConn, want []byte) {
+// readA reads one datagram from c, sent by side B of bed, within 3 s:
+// the kernel sends the first datagram of a bed, and its ARP may have to
+// ask twice (1 s apart). A failure says what the kernels counted and
+// what side B knows of side A's address, so it tells a loss from a wait.
+func readA(t *testing.T, bed *testbed.Bed, c *net.UDPConn, want []byte) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(time.Second))
+	start := time.Now()
+	c.SetReadDeadline(start.Add(3 * time.Second))
 	buf := make([]byte, 2048)
 	n, err := c.Read(buf)
 	if err != nil || !bytes.Equal(buf[:n], want) {
-		t.Fatalf("side A read %q, %v; want %q", buf[:n], err, want)
+		var neigh string
+		bed.Do(testbed.B, func() error {
+			out, _ := exec.Command("ip", "neigh", "show", bed.Addr(testbed.A).String()).CombinedOutput()
+			neigh = strings.TrimSpace(string(out))
+			return nil
+		})
+		t.Fatalf("side A read %q, %v after %v; want %q (side B: Udp OutDatagrams %d, neighbour %q; side A: Udp InDatagrams %d, RcvbufErrors %d, InErrors %d)",
+			buf[:n], err, time.Since(start).Round(time.Millisecond), want,
+			testutil.UDPStat(t, bed, testbed.B, "OutDatagrams"), neigh,
+			testutil.UDPStat(t, bed, testbed.A, "InDatagrams"), testutil.UDPStat(t, bed, testbed.A, "RcvbufErrors"), testutil.UDPStat(t, bed, testbed.A, "InErrors"))
 	}
 }
 
@@ -1380,7 +1394,7 @@ func TestFirstSendWhileOpening(t *testing.T) {
 		a := testutil.ListenUDP(t, bed, testbed.A, port)
 		out := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams")
 		firstSendWhileOpening(t, bed, e, fd, port, []byte("first"))
-		readA(t, a, []byte("first"))
+		readA(t, bed, a, []byte("first"))
 		if st := settled(e, fd); st != StateOffloaded {
 			t.Fatalf("once its stack opened: state %d, reason %q", st, e.Reason(fd))
 		}
@@ -1389,7 +1403,7 @@ func TestFirstSendWhileOpening(t *testing.T) {
 			t.Fatalf("second send: %d bytes, errno %v", n, errno)
 		}
 		e.Conn(fd).FlushSends()
-		readA(t, a, []byte("second"))
+		readA(t, bed, a, []byte("second"))
 		c := e.Conn(fd)
 		if p, b := c.Counters.TxOSPackets.Load(), c.Counters.TxOSBytes.Load(); p != 1 || b != 5 {
 			t.Errorf("tx_os %d datagrams, %d bytes; want the first send's 1 and 5", p, b)
@@ -1416,7 +1430,7 @@ func TestShutdownWhileOpening(t *testing.T) {
 	firstSendWhileOpening(t, bed, e, fd, port, []byte("only"))
 	e.Shutdown()
 	e.WaitOpens()
-	readA(t, a, []byte("only"))
+	readA(t, bed, a, []byte("only"))
 	if st := e.State(fd); st != StateCandidate {
 		t.Errorf("state %d after Shutdown, want a candidate that its kernel socket serves (reason %q)", st, e.Reason(fd))
 	}
@@ -1457,7 +1471,7 @@ func TestFirstSendWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Conn(fd).FlushSends()
-	readA(t, a, []byte("waited"))
+	readA(t, bed, a, []byte("waited"))
 	if moved := testutil.UDPStat(t, bed, testbed.B, "OutDatagrams") - out; moved != 0 {
 		t.Errorf("side B's kernel sent %d datagrams, want none", moved)
 	}
