@@ -174,6 +174,11 @@ func Create(dir string, pid int) (*Writer, error) {
 // Path is the file's path.
 func (w *Writer) Path() string { return w.path }
 
+// File is the open file, for a process that hands it to another (the
+// peer-notification helper reads the last snapshot of a process that
+// died).
+func (w *Writer) File() *os.File { return w.f }
+
 func (w *Writer) putWord(off int, v uint64) error {
 	binary.LittleEndian.PutUint64(w.word[:], v)
 	_, err := w.f.WriteAt(w.word[:], int64(off))

@@ -487,6 +487,27 @@ func WriteCloseReport(w io.Writer, s *Socket) {
 	fmt.Fprintf(w, "%s Rx poll: %d / %d (%.2f%%) [miss/hit]\n", p, c.RxPollMiss, c.RxPollHit, pct(c.RxPollHit, c.RxPollHit+c.RxPollMiss))
 }
 
+// WriteEndReport writes, in the format of VMAXDP_STATS_FILE, the report
+// of every socket of s, then WriteStacksReport's.
+func WriteEndReport(w io.Writer, s *Snapshot) {
+	for i := range s.Sockets {
+		WriteCloseReport(w, &s.Sockets[i])
+	}
+	WriteStacksReport(w, s)
+}
+
+// WriteStacksReport writes, in the format of VMAXDP_STATS_FILE, what
+// the stacks of s dropped before any socket counted it: each one's drops
+// (WriteStackReport) and each queue's (WriteQueueReport).
+func WriteStacksReport(w io.Writer, s *Snapshot) {
+	for i := range s.Programs {
+		WriteStackReport(w, &s.Programs[i])
+	}
+	for i := range s.Queues {
+		WriteQueueReport(w, &s.Queues[i])
+	}
+}
+
 // WriteQueueReport writes, in the format of VMAXDP_STATS_FILE, what a
 // queue's AF_XDP socket dropped before the stack saw it (the kernel's
 // XDP_STATISTICS): with the sockets' reports, where every datagram of a

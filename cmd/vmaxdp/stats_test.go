@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -398,5 +400,95 @@ func TestStatsProcessSelection(t *testing.T) {
 	out, err = exec.Command(vmaxdp, "stats", "-k", dir, "-p", strconv.Itoa(os.Getpid())).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "format version 9") {
 		t.Errorf("other format: %v, %s", err, out)
+	}
+}
+
+// TestStatsFileAtAbnormalEnd: a process that ends without writing its
+// VMAXDP_STATS_FILE report (a signal whose default action ends it,
+// SIGKILL, _exit) has it written by its helper, from its last published
+// counters, and its stats file removed; one that exits writes its own,
+// and the helper writes none.
+func TestStatsFileAtAbnormalEnd(t *testing.T) {
+	b := pythonBed(t)
+	// Python leaves SIGTERM at SIG_DFL.
+	script := `import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+for i in range(int(sys.argv[3])):
+    s.recv(2048)
+print("got all", flush=True)
+if s.recv(2048) == b"_exit":
+    os._exit(0)
+`
+	const n = 40
+	for i, end := range []string{"SIGTERM", "SIGKILL", "_exit", "exit"} {
+		t.Run(end, func(t *testing.T) {
+			port := 11250 + i
+			dir := t.TempDir()
+			report := filepath.Join(dir, "report.txt")
+			p := startArgv(t, b, []string{"VMAXDP_STATS_DIR=" + dir, "VMAXDP_STATS_FILE=" + report},
+				tools(t), "run", "--", "python3", "-c", script, b.Addr(testbed.B).String(), strconv.Itoa(port), strconv.Itoa(n))
+			if err := p.waitFor("offloaded on " + b.Link(testbed.B)); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			msgs := make([]string, n)
+			for k := range msgs {
+				msgs[k] = fmt.Sprintf("datagram %d", k)
+			}
+			sendFromA(t, b, port, msgs...)
+			if err := p.waitFor("got all"); err != nil {
+				t.Fatalf("%v\n%s", err, p.out.String())
+			}
+			// The counters reach the stats file at the next publish.
+			time.Sleep(3 * engineInterval)
+			switch end {
+			case "SIGTERM", "SIGKILL":
+				sig := map[string]syscall.Signal{"SIGTERM": syscall.SIGTERM, "SIGKILL": syscall.SIGKILL}[end]
+				if err := syscall.Kill(p.pid, sig); err != nil {
+					t.Fatal(err)
+				}
+				var ee *exec.ExitError
+				if err := p.exited(); !errors.As(err, &ee) || !ee.ProcessState.Sys().(syscall.WaitStatus).Signaled() || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != sig {
+					t.Fatalf("the program ended with %v, want death by %v", err, sig)
+				}
+			default:
+				// The end's datagram: "_exit", or anything else for a
+				// return from the script.
+				sendFromA(t, b, port, end)
+				if err := p.exited(); err != nil {
+					t.Fatalf("the program: %v\n%s", err, tail(p.out.String(), 20))
+				}
+			}
+			// The end's datagram counts once the process counted it: in
+			// its own report, and in the helper's if a publish came
+			// between it and _exit.
+			count := strconv.Itoa(n)
+			switch end {
+			case "exit":
+				count = strconv.Itoa(n + 1)
+			case "_exit":
+				count = fmt.Sprintf("(%d|%d)", n, n+1)
+			}
+			offloaded := regexp.MustCompile(`(?m)^vmaxdp: \[fd=\d+\] Rx Offload: \d+ KB / ` + count + ` / 0 \[bytes/packets/errors\]$`)
+			var got []byte
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if got, _ = os.ReadFile(report); offloaded.Match(got) {
+					break
+				}
+			}
+			// A helper that wrote a second report would have done so by now.
+			time.Sleep(300 * time.Millisecond)
+			got, _ = os.ReadFile(report)
+			if k := len(offloaded.FindAll(got, -1)); k != 1 {
+				t.Errorf("%s:\n%s\nwant the socket's report with its %s datagrams once, found %d", report, got, count, k)
+			}
+			byHelper := strings.Contains(string(got), "ended without writing its report")
+			if want := end != "exit"; byHelper != want {
+				t.Errorf("%s:\n%s\nwritten by the helper: %v, want %v", report, got, byHelper, want)
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "vmaxdp.*.stats")); len(left) != 0 {
+				t.Errorf("stats files left after the program ended: %v", left)
+			}
+		})
 	}
 }

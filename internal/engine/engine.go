@@ -354,6 +354,24 @@ func New(opts *Options) (*Engine, error) {
 func (e *Engine) Announce() {
 	if !e.announced.Load() && !e.announced.Swap(true) {
 		e.banner()
+		e.reportAtEnd()
+	}
+}
+
+// reportAtEnd hands the helper VMAXDP_STATS_FILE and the stats file at
+// the process's first IP socket, so that an end that writes no report
+// (a signal, a crash, _exit) still has the sockets' counters written.
+func (e *Engine) reportAtEnd() {
+	pub := e.pub
+	if pub == nil || pub.statsOut == nil || e.peers == nil {
+		return
+	}
+	var live *os.File
+	if pub.w != nil {
+		live = pub.w.File()
+	}
+	if err := e.peers.ReportAtEnd(pub.statsOut, live); err != nil {
+		e.noHelper(err)
 	}
 }
 
@@ -1185,8 +1203,8 @@ func (e *Engine) noHelper(err error) {
 	if e.peersSaid.Swap(true) {
 		return
 	}
-	e.Log.Printf(params.LevelWarning, "if this process ends without closing its sockets (SIGKILL, a crash), what its last sends left on the TX rings for a coalesced kick (%sTX_KICK_DELAY) is lost, and the peers of its offloaded TCP connections are not told (%sPEER_NOTIFY=0 to hide this): %v",
-		params.Prefix, params.Prefix, err)
+	e.Log.Printf(params.LevelWarning, "if this process ends without closing its sockets (SIGKILL, a crash), what its last sends left on the TX rings for a coalesced kick (%sTX_KICK_DELAY) is lost, %sSTATS_FILE gets no report, and the peers of its offloaded TCP connections are not told (%sPEER_NOTIFY=0 to hide this): %v",
+		params.Prefix, params.Prefix, params.Prefix, err)
 }
 
 // newStack opens the stack of ifname with the engine's parameters.

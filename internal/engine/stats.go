@@ -217,17 +217,15 @@ func (e *Engine) shutdown() {
 		for _, st := range e.openStacks() {
 			var snap stats.Snapshot
 			e.stackRecords(st, &snap, map[ruleKey]int{})
-			for i := range snap.Programs {
-				stats.WriteStackReport(&b, &snap.Programs[i])
-			}
-			for i := range snap.Queues {
-				stats.WriteQueueReport(&b, &snap.Queues[i])
-			}
+			stats.WriteStacksReport(&b, &snap)
 		}
 		pub.statsOut.WriteString(b.String())
 		stats.CloseHigh(pub.statsOut)
 		pub.statsOut = nil
 		pub.mu.Unlock()
+		if e.peers != nil {
+			e.peers.Written()
+		}
 	}
 	if pub.w != nil {
 		if err := pub.w.Close(); err != nil {

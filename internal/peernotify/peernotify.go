@@ -53,6 +53,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,7 +63,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmaxdp/vmaxdp/internal/highfd"
+	"github.com/vmaxdp/vmaxdp/internal/params"
 	"github.com/vmaxdp/vmaxdp/stack/header"
+	"github.com/vmaxdp/vmaxdp/stats"
 	"github.com/vmaxdp/vmaxdp/steer"
 	"github.com/vmaxdp/vmaxdp/xsk"
 )
@@ -102,6 +105,8 @@ const (
 	msgQueue   = 'Q' // an AF_XDP socket to kick when the process ends (Hold)
 	msgLink    = 'L' // an XDP link to close when the process ends (HoldLink)
 	msgRelease = 'R' // give the AF_XDP socket or link back (their release); answered
+	msgReport  = 'S' // VMAXDP_STATS_FILE and the stats file, for a report at an end without one (ReportAtEnd)
+	msgWritten = 'W' // the process wrote its report (Written)
 )
 
 // running starts the helper if it has not started. Caller holds n.mu.
@@ -132,6 +137,39 @@ func (n *Notifier) Watch(ifname string, conns, syns *ebpf.Map) error {
 		return fmt.Errorf("peer notification for %s: hand the helper its maps: %w", ifname, err)
 	}
 	return nil
+}
+
+// ReportAtEnd hands the helper out, the process's VMAXDP_STATS_FILE, and
+// live, the stats file it publishes its counters in (nil when it
+// publishes none), starting the helper first. A process that ends without
+// writing its own report (Written) writes none: a signal whose default
+// action ends it, a crash, SIGKILL, _exit or an exec. The helper then
+// writes the report of the sockets and queues of its last snapshot, at
+// most a publish interval old, and removes the stats file.
+func (n *Notifier) ReportAtEnd(out, live *os.File) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.running(); err != nil {
+		return err
+	}
+	fds := []int{int(out.Fd())}
+	if live != nil {
+		fds = append(fds, int(live.Fd()))
+	}
+	if err := unix.Sendmsg(n.fd, []byte{msgReport}, unix.UnixRights(fds...), nil, 0); err != nil {
+		return fmt.Errorf("report at the process's end: hand the helper %s: %w", out.Name(), err)
+	}
+	return nil
+}
+
+// Written tells the helper that the process wrote its report itself
+// (ReportAtEnd): the helper writes none.
+func (n *Notifier) Written() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fd >= 0 {
+		unix.Sendmsg(n.fd, []byte{msgWritten}, nil, nil, 0)
+	}
 }
 
 // releaseWait bounds how long a release waits for the helper's answer.
@@ -278,7 +316,9 @@ func Serve(conn, pid int, log io.Writer) error {
 	// release: unique across both.
 	queues := map[uint32]heldQueue{}
 	links := map[uint32]int{}
+	var report *endReport
 	defer func() {
+		report.close()
 		for _, q := range queues {
 			unix.Close(q.fd)
 		}
@@ -331,6 +371,17 @@ func Serve(conn, pid int, log io.Writer) error {
 				delete(links, id)
 			}
 			unix.Write(conn, buf[:5]) // the process waits for it
+		case buf[0] == msgReport && nb == 1:
+			r, err := parseReport(oob[:noob])
+			if err != nil {
+				fmt.Fprintf(log, "vmaxdp notify-peers: process %d: report at its end: %v\n", pid, err)
+				continue
+			}
+			report.close()
+			report = r
+		case buf[0] == msgWritten && nb == 1:
+			report.close()
+			report = nil
 		default:
 			closeRights(oob[:noob])
 			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: message of kind %q and %d bytes: not one of ours\n", pid, buf[0], nb)
@@ -349,6 +400,11 @@ func Serve(conn, pid int, log io.Writer) error {
 		var st unix.Stat_t
 		if unix.Fstat(q.fd, &st) == nil {
 			inodes[st.Ino] = true
+		}
+	}
+	if report != nil {
+		if err := report.write(pid); err != nil {
+			fmt.Fprintf(log, "vmaxdp notify-peers: process %d: report at its end: %v\n", pid, err)
 		}
 	}
 	waitLetGo(pid, inodes, letGoWait)
@@ -501,6 +557,91 @@ func closeRights(oob []byte) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
+	}
+}
+
+// endReport is what ReportAtEnd handed the helper.
+type endReport struct {
+	out  *os.File // VMAXDP_STATS_FILE, opened for appending
+	live *os.File // the stats file; nil when the process published none
+}
+
+// parseReport reads the fds of one message of ReportAtEnd.
+func parseReport(oob []byte) (*endReport, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil || len(msgs) != 1 {
+		closeRights(oob)
+		return nil, fmt.Errorf("message without its fds (%d control messages: %v)", len(msgs), err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) < 1 || len(fds) > 2 {
+		closeRights(oob)
+		return nil, fmt.Errorf("message with %d fds, want 1 or 2 (%v)", len(fds), err)
+	}
+	r := &endReport{out: os.NewFile(uintptr(fds[0]), "VMAXDP_STATS_FILE")}
+	if len(fds) == 2 {
+		r.live = os.NewFile(uintptr(fds[1]), "stats file")
+	}
+	return r, nil
+}
+
+func (r *endReport) close() {
+	if r == nil {
+		return
+	}
+	r.out.Close()
+	if r.live != nil {
+		r.live.Close()
+	}
+}
+
+// write appends to VMAXDP_STATS_FILE the report of the sockets and
+// queues in the last snapshot process pid published, which ended without
+// writing its own, and removes its stats file if no process of that pid
+// made another since (an exec).
+func (r *endReport) write(pid int) error {
+	var b strings.Builder
+	if r.live == nil {
+		fmt.Fprintf(&b, "vmaxdp: process %d ended without writing its report (a signal, a crash, _exit or exec), and published no counters (%sSTATS_DIR is empty): none to write\n", pid, params.Prefix)
+		_, err := r.out.WriteString(b.String())
+		return err
+	}
+	path := fmt.Sprintf("/proc/self/fd/%d", r.live.Fd())
+	rd, err := stats.Open(path)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	var snap stats.Snapshot
+	if err := rd.Read(&snap); err != nil {
+		fmt.Fprintf(&b, "vmaxdp: process %d ended without writing its report (a signal, a crash, _exit or exec), and its last counters cannot be read: %v\n", pid, err)
+	} else {
+		at := time.Unix(0, snap.Process.Published)
+		fmt.Fprintf(&b, "vmaxdp: process %d (%s) ended without writing its report (a signal, a crash, _exit or exec): its %d socket(s) as it last published them, at %s\n",
+			pid, snap.Process.Program, len(snap.Sockets), at.Format("15:04:05.000"))
+		stats.WriteEndReport(&b, &snap)
+	}
+	if _, err := r.out.WriteString(b.String()); err != nil {
+		return err
+	}
+	removeStale(r.live, stats.FileName(pid))
+	return nil
+}
+
+// removeStale removes the stats file live from its directory, the one
+// its link of name is in, if that link is still live's (an exec'd
+// program's engine replaces it with its own).
+func removeStale(live *os.File, name string) {
+	var held, named unix.Stat_t
+	if unix.Fstat(int(live.Fd()), &held) != nil || held.Nlink == 0 {
+		return
+	}
+	target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", live.Fd()))
+	if err != nil || filepath.Base(target) != name {
+		return
+	}
+	if unix.Stat(target, &named) == nil && named.Ino == held.Ino && named.Dev == held.Dev {
+		os.Remove(target)
 	}
 }
 
