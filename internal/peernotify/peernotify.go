@@ -600,32 +600,40 @@ func (r *endReport) close() {
 // writing its own, and removes its stats file if no process of that pid
 // made another since (an exec).
 func (r *endReport) write(pid int) error {
+	ended := fmt.Sprintf("vmaxdp: process %d ended without writing its report (a signal, a crash, _exit or exec)", pid)
 	var b strings.Builder
-	if r.live == nil {
-		fmt.Fprintf(&b, "vmaxdp: process %d ended without writing its report (a signal, a crash, _exit or exec), and published no counters (%sSTATS_DIR is empty): none to write\n", pid, params.Prefix)
-		_, err := r.out.WriteString(b.String())
-		return err
-	}
-	path := fmt.Sprintf("/proc/self/fd/%d", r.live.Fd())
-	rd, err := stats.Open(path)
-	if err != nil {
-		return err
-	}
-	defer rd.Close()
-	var snap stats.Snapshot
-	if err := rd.Read(&snap); err != nil {
-		fmt.Fprintf(&b, "vmaxdp: process %d ended without writing its report (a signal, a crash, _exit or exec), and its last counters cannot be read: %v\n", pid, err)
-	} else {
-		at := time.Unix(0, snap.Process.Published)
-		fmt.Fprintf(&b, "vmaxdp: process %d (%s) ended without writing its report (a signal, a crash, _exit or exec): its %d socket(s) as it last published them, at %s\n",
-			pid, snap.Process.Program, len(snap.Sockets), at.Format("15:04:05.000"))
-		stats.WriteEndReport(&b, &snap)
+	switch snap, err := r.lastSnapshot(); {
+	case r.live == nil:
+		fmt.Fprintf(&b, "%s, and published no counters (%sSTATS_DIR is empty): none to write\n", ended, params.Prefix)
+	case err != nil:
+		fmt.Fprintf(&b, "%s, and its last counters cannot be read: %v\n", ended, err)
+	default:
+		fmt.Fprintf(&b, "%s: its %d socket(s) as %s last published them, at %s\n", ended, len(snap.Sockets), snap.Process.Program,
+			time.Unix(0, snap.Process.Published).Format("15:04:05.000"))
+		stats.WriteEndReport(&b, snap)
 	}
 	if _, err := r.out.WriteString(b.String()); err != nil {
 		return err
 	}
-	removeStale(r.live, stats.FileName(pid))
+	if r.live != nil {
+		removeStale(r.live, stats.FileName(pid))
+	}
 	return nil
+}
+
+// lastSnapshot reads the last snapshot in the stats file; nil, nil
+// without one.
+func (r *endReport) lastSnapshot() (*stats.Snapshot, error) {
+	if r.live == nil {
+		return nil, nil
+	}
+	rd, err := stats.Open(fmt.Sprintf("/proc/self/fd/%d", r.live.Fd()))
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	var snap stats.Snapshot
+	return &snap, rd.Read(&snap)
 }
 
 // removeStale removes the stats file live from its directory, the one
