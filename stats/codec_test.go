@@ -37,8 +37,10 @@ func TestLayoutHash(t *testing.T) {
 	}
 }
 
-// TestStartTicks reads the start time of a process whose command name
-// holds spaces and a parenthesis, and of this one, as ps prints them.
+// TestStartTicks reads the start time (field 22 of /proc/PID/stat) of
+// this process and of one whose command name holds spaces and a
+// parenthesis, as a whole-file read and a split after the name's last
+// ')' find it.
 func TestStartTicks(t *testing.T) {
 	// The kernel names a process (comm) after the file it executes.
 	path, err := exec.LookPath("sleep")

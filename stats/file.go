@@ -83,8 +83,8 @@ func ParseFileName(name string) (int, bool) {
 // /proc/PID/stat: with the pid, it names one process across pid reuse.
 func StartTicks(pid int) (uint64, error) {
 	// One read into a buffer on the stack: every preloaded process makes
-	// this call as it starts, and os.ReadFile's fstat, second read and
-	// growing buffer were a third of its stats file's creation.
+	// this call as it starts, and os.ReadFile (an fstat, a second read, a
+	// growing buffer) was about half of its stats file's creation (perf).
 	path := "/proc/" + strconv.Itoa(pid) + "/stat"
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
