@@ -56,6 +56,7 @@ func TestStartTicks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var starts []uint64
 	for _, pid := range []int{os.Getpid(), cmd.Process.Pid} {
 		got, err := StartTicks(pid)
 		if err != nil {
@@ -70,6 +71,20 @@ func TestStartTicks(t *testing.T) {
 		if want, _ := strconv.ParseUint(f[19], 10, 64); got != want || got == 0 {
 			t.Errorf("pid %d (%q): start %d, want %d", pid, s[:strings.LastIndexByte(s, ')')+1], got, want)
 		}
+		starts = append(starts, got)
+	}
+	// A check the parse above does not share: the child started after
+	// this process, and neither after now (USER_HZ is 100 on Linux).
+	up, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secs, err := strconv.ParseFloat(strings.Fields(string(up))[0], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := uint64(secs*100) + 1; starts[1] < starts[0] || starts[1] > now {
+		t.Errorf("start ticks: this process %d, its child %d, now %d: want this <= child <= now", starts[0], starts[1], now)
 	}
 	if _, err := StartTicks(1 << 30); err == nil || !strings.Contains(err.Error(), "/proc/1073741824/stat") {
 		t.Errorf("a pid that does not exist: %v, want an error naming its file", err)
