@@ -1,0 +1,147 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmaxdp/vmaxdp/internal/testutil"
+	"github.com/vmaxdp/vmaxdp/testbed"
+)
+
+// TestRunGStreamer: an RTP audio stream between two GStreamer pipelines
+// (gst-launch-1.0, the media framework's own tool), the way media
+// servers and telephony send one: 100 packets a second of L16 audio,
+// rtpL16pay into udpsink on side A, udpsrc through the jitter buffer
+// into rtpL16depay on side B. udpsink sends from a thread of its
+// pipeline with sendmmsg, on an IPv4 socket it binds to port 0 beside an
+// IPv6 one, both SO_REUSEADDR and SO_REUSEPORT; with auto-multicast it
+// joins the group it sends to; udpsrc waits in GLib's poll beside a
+// cancellation eventfd. Unicast and multicast, with the receiver, the
+// sender or both under vmaxdp and the other side on the kernel: every
+// packet arrives (udpsrc stops after the count, so a loss leaves the
+// receiver waiting), the side under vmaxdp says its socket is offloaded,
+// and its kernel's UDP counters take at most the packet or two sent
+// before the sender's stack opened. A sender with IP_MULTICAST_LOOP on
+// (udpsink's default) is a member of its own group: its packets go
+// through the kernel, for the member's copy, and its log says so and
+// what to change.
+func TestRunGStreamer(t *testing.T) {
+	testutil.RequireRoot(t)
+	requirePrograms(t, "gstreamer1.0-tools gstreamer1.0-plugins-good", "gst-launch-1.0", "gst-inspect-1.0")
+	for _, e := range []string{"udpsrc", "udpsink", "rtpL16pay", "rtpL16depay", "rtpjitterbuffer", "audiotestsrc"} {
+		if err := exec.Command("gst-inspect-1.0", "--exists", e).Run(); err != nil {
+			t.Skipf("GStreamer element %s is missing (make deps installs gstreamer1.0-plugins-good): %v", e, err)
+		}
+	}
+	vmaxdp := tools(t)
+	const packets, port, group = 150, 5004, "239.1.1.5"
+	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) {
+		for _, tc := range []struct {
+			name           string
+			rxUnder        bool
+			txUnder        bool
+			multicast      bool
+			loop           bool // the sender's IP_MULTICAST_LOOP: through the kernel
+			txKernelSends  bool
+			txReasonLogged string
+		}{
+			{name: "unicast/receiver", rxUnder: true},
+			{name: "unicast/sender", txUnder: true},
+			{name: "unicast/both", rxUnder: true, txUnder: true},
+			{name: "multicast/receiver", rxUnder: true, multicast: true},
+			{name: "multicast/sender", txUnder: true, multicast: true},
+			{name: "multicast/both", rxUnder: true, txUnder: true, multicast: true},
+			{name: "multicast/sender-loop", txUnder: true, multicast: true, loop: true, txKernelSends: true,
+				txReasonLogged: "multicast to " + group + " goes through the kernel while a socket of this host is a member of the group"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				dst := b.Addr(testbed.B).String()
+				rx := []string{"gst-launch-1.0", "-q", "udpsrc", "port=" + strconv.Itoa(port), "num-buffers=" + strconv.Itoa(packets)}
+				tx := []string{"gst-launch-1.0", "-q", "audiotestsrc", "is-live=true", "num-buffers=" + strconv.Itoa(packets), "samplesperbuffer=80",
+					"!", "audio/x-raw,rate=8000,channels=1,format=S16BE", "!", "rtpL16pay", "!", "udpsink", "port=" + strconv.Itoa(port)}
+				if tc.multicast {
+					dst = group
+					rx = append(rx, "address="+group, "multicast-iface="+b.Link(testbed.B))
+					tx = append(tx, "multicast-iface="+b.Link(testbed.A), "loop="+strconv.FormatBool(tc.loop))
+				}
+				rx = append(rx, "caps=application/x-rtp,media=audio,clock-rate=8000,encoding-name=L16,channels=1,payload=96",
+					"!", "rtpjitterbuffer", "!", "rtpL16depay", "!", "fakesink")
+				tx = append(tx, "host="+dst)
+				if tc.rxUnder {
+					rx = append([]string{vmaxdp, "run", "--"}, rx...)
+				}
+				if tc.txUnder {
+					tx = append([]string{vmaxdp, "run", "--"}, tx...)
+				}
+				rxIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
+				txOut := testutil.SNMPStat(t, b, testbed.A, "Udp", "OutDatagrams")
+				r := startFor(t, b, testbed.B, 20*time.Second, nil, rx...)
+				if tc.rxUnder {
+					if err := r.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver 0.0.0.0:" + strconv.Itoa(port)); err != nil {
+						t.Fatalf("receiver: %v\n%s", err, tail(r.out.String(), 20))
+					}
+				} else if err := waitUDPBound(b, testbed.B, port, tc.multicast, group); err != nil {
+					t.Fatalf("receiver: %v\n%s", err, tail(r.out.String(), 20))
+				}
+				s := startFor(t, b, testbed.A, 20*time.Second, nil, tx...)
+				if err := s.exited(); err != nil {
+					t.Fatalf("sender: %v\n%s", err, tail(s.out.String(), 20))
+				}
+				if err := r.exited(); err != nil {
+					t.Fatalf("receiver (%d packets sent): %v: it did not get them all\n%s", packets, err, tail(r.out.String(), 20))
+				}
+				in := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - rxIn
+				out := testutil.SNMPStat(t, b, testbed.A, "Udp", "OutDatagrams") - txOut
+				t.Logf("%d packets: side B's kernel received %d, side A's sent %d", packets, in, out)
+				if tc.rxUnder && in != 0 {
+					t.Errorf("side B's kernel received %d UDP datagrams: the receiver's socket was offloaded before the stream began", in)
+				}
+				if !tc.rxUnder && in < packets {
+					t.Errorf("side B's kernel received %d UDP datagrams, want %d", in, packets)
+				}
+				switch {
+				case tc.txKernelSends:
+					if out < packets {
+						t.Errorf("side A's kernel sent %d UDP datagrams, want all %d (the kernel gives the looped copy)", out, packets)
+					}
+					s.wantSaid(t, tc.txReasonLogged)
+				case tc.txUnder:
+					s.wantSaid(t, "offloaded on "+b.Link(testbed.A))
+					if out > 3 {
+						t.Errorf("side A's kernel sent %d UDP datagrams of %d: the sender was not offloaded\n%s", out, packets, tail(s.out.String(), 20))
+					}
+				}
+			})
+		}
+	})
+}
+
+// waitUDPBound waits up to 10 s for a kernel socket of side's namespace
+// bound to port, and, for a multicast receiver, for the namespace's
+// membership of group: a receiver on the kernel says nothing when it is
+// ready.
+func waitUDPBound(b *testbed.Bed, side testbed.Side, port int, multicast bool, group string) error {
+	hexPort := fmt.Sprintf(":%04X ", port)
+	var hexGroup string
+	if multicast {
+		var g [4]byte
+		if _, err := fmt.Sscanf(group, "%d.%d.%d.%d", &g[0], &g[1], &g[2], &g[3]); err != nil {
+			return fmt.Errorf("group %s: %w", group, err)
+		}
+		hexGroup = fmt.Sprintf("%02X%02X%02X%02X", g[3], g[2], g[1], g[0]) // /proc/net/igmp's byte order
+	}
+	read := func(f string) string {
+		out, _ := exec.Command("ip", "netns", "exec", b.NSName(side), "cat", f).Output()
+		return string(out)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(read("/proc/net/udp"), hexPort) && (!multicast || strings.Contains(read("/proc/net/igmp"), hexGroup)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no UDP socket bound to port %d in %s within 10 s%s", port, b.NSName(side), map[bool]string{true: ", or no membership of " + group}[multicast])
+}
