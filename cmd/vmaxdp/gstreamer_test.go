@@ -39,7 +39,7 @@ func TestRunGStreamer(t *testing.T) {
 		}
 	}
 	vmaxdp := tools(t)
-	const packets, port = 150, 5004
+	const packets, port = 150, uint16(5004)
 	group := netip.MustParseAddr("239.1.1.5")
 	testutil.EachBedParallel(t, nil, func(t *testing.T, b *testbed.Bed) {
 		for _, tc := range []struct {
@@ -59,9 +59,9 @@ func TestRunGStreamer(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				dst := b.Addr(testbed.B).String()
-				rx := []string{"gst-launch-1.0", "-q", "udpsrc", "port=" + strconv.Itoa(port), "num-buffers=" + strconv.Itoa(packets)}
+				rx := []string{"gst-launch-1.0", "-q", "udpsrc", "port=" + strconv.Itoa(int(port)), "num-buffers=" + strconv.Itoa(packets)}
 				tx := []string{"gst-launch-1.0", "-q", "audiotestsrc", "is-live=true", "num-buffers=" + strconv.Itoa(packets), "samplesperbuffer=80",
-					"!", "audio/x-raw,rate=8000,channels=1,format=S16BE", "!", "rtpL16pay", "!", "udpsink", "port=" + strconv.Itoa(port)}
+					"!", "audio/x-raw,rate=8000,channels=1,format=S16BE", "!", "rtpL16pay", "!", "udpsink", "port=" + strconv.Itoa(int(port))}
 				if tc.multicast {
 					dst = group.String()
 					rx = append(rx, "address="+group.String(), "multicast-iface="+b.Link(testbed.B))
@@ -78,14 +78,8 @@ func TestRunGStreamer(t *testing.T) {
 				}
 				rxIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
 				txOut := testutil.SNMPStat(t, b, testbed.A, "Udp", "OutDatagrams")
-				r := startFor(t, b, testbed.B, 20*time.Second, nil, rx...)
-				if tc.rxUnder {
-					if err := r.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver 0.0.0.0:" + strconv.Itoa(port)); err != nil {
-						t.Fatalf("receiver: %v\n%s", err, tail(r.out.String(), 20))
-					}
-				} else if err := waitUDPBound(b, testbed.B, port, map[bool]netip.Addr{true: group}[tc.multicast]); err != nil {
-					t.Fatalf("receiver: %v\n%s", err, tail(r.out.String(), 20))
-				}
+				r := startReceiver(t, b, 20*time.Second, tc.rxUnder, netip.AddrPortFrom(netip.IPv4Unspecified(), port),
+					map[bool]netip.Addr{true: group}[tc.multicast], rx...)
 				s := startFor(t, b, testbed.A, 20*time.Second, nil, tx...)
 				if err := s.exited(); err != nil {
 					t.Fatalf("sender: %v\n%s", err, tail(s.out.String(), 20))
@@ -117,6 +111,25 @@ func TestRunGStreamer(t *testing.T) {
 			})
 		}
 	})
+}
+
+// startReceiver starts argv, a UDP receiver, in b's side B for at most
+// limit, and returns once it is ready: under vmaxdp (under) once its
+// socket on laddr is offloaded, on the kernel once a socket is bound to
+// laddr's port and, when group is valid, the namespace is a member of it.
+func startReceiver(t *testing.T, b *testbed.Bed, limit time.Duration, under bool, laddr netip.AddrPort, group netip.Addr, argv ...string) *cProgram {
+	t.Helper()
+	r := startFor(t, b, testbed.B, limit, nil, argv...)
+	var err error
+	if under {
+		err = r.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver " + laddr.String())
+	} else {
+		err = waitUDPBound(b, testbed.B, int(laddr.Port()), group)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", argv[0], err, tail(r.out.String(), 20))
+	}
+	return r
 }
 
 // waitUDPBound waits up to 10 s for a kernel socket of side's namespace

@@ -62,14 +62,7 @@ log { source(s_net); destination(d_file); };
 				}
 				rxIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
 				txOut := testutil.SNMPStat(t, b, testbed.A, "Udp", "OutDatagrams")
-				r := startFor(t, b, testbed.B, 30*time.Second, nil, rx...)
-				if tc.rxUnder {
-					if err := r.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver " + srv + ":" + strconv.Itoa(port)); err != nil {
-						t.Fatalf("syslog-ng: %v\n%s", err, tail(r.out.String(), 20))
-					}
-				} else if err := waitUDPBound(b, testbed.B, port, netip.Addr{}); err != nil {
-					t.Fatalf("syslog-ng: %v\n%s", err, tail(r.out.String(), 20))
-				}
+				r := startReceiver(t, b, 30*time.Second, tc.rxUnder, netip.AddrPortFrom(b.Addr(testbed.B), port), netip.Addr{}, rx...)
 				s := startFor(t, b, testbed.A, 20*time.Second, nil, tx...)
 				if err := s.exited(); err != nil {
 					t.Fatalf("loggen: %v\n%s", err, tail(s.out.String(), 20))
