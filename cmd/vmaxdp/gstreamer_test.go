@@ -1,11 +1,9 @@
 package main
 
 import (
-	"fmt"
 	"net/netip"
 	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -59,11 +57,12 @@ func TestRunGStreamer(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				dst := b.Addr(testbed.B).String()
+				var rxGroup netip.Addr // the group the receiver joins, if any
 				rx := []string{"gst-launch-1.0", "-q", "udpsrc", "port=" + strconv.Itoa(int(port)), "num-buffers=" + strconv.Itoa(packets)}
 				tx := []string{"gst-launch-1.0", "-q", "audiotestsrc", "is-live=true", "num-buffers=" + strconv.Itoa(packets), "samplesperbuffer=80",
 					"!", "audio/x-raw,rate=8000,channels=1,format=S16BE", "!", "rtpL16pay", "!", "udpsink", "port=" + strconv.Itoa(int(port))}
 				if tc.multicast {
-					dst = group.String()
+					dst, rxGroup = group.String(), group
 					rx = append(rx, "address="+group.String(), "multicast-iface="+b.Link(testbed.B))
 					tx = append(tx, "multicast-iface="+b.Link(testbed.A), "loop="+strconv.FormatBool(tc.loop))
 				}
@@ -78,8 +77,7 @@ func TestRunGStreamer(t *testing.T) {
 				}
 				rxIn := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams")
 				txOut := testutil.SNMPStat(t, b, testbed.A, "Udp", "OutDatagrams")
-				r := startReceiver(t, b, 20*time.Second, tc.rxUnder, netip.AddrPortFrom(netip.IPv4Unspecified(), port),
-					map[bool]netip.Addr{true: group}[tc.multicast], rx...)
+				r := startReceiver(t, b, 20*time.Second, tc.rxUnder, netip.AddrPortFrom(netip.IPv4Unspecified(), port), rxGroup, rx...)
 				s := startFor(t, b, testbed.A, 20*time.Second, nil, tx...)
 				if err := s.exited(); err != nil {
 					t.Fatalf("sender: %v\n%s", err, tail(s.out.String(), 20))
@@ -111,48 +109,4 @@ func TestRunGStreamer(t *testing.T) {
 			})
 		}
 	})
-}
-
-// startReceiver starts argv, a UDP receiver, in b's side B for at most
-// limit, and returns once it is ready: under vmaxdp (under) once its
-// socket on laddr is offloaded, on the kernel once a socket is bound to
-// laddr's port and, when group is valid, the namespace is a member of it.
-func startReceiver(t *testing.T, b *testbed.Bed, limit time.Duration, under bool, laddr netip.AddrPort, group netip.Addr, argv ...string) *cProgram {
-	t.Helper()
-	r := startFor(t, b, testbed.B, limit, nil, argv...)
-	var err error
-	if under {
-		err = r.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver " + laddr.String())
-	} else {
-		err = waitUDPBound(b, testbed.B, int(laddr.Port()), group)
-	}
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", argv[0], err, tail(r.out.String(), 20))
-	}
-	return r
-}
-
-// waitUDPBound waits up to 10 s for a kernel socket of side's namespace
-// bound to port and, when group is valid, for the namespace's membership
-// of it: a receiver on the kernel says nothing when it is ready.
-func waitUDPBound(b *testbed.Bed, side testbed.Side, port int, group netip.Addr) error {
-	hexPort := fmt.Sprintf(":%04X ", port)
-	var hexGroup string
-	if group.IsValid() {
-		g := group.As4()
-		hexGroup = fmt.Sprintf("%02X%02X%02X%02X", g[3], g[2], g[1], g[0]) // /proc/net/igmp's byte order
-	}
-	read := func(f string) string {
-		out, _ := exec.Command("ip", "netns", "exec", b.NSName(side), "cat", f).Output()
-		return string(out)
-	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(read("/proc/net/udp"), hexPort) && (hexGroup == "" || strings.Contains(read("/proc/net/igmp"), hexGroup)) {
-			return nil
-		}
-	}
-	if hexGroup != "" {
-		return fmt.Errorf("%s: no UDP socket on port %d and membership of %s within 10 s", b.NSName(side), port, group)
-	}
-	return fmt.Errorf("%s: no UDP socket on port %d within 10 s", b.NSName(side), port)
 }

@@ -152,6 +152,50 @@ func startFor(t *testing.T, b *testbed.Bed, side testbed.Side, limit time.Durati
 	return p
 }
 
+// startReceiver starts argv, a UDP receiver, in b's side B for at most
+// limit, and returns once it is ready: under vmaxdp (under) once its
+// socket on laddr is offloaded, on the kernel once a socket is bound to
+// laddr's port and, when group is valid, the namespace is a member of it.
+func startReceiver(t *testing.T, b *testbed.Bed, limit time.Duration, under bool, laddr netip.AddrPort, group netip.Addr, argv ...string) *cProgram {
+	t.Helper()
+	r := startFor(t, b, testbed.B, limit, nil, argv...)
+	var err error
+	if under {
+		err = r.waitFor("offloaded on " + b.Link(testbed.B) + " (udp_receiver " + laddr.String())
+	} else {
+		err = waitUDPBound(b, testbed.B, int(laddr.Port()), group)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", argv[0], err, tail(r.out.String(), 20))
+	}
+	return r
+}
+
+// waitUDPBound waits up to 10 s for a kernel socket of side's namespace
+// bound to port and, when group is valid, for the namespace's membership
+// of it: a receiver on the kernel says nothing when it is ready.
+func waitUDPBound(b *testbed.Bed, side testbed.Side, port int, group netip.Addr) error {
+	hexPort := fmt.Sprintf(":%04X ", port)
+	var hexGroup string
+	if group.IsValid() {
+		g := group.As4()
+		hexGroup = fmt.Sprintf("%02X%02X%02X%02X", g[3], g[2], g[1], g[0]) // /proc/net/igmp's byte order
+	}
+	read := func(f string) string {
+		out, _ := exec.Command("ip", "netns", "exec", b.NSName(side), "cat", f).Output()
+		return string(out)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(read("/proc/net/udp"), hexPort) && (hexGroup == "" || strings.Contains(read("/proc/net/igmp"), hexGroup)) {
+			return nil
+		}
+	}
+	if hexGroup != "" {
+		return fmt.Errorf("%s: no UDP socket on port %d and membership of %s within 10 s", b.NSName(side), port, group)
+	}
+	return fmt.Errorf("%s: no UDP socket on port %d within 10 s", b.NSName(side), port)
+}
+
 // waitFor waits up to 10 s for the program to print line.
 func (p *cProgram) waitFor(line string) error { return p.waitForN(line, 1) }
 
