@@ -48,6 +48,13 @@ type ArrivalStamper interface {
 	Arrival(b Buf) (monoNs int64, ok bool)
 }
 
+// RxWaiter is a Backend that can say how many received frames wait for
+// Receive, so that a caller that took a full batch knows whether the queue
+// is close to running out of frames to receive into.
+type RxWaiter interface {
+	RxWaiting() int
+}
+
 // Backend is one receive/transmit queue of one interface.
 type Backend interface {
 	// Receive fills bufs with up to len(bufs) received frames and returns

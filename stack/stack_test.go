@@ -1330,6 +1330,76 @@ func TestProgressEngine(t *testing.T) {
 	}
 }
 
+// TestSlowReaderSpills: a socket whose reader is behind holds as many
+// datagrams as its SO_RCVBUF allows, not as many as its queue has frames,
+// and another socket on the queue keeps receiving meanwhile. Before, the
+// backlog stopped at the queue's 2,048 receive frames, the fill ring ran
+// dry and the interface queue dropped for every socket on it (syslog-ng
+// behind a burst of loggen lost three times what a kernel socket did).
+func TestSlowReaderSpills(t *testing.T) {
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, nil)
+	slow, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9120"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9121"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rcvbuf = 8 << 20 // what a kernel socket reports for SO_RCVBUF 4 MB
+	slow.SetRxBytesLimit(rcvbuf)
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	frames := st.Backends()[0].(interface{ Occupancy() xsk.RingOccupancy })
+	// A kernel socket with this buffer holds rcvbuf/1280 of these (measured
+	// on lo): about 6,500.
+	const n, size, chunk = 7000, 200, 250
+	to := func(port int) netip.AddrPort { return netip.AddrPortFrom(bed.Addr(testbed.B), uint16(port)) }
+	send := func(port, from, count int) {
+		t.Helper()
+		for i := from; i < from+count; i++ {
+			if _, err := k.WriteToUDPAddrPort(payload(i, size), to(port)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	queued := func(c *stack.UDPConn, want int) {
+		t.Helper()
+		got := 0
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			st.Poll()
+			if got, _ = c.QueueLen(); got == want {
+				return
+			}
+		}
+		t.Fatalf("%d of %d datagrams queued; %d spilled, queue drops %d; rings: %+v", got, want,
+			st.Counters.RxSpilled.Load(), c.Counters.RxQueueDrops.Load(), frames.Occupancy())
+	}
+	for i := 0; i < n; i += chunk {
+		send(9120, i, chunk)
+		queued(slow, i+chunk)
+	}
+	if sp := st.Counters.RxSpilled.Load(); sp < n-2048 {
+		t.Errorf("%d datagrams spilled, want at least %d (all beyond the queue's 2,048 frames)", sp, n-2048)
+	}
+	// The queue still has frames for the other socket.
+	send(9121, 0, 100)
+	queued(other, 100)
+	buf := make([]byte, 2048)
+	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for i := range n {
+		m, _, err := slow.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:m], payload(i, size)) {
+			t.Fatalf("datagram %d: %d bytes, not the %d-th sent", i, m, i)
+		}
+	}
+	if d := slow.Counters.RxQueueDrops.Load() + other.Counters.RxQueueDrops.Load(); d != 0 {
+		t.Errorf("%d queue drops", d)
+	}
+}
+
 // TestBatchLeavesNothingQueued: in copy mode the kernel sends a TX ring's
 // frames only inside a kick, at most 32 a kick, and leaves the rest when
 // the device is busy (a full veth peer); frames left on the ring after

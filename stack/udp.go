@@ -114,6 +114,7 @@ type UDPConn struct {
 	mcLoop, mcOtherIf atomic.Bool
 	mcLoopTold        atomic.Bool  // Options.McLoopViaKernel was called
 	rxLim             atomic.Int64 // payload bytes the receive queue may hold
+	rxSlots           atomic.Int64 // datagrams the receive queue may hold (SetRxBytesLimit)
 	stamp             atomic.Bool  // stamp datagrams with their arrival time (SetRecvStamp)
 
 	rules []steer.RuleID
@@ -331,16 +332,13 @@ func (c *UDPConn) Reopen(fd int) (*UDPConn, error) {
 		queue = append(queue, it)
 	}
 	for _, it := range queue {
-		if n.rxLen == len(n.rxq) {
+		if !n.roomLocked() {
 			n.Counters.RxQueueDrops.Add(1)
 			n.Counters.RxQueueDropBytes.Add(uint64(it.n))
 			st.releaseLocked(it.q, it.buf)
 			continue
 		}
-		n.rxq[(n.rxHead+n.rxLen)%len(n.rxq)] = it
-		n.rxLen++
-		n.queued.Store(int32(n.rxLen))
-		n.rxBytes += int(it.n)
+		n.pushLocked(it)
 	}
 	moved = min(moved, n.rxLen)
 	if !c.osFirst.Load() {
@@ -374,11 +372,11 @@ func (c *UDPConn) Unsteer() {
 func (st *Stack) newConn(fd int, own bool) *UDPConn {
 	txq := st.pickTxQueue()
 	c := &UDPConn{st: st, ownFD: own, Counters: &SocketCounters{}, evfd: -1, txq: txq,
-		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, st.rxCapacity()), left: make(chan struct{}, 1)}
+		groups: map[netip.Addr]steer.RuleID{}, rxq: make([]rxItem, rxInitial), left: make(chan struct{}, 1)}
 	c.kfd.Store(int32(fd))
 	c.ttl.Store(header.DefaultTTL)
 	c.mttl.Store(1) // the kernel's IP_MULTICAST_TTL default
-	c.rxLim.Store(int64(st.opts.RxBytesLimit))
+	c.SetRxBytesLimit(st.opts.RxBytesLimit)
 	return c
 }
 
@@ -450,14 +448,23 @@ func (c *UDPConn) attach() error {
 // may be one of a group (see Stack.Group).
 func (c *UDPConn) ReusePort() bool { return c.reusePort }
 
-// rxCapacity: a socket can never hold more datagrams than there are RX frames.
-func (st *Stack) rxCapacity() int {
+// rxInitial is a new socket's receive queue slots; the queue grows as
+// its backlog does (roomLocked), so that a program of many sockets does
+// not pay for the few that fall behind.
+const rxInitial = 64
+
+// rxFrames is the receive frames of each queue: half its UMEM's.
+func (st *Stack) rxFrames() int {
 	n := 4096
 	if st.opts.XSK != nil && st.opts.XSK.NumFrames != 0 {
 		n = int(st.opts.XSK.NumFrames)
 	}
-	return n / 2 * len(st.queueList())
+	return n / 2
 }
+
+// rxCapacity is the least a socket's receive queue may grow to, whatever
+// its SO_RCVBUF: every receive frame of the stack's queues.
+func (st *Stack) rxCapacity() int { return st.rxFrames() * max(1, len(st.queueList())) }
 
 func (c *UDPConn) openKernel(laddr, raddr netip.AddrPort) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
@@ -668,8 +675,17 @@ func (c *UDPConn) SetTOS(tos uint8) { c.tos.Store(uint32(tos)) }
 // offloaded counterpart of SO_RCVBUF); it never goes below the stack's
 // RxBytesLimit.
 func (c *UDPConn) SetRxBytesLimit(n int) {
-	c.rxLim.Store(int64(max(n, c.st.opts.RxBytesLimit)))
+	n = max(n, c.st.opts.RxBytesLimit)
+	c.rxLim.Store(int64(n))
+	c.rxSlots.Store(int64(max(n/minTruesize+1, c.st.rxCapacity())))
 }
+
+// minTruesize is the least a kernel socket charges its buffer for one
+// datagram: the sk_buff and skb_shared_info (256 and 320 bytes, cache
+// aligned) and the smallest head, 256 bytes. A SO_RCVBUF of n holds at
+// most n/minTruesize+1 datagrams, so a queue with that many slots holds
+// all a kernel socket would.
+const minTruesize = 832
 
 // SetRecvStamp makes the stack note each datagram's arrival time for
 // RecvMeta.Stamp (SO_TIMESTAMP); it costs a clock read per datagram.
@@ -689,6 +705,13 @@ func (c *UDPConn) SetRecvFilter(f RecvFilter) {
 
 // enqueueLocked queues a received datagram. Caller holds st.rxMu.
 func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
+	c.queueLocked(q, b, p, q, b)
+}
+
+// queueLocked queues b, a frame of q, which is the frame ab of queue aq
+// that the datagram arrived in or a copy of it (for its arrival stamp).
+// Caller holds st.rxMu.
+func (c *UDPConn) queueLocked(q *queue, b backend.Buf, p *header.Packet, aq *queue, ab backend.Buf) {
 	if c.sources != nil && p.IP[16]>>4 == 0xe {
 		if f, ok := c.sources[[4]byte(p.IP[16:20])]; ok && !f.allows([4]byte(p.IP[12:16])) {
 			c.Counters.RxSourceFiltered.Add(1)
@@ -703,7 +726,7 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 		return
 	}
 	n := len(p.Payload)
-	if int64(c.rxBytes+n) > c.rxLim.Load() || c.rxLen == len(c.rxq) {
+	if int64(c.rxBytes+n) > c.rxLim.Load() || !c.roomLocked() {
 		c.Counters.RxQueueDrops.Add(1)
 		c.Counters.RxQueueDropBytes.Add(uint64(n))
 		c.st.releaseLocked(q, b)
@@ -712,12 +735,9 @@ func (c *UDPConn) enqueueLocked(q *queue, b backend.Buf, p *header.Packet) {
 	off := cap(b.Data) - cap(p.Payload) // Payload and IP are subslices of the frame
 	it := rxItem{buf: b, q: q, off: uint16(off), n: uint16(n), ipOff: uint8(cap(b.Data) - cap(p.IP)), from: from}
 	if c.stamp.Load() {
-		it.stamp = c.st.arrival(q, b)
+		it.stamp = c.st.arrival(aq, ab)
 	}
-	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = it
-	c.rxLen++
-	c.queued.Store(int32(c.rxLen))
-	c.rxBytes += n
+	c.pushLocked(it)
 	if uint64(c.rxBytes) > c.Counters.RxQueueBytesMax.Load() {
 		c.Counters.RxQueueBytesMax.Store(uint64(c.rxBytes))
 	}
@@ -785,6 +805,33 @@ func (c *UDPConn) wake() {
 	}
 }
 
+// roomLocked says whether the receive queue has a free slot, growing it
+// up to its SO_RCVBUF's worth (rxSlots) when it has none. Caller holds
+// st.rxMu.
+func (c *UDPConn) roomLocked() bool {
+	if c.rxLen < len(c.rxq) {
+		return true
+	}
+	n := min(2*len(c.rxq), int(c.rxSlots.Load()))
+	if n <= len(c.rxq) {
+		return false
+	}
+	q := make([]rxItem, n)
+	k := copy(q, c.rxq[c.rxHead:])
+	copy(q[k:], c.rxq[:c.rxHead])
+	c.rxq, c.rxHead = q, 0
+	return true
+}
+
+// pushLocked queues it as the newest datagram; roomLocked said there is
+// room. Caller holds st.rxMu.
+func (c *UDPConn) pushLocked(it rxItem) {
+	c.rxq[(c.rxHead+c.rxLen)%len(c.rxq)] = it
+	c.rxLen++
+	c.queued.Store(int32(c.rxLen))
+	c.rxBytes += int(it.n)
+}
+
 // popLocked takes the oldest queued datagram. Caller holds st.rxMu.
 func (c *UDPConn) popLocked(it *rxItem) bool {
 	if c.rxLen == 0 {
@@ -815,6 +862,9 @@ func (c *UDPConn) tryOffload(b []byte, zc *Datagram, peek bool, meta *RecvMeta) 
 	st.notePoll()
 	if c.rxLen == 0 && (st.pollLocked() == 0 || c.rxLen == 0) {
 		return 0, 0, netip.AddrPort{}, false
+	}
+	if st.appPolls%lowCheckEvery == 0 && st.anyFramesLowLocked() {
+		st.drainRings()
 	}
 	if meta != nil {
 		meta.fill(st, &c.rxq[c.rxHead])

@@ -294,6 +294,9 @@ type StackCounters struct {
 	// source past the checks a second allows.
 	RxSourceRejected  uint64 `json:"rx_source_rejected"`
 	RxSourceUnchecked uint64 `json:"rx_source_unchecked"`
+	// RxSpilled: datagrams copied out of their frames because sockets
+	// held half of their queue's receive frames (a reader behind).
+	RxSpilled uint64 `json:"rx_spilled"`
 	// RxDropped counts the frames the parser dropped, by reason
 	// (header.Result names).
 	RxDropped []Drop `json:"rx_dropped"`

@@ -369,6 +369,10 @@ func (s *Socket) Receive(bufs []backend.Buf) int {
 	return int(n)
 }
 
+// RxWaiting implements backend.RxWaiter: the frames on the RX ring that
+// Receive has yet to take.
+func (s *Socket) RxWaiting() int { return int(atomic.LoadUint32(s.rx.producer) - s.rx.cachedCons) }
+
 // Arrival implements backend.ArrivalStamper: the steering program's
 // arrival stamp (steer.Program.StampArrivals) in the metadata just before the
 // frame, which copy mode copies with it.

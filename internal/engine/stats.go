@@ -434,7 +434,7 @@ func (e *Engine) stackRecords(st *stack.Stack, snap *stats.Snapshot, owner map[r
 	pr.Stack = stats.StackCounters{RxFrames: sc.RxFrames.Load(), RxNoSocket: sc.RxNoSocket.Load(),
 		NeighUnresolved: sc.NeighUnresolved.Load(), RxProgressFrames: sc.RxProgressFrames.Load(),
 		RxPartialChecksum: sc.RxPartialChecksum.Load(), RxSourceRejected: sc.RxSourceRejected.Load(),
-		RxSourceUnchecked: sc.RxSourceUnchecked.Load()}
+		RxSourceUnchecked: sc.RxSourceUnchecked.Load(), RxSpilled: sc.RxSpilled.Load()}
 	for r := range sc.RxDropped {
 		if n := sc.RxDropped[r].Load(); n > 0 {
 			pr.Stack.RxDropped = append(pr.Stack.RxDropped, stats.Drop{Reason: header.Result(r).String(), Packets: n})

@@ -134,6 +134,7 @@ func MetricFamilies(snaps []*stats.Snapshot) []*dto.MetricFamily {
 			f.add("vmaxdp_program_rx_partial_checksum_total", "Datagrams delivered with a partial UDP checksum (from this host's kernel, TX checksum offload on).", dto.MetricType_COUNTER, float64(p.Stack.RxPartialChecksum), l...)
 			f.add("vmaxdp_program_rx_source_rejected_total", "Datagrams and TCP segments dropped for a source the kernel would refuse (rp_filter, its own address).", dto.MetricType_COUNTER, float64(p.Stack.RxSourceRejected), l...)
 			f.add("vmaxdp_program_rx_source_unchecked_total", "Datagrams and TCP segments from a new source dropped past the source checks a second allows.", dto.MetricType_COUNTER, float64(p.Stack.RxSourceUnchecked), l...)
+			f.add("vmaxdp_program_rx_spilled_total", "Datagrams copied out of their frames because sockets held half of their queue's receive frames.", dto.MetricType_COUNTER, float64(p.Stack.RxSpilled), l...)
 			for _, d := range p.Stack.RxDropped {
 				f.add("vmaxdp_program_rx_dropped_total", "Frames the stack's parser dropped, by reason.", dto.MetricType_COUNTER, float64(d.Packets), append(l, "reason", d.Reason)...)
 			}
