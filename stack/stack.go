@@ -81,7 +81,8 @@ type Options struct {
 	// engine), so that datagrams of a socket the application is not
 	// reading wait in its queue, up to its byte limit, instead of holding
 	// the ring's frames until the fill ring runs dry and the kernel drops.
-	// 0 means the default, 10 ms; ProgressNever disables it.
+	// While nobody polls, it sleeps on the queues and drains each burst as
+	// it comes. 0 means the default, 10 ms; ProgressNever disables it.
 	ProgressInterval time.Duration
 	// TxKickDelay lets a send leave its datagram on the TX ring without
 	// the system call that sends it (a kick), for up to this long
@@ -289,8 +290,11 @@ type Stack struct {
 	polls    uint64 // pollLocked calls, guarded by rxMu
 	appPolls uint64 // notePoll calls, guarded by rxMu
 
-	progressStop chan struct{} // nil: no progress engine
-	progressDone chan struct{}
+	// progressStop and progressStopFD (an eventfd, for its sleeps in
+	// ppoll) end the progress engine; progressDone is nil without one.
+	progressStop   chan struct{}
+	progressStopFD int
+	progressDone   chan struct{}
 
 	// kernelOnly, when set, says why the stack sends nothing itself: the
 	// interface is down or gone, and the kernel sockets send (and report
@@ -602,6 +606,11 @@ func Open(ifname string, opts *Options) (_ *Stack, err error) {
 		return st, err
 	}
 	if o.ProgressInterval > 0 {
+		stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			return st, fmt.Errorf("stack %s: progress engine: eventfd: %w", ifname, err)
+		}
+		st.progressStopFD = highfd.Move(stop)
 		st.progressStop, st.progressDone = make(chan struct{}), make(chan struct{})
 		go st.progress(o.ProgressInterval, o.ProgressMax)
 	}
@@ -813,25 +822,45 @@ func (st *Stack) HasAddr(a netip.Addr) bool {
 // progress is the progress engine (Options.ProgressInterval). It costs
 // the receive path one increment under the lock it holds anyway, and
 // stays away while a receive holds the lock or has polled since its last
-// look.
+// look, unless the queues' frames run low.
 //
-// While its looks find frames, it looks ten times as often: a burst to a
-// socket nobody reads fills a ring of 2,048 frames in 10 ms at 200,000
-// datagrams a second, where the kernel would have queued them all.
+// A look that finds nobody polled for a whole interval, and no sleeper
+// watching the queues (ringWatch), makes it the queues' watcher: it
+// sleeps on their descriptors and drains each burst as it comes, until a
+// receive polls again or a sleeper takes them. A reader that is neither
+// receiving nor asleep in a receive (a Python loop in time.sleep) left a
+// burst on the RX ring for up to an interval: 2,048 frames fill in 10 ms
+// at 200,000 datagrams a second, the fill ring ran dry and the queue
+// dropped for every socket on it, where the kernel would have queued them
+// (a burst of 10,000 to a sleeping reader lost 0 to 584, 8 runs).
+//
+// A reader that polls, but with gaps in which bursts pile up on the RX
+// ring (syslog-ng busy with its workers behind loggen's bursts: 529 to
+// 1,527 of 20,000 dropped at the ring, 3 runs), is behind: a look finds
+// more than an eighth of a queue's frames waiting. Then the engine looks
+// ten times as often, so that a gap of a tenth of the interval lets it
+// drain, until it has found none behind for ten intervals.
 func (st *Stack) progress(every time.Duration, most int) {
 	defer close(st.progressDone)
+	var seen uint64
+	watching := false
+	var fastUntil int64 // monoNow's until which it looks every/10
 	t := time.NewTimer(every)
 	defer t.Stop()
-	var seen uint64
+	pfds := make([]unix.PollFd, 0, maxQueues+1)
 	for {
-		select {
-		case <-st.progressStop:
-			return
-		case <-t.C:
+		wait := every
+		if monoNow() < fastUntil {
+			wait = every / 10
 		}
-		n := 0
+		if !st.progressWait(watching, wait, t, pfds) {
+			return
+		}
+		n, idle, behind := 0, false, false
 		if st.rxMu.TryLock() { // else a receive is polling
-			if st.polls == seen {
+			idle = st.polls == seen
+			behind = !idle && st.anyBehindLocked()
+			if idle || st.anyFramesLowLocked() {
 				for n < most {
 					k := st.pollLocked()
 					if k == 0 {
@@ -844,12 +873,45 @@ func (st *Stack) progress(every time.Duration, most int) {
 			seen = st.polls
 			st.rxMu.Unlock()
 		}
-		if n > 0 {
-			t.Reset(every / 10)
-		} else {
-			t.Reset(every)
+		watching = idle && !st.rings.held.Load()
+		if behind || n > 0 && !watching {
+			fastUntil = monoNow() + 10*int64(every)
 		}
 	}
+}
+
+// progressWait waits for the progress engine's next look, at most wait,
+// and says false when the stack closes. Watching, it sleeps in ppoll on
+// the queues; else on Go's timer t: asleep in ppoll at every look, it
+// made sockperf's ping-pong under vmaxdp slower, 3.47-5.08 us against
+// 2.85-3.34 (--nonblocked, both sides, 6 interleaved rounds).
+func (st *Stack) progressWait(watching bool, wait time.Duration, t *time.Timer, pfds []unix.PollFd) bool {
+	if !watching {
+		t.Reset(wait)
+		select {
+		case <-st.progressStop:
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	pfds = append(pfds[:0], unix.PollFd{Fd: int32(st.progressStopFD), Events: unix.POLLIN})
+	pfds = st.AppendQueues(pfds)
+	ts := unix.NsecToTimespec(int64(wait))
+	if _, err := unix.Ppoll(pfds, &ts, nil); err != nil && err != unix.EINTR {
+		slog.Warn("stack: progress engine stops", "interface", st.ifname, "err", err)
+		return false
+	}
+	return pfds[0].Revents == 0
+}
+
+// anyBehindLocked says whether a queue has more than an eighth of its
+// receive frames waiting on its RX ring (progress). Caller holds rxMu.
+func (st *Stack) anyBehindLocked() bool {
+	return slices.ContainsFunc(st.queueList(), func(q *queue) bool {
+		w, ok := q.be.(backend.RxWaiter)
+		return ok && w.RxWaiting() > st.rxFrames()/8
+	})
 }
 
 // Ifindex is the index of the stack's interface.
@@ -1330,10 +1392,12 @@ func (st *Stack) Close() error {
 	st.mu.Unlock()
 	var errs []error
 	st.stopWatch()
-	if st.progressStop != nil {
+	if st.progressDone != nil {
 		close(st.progressStop)
+		writeEventfd(int32(st.progressStopFD))
 		<-st.progressDone
-		st.progressStop = nil
+		highfd.Close(st.progressStopFD)
+		st.progressDone = nil
 	}
 	for _, c := range conns {
 		c.Close()

@@ -1400,6 +1400,54 @@ func TestSlowReaderSpills(t *testing.T) {
 	}
 }
 
+// TestProgressWatchesIdleQueues: once nobody has polled the queues for an
+// interval, the progress engine drains a burst as it arrives rather than
+// at its next look. A burst of 4,000 to a socket nobody reads, sent in
+// well under the interval: every datagram is queued, in order. Before,
+// the first look came up to an interval late, the RX ring had filled and
+// the fill ring run dry, and the queue dropped the rest for every socket
+// on it (a sleeping Python reader lost up to 584 of a burst of 10,000).
+func TestProgressWatchesIdleQueues(t *testing.T) {
+	const every = 500 * time.Millisecond
+	bed, st := bedStackOn(t, &testbed.Options{Plain: true}, &stack.Options{ProgressInterval: every})
+	c, err := st.ListenUDP(netip.MustParseAddrPort("0.0.0.0:9122"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetRxBytesLimit(8 << 20)
+	k := kernelConn(t, bed, "198.18.0.1:0")
+	to := netip.AddrPortFrom(bed.Addr(testbed.B), 9122)
+	time.Sleep(2*every + 100*time.Millisecond) // looks that find nobody polling
+	const n, size = 4000, 200
+	start := time.Now()
+	for i := range n {
+		if _, err := k.WriteToUDPAddrPort(payload(i, size), to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took > every/2 {
+		t.Skipf("the burst took %v, too long to tell a watcher from a look every %v", took, every)
+	}
+	queued := 0
+	for end := time.Now().Add(2 * every); time.Now().Before(end) && queued < n; time.Sleep(time.Millisecond) {
+		queued, _ = c.QueueLen()
+	}
+	if queued != n {
+		t.Fatalf("%d of %d datagrams queued; the progress engine drained %d frames", queued, n, st.Counters.RxProgressFrames.Load())
+	}
+	buf := make([]byte, 2048)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for i := range n {
+		m, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:m], payload(i, size)) {
+			t.Fatalf("datagram %d: %d bytes, not the %d-th sent", i, m, i)
+		}
+	}
+}
+
 // TestBatchLeavesNothingQueued: in copy mode the kernel sends a TX ring's
 // frames only inside a kick, at most 32 a kick, and leaves the rest when
 // the device is busy (a full veth peer); frames left on the ring after

@@ -354,7 +354,7 @@ func writeQueues(w io.Writer, s *Snapshot, deltas bool) {
 		line(w, "Neighbours unresolved", "%d", p.Stack.NeighUnresolved)
 		line(w, "Progress engine frames"+per, "%d", p.Stack.RxProgressFrames)
 		line(w, "Partial checksums"+per, "%d (delivered: from this host's kernel, TX checksum offload on)", p.Stack.RxPartialChecksum)
-		line(w, "Spilled"+per, "%d (copied out of their frames: readers held half a queue's frames)", p.Stack.RxSpilled)
+		line(w, "Spilled"+per, "%d (copied out of their frames: readers held an eighth of a queue's frames)", p.Stack.RxSpilled)
 		line(w, "Sources rejected"+per, "%d (the kernel would refuse them: rp_filter, its own address), %d unchecked", p.Stack.RxSourceRejected, p.Stack.RxSourceUnchecked)
 		for _, d := range p.Stack.RxDropped {
 			line(w, "Dropped "+d.Reason, "%d", d.Packets)

@@ -240,6 +240,19 @@ func (p *cProgram) exited() error {
 	return err
 }
 
+// stop ends the program and what it forked, SIGTERM first, and waits for
+// it to exit.
+func (p *cProgram) stop() {
+	syscall.Kill(-p.pid, syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+	case <-time.After(5 * time.Second):
+		syscall.Kill(-p.pid, syscall.SIGKILL)
+		p.exited()
+	}
+}
+
 // wait waits for the program to exit and checks that its socket was
 // offloaded (as fd 3: vmaxdp must not shift the application's fd
 // numbers) and that each of checks printed "ok CHECK".
