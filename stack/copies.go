@@ -88,6 +88,14 @@ func (st *Stack) framesLowLocked(q *queue) bool {
 	return ok && q.lent+w.RxWaiting() > st.rxFrames()*3/4
 }
 
+// behindLocked says whether more than an eighth of q's receive frames
+// wait on its RX ring: a reader that polls is not keeping up (the
+// progress engine's look). Caller holds rxMu.
+func (st *Stack) behindLocked(q *queue) bool {
+	w, ok := q.be.(backend.RxWaiter)
+	return ok && w.RxWaiting() > st.rxFrames()/8
+}
+
 // lowCheckEvery: a receive that finds its socket's queue full enough not
 // to poll still looks, every lowCheckEvery-th time, whether the queues'
 // frames run low, and drains them if so. The kernel queues a burst while

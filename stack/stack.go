@@ -859,7 +859,7 @@ func (st *Stack) progress(every time.Duration, most int) {
 		n, idle, behind := 0, false, false
 		if st.rxMu.TryLock() { // else a receive is polling
 			idle = st.polls == seen
-			behind = !idle && st.anyBehindLocked()
+			behind = !idle && slices.ContainsFunc(st.queueList(), st.behindLocked)
 			if idle || st.anyFramesLowLocked() {
 				for n < most {
 					k := st.pollLocked()
@@ -903,15 +903,6 @@ func (st *Stack) progressWait(watching bool, wait time.Duration, t *time.Timer, 
 		return false
 	}
 	return pfds[0].Revents == 0
-}
-
-// anyBehindLocked says whether a queue has more than an eighth of its
-// receive frames waiting on its RX ring (progress). Caller holds rxMu.
-func (st *Stack) anyBehindLocked() bool {
-	return slices.ContainsFunc(st.queueList(), func(q *queue) bool {
-		w, ok := q.be.(backend.RxWaiter)
-		return ok && w.RxWaiting() > st.rxFrames()/8
-	})
 }
 
 // Ifindex is the index of the stack's interface.

@@ -63,8 +63,7 @@ func TestRunCoturn(t *testing.T) {
 	if n := testutil.SNMPStat(t, b, testbed.B, "Udp", "InDatagrams") - udpIn; n != 0 {
 		t.Errorf("side B's kernel took %d UDP datagrams: not every socket was offloaded", n)
 	}
-	syscall.Kill(p.pid, syscall.SIGTERM)
-	p.exited()
+	p.stop()
 	syscall.Kill(peer.pid, syscall.SIGTERM)
 }
 
