@@ -14,7 +14,7 @@ PRELOAD_LDFLAGS := -X github.com/vmaxdp/vmaxdp/internal/engine.Version=$(VERSION
 BPF_CFLAGS := -O2 -g -mcpu=v3 -Wall -Werror -I/usr/include/x86_64-linux-gnu
 # Debian packages the build, tests, benchmarks and demo use.
 DEB_PKGS  := clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev bpftool iproute2 iputils-ping ethtool sockperf linux-perf tshark bc chromium \
-	iperf3 iperf udpcast dnsperf knot unbound nsd bind9 pdns-recursor dnsmasq-base memcached libmemcached-tools redis-server redis-tools nginx-light lighttpd apache2-utils socat haproxy mosquitto mosquitto-clients freeradius freeradius-utils coturn kamailio sip-tester ngtcp2-server ngtcp2-client openvpn chrony gstreamer1.0-tools gstreamer1.0-plugins-good syslog-ng-core tftpd-hpa tftp-hpa liburing-dev openjdk-17-jdk-headless nodejs libibverbs-dev ibverbs-providers
+	iperf3 iperf udpcast dnsperf knot unbound nsd bind9 pdns-recursor dnsmasq-base memcached libmemcached-tools redis-server redis-tools nginx-light lighttpd apache2-utils socat haproxy mosquitto mosquitto-clients freeradius freeradius-utils coturn kamailio sip-tester ngtcp2-server ngtcp2-client openvpn chrony gstreamer1.0-tools gstreamer1.0-plugins-good syslog-ng-core tftpd-hpa tftp-hpa snmpd snmp liburing-dev openjdk-17-jdk-headless nodejs libibverbs-dev ibverbs-providers
 STAMP     := .deps.stamp
 
 .PHONY: help deps build generate check-generate test test-short test-race bench fuzz fuzz-build demo lint clean
