@@ -1384,17 +1384,7 @@ func TestSlowReaderSpills(t *testing.T) {
 	// The queue still has frames for the other socket.
 	send(9121, 0, 100)
 	queued(other, 100)
-	buf := make([]byte, 2048)
-	slow.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for i := range n {
-		m, _, err := slow.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			t.Fatalf("datagram %d: %v", i, err)
-		}
-		if !bytes.Equal(buf[:m], payload(i, size)) {
-			t.Fatalf("datagram %d: %d bytes, not the %d-th sent", i, m, i)
-		}
-	}
+	readInOrder(t, slow, n, size)
 	if d := slow.Counters.RxQueueDrops.Load() + other.Counters.RxQueueDrops.Load(); d != 0 {
 		t.Errorf("%d queue drops", d)
 	}
@@ -1435,6 +1425,13 @@ func TestProgressWatchesIdleQueues(t *testing.T) {
 	if queued != n {
 		t.Fatalf("%d of %d datagrams queued; the progress engine drained %d frames", queued, n, st.Counters.RxProgressFrames.Load())
 	}
+	readInOrder(t, c, n, size)
+}
+
+// readInOrder reads n datagrams from c within 5 s, and fails unless they
+// are payload(0, size) to payload(n-1, size), in that order.
+func readInOrder(t *testing.T, c *stack.UDPConn, n, size int) {
+	t.Helper()
 	buf := make([]byte, 2048)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for i := range n {
