@@ -884,7 +884,8 @@ func (st *Stack) progress(every time.Duration, most int) {
 // and says false when the stack closes. Watching, it sleeps in ppoll on
 // the queues; else on Go's timer t: asleep in ppoll at every look, it
 // made sockperf's ping-pong under vmaxdp slower, 3.47-5.08 us against
-// 2.85-3.34 (--nonblocked, both sides, 6 interleaved rounds).
+// 2.85-3.34 (both sides under vmaxdp, the client --nonblocked, 6
+// interleaved rounds).
 func (st *Stack) progressWait(watching bool, wait time.Duration, t *time.Timer, pfds []unix.PollFd) bool {
 	if !watching {
 		t.Reset(wait)
